@@ -1,0 +1,400 @@
+#include "codec/block.hpp"
+
+#include <xxhash.h>
+#include <zstd.h>
+
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "codec/byte_io.hpp"
+#include "codec/error.hpp"
+#include "codec/huffman.hpp"
+#include "codec/reconstruct.hpp"
+
+namespace ckpt::codec {
+
+std::string_view name(block_codec c) noexcept {
+  switch (c) {
+    case block_codec::raw: return "raw";
+    case block_codec::lc_delta: return "lc_delta";
+    case block_codec::float_lossless: return "float_lossless";
+    case block_codec::zstd: return "zstd";
+  }
+  return "?";
+}
+
+int default_group(int bits) noexcept {
+  switch (bits) {
+    case 1: return 8;
+    case 2: return 4;
+    default: return 2;
+  }
+}
+
+namespace {
+
+constexpr std::size_t kChecksumAt = 24;
+
+std::uint64_t block_checksum(std::span<const std::byte> header24, std::span<const std::byte> payload) {
+  return XXH3_64bits_withSeed(payload.data(), payload.size(),
+                              XXH3_64bits(header24.data(), header24.size()));
+}
+
+// Header fields in order; the checksum goes last and covers header[0, 24) and the payload.
+std::size_t begin_block(std::vector<std::byte>& out, const block_header& h) {
+  byte_writer w(out);
+  const std::size_t at = w.size();
+  w.put<std::uint32_t>(block_magic);
+  w.put<std::uint8_t>(block_format_version);
+  w.put<std::uint8_t>(std::uint8_t(h.codec));
+  w.put<std::uint8_t>(std::uint8_t(h.type));
+  w.put<std::uint8_t>(0);  // flags, reserved
+  w.put<std::uint32_t>(h.elements);
+  w.put<std::uint32_t>(0);  // payload size, set by end_block
+  w.put<std::uint8_t>(h.bits);
+  w.put<std::uint8_t>(h.group);
+  w.put<std::uint8_t>(std::uint8_t(h.rep));
+  w.put<std::uint8_t>(std::uint8_t(h.policy));
+  w.put<std::uint32_t>(0);  // reserved
+  w.put<std::uint64_t>(0);  // checksum
+  return at;
+}
+
+void end_block(std::vector<std::byte>& out, std::size_t at) {
+  const std::size_t payload = out.size() - at - block_header_size;
+  const auto size32 = std::uint32_t(payload);
+  std::memcpy(out.data() + at + 12, &size32, 4);
+  const auto all = std::span<const std::byte>(out).subspan(at);
+  const std::uint64_t sum = block_checksum(all.first(kChecksumAt), all.subspan(block_header_size));
+  std::memcpy(out.data() + at + kChecksumAt, &sum, 8);
+}
+
+void put_raw_block(dtype t, const std::byte* data, std::size_t n, std::vector<std::byte>& out) {
+  block_header h;
+  h.codec = block_codec::raw;
+  h.type = t;
+  h.elements = std::uint32_t(n);
+  const std::size_t at = begin_block(out, h);
+  out.insert(out.end(), data, data + n * element_size(t));
+  end_block(out, at);
+}
+
+// Chooses each element's symbol, writes its reconstruction and packs k symbols per byte.
+// Escapes (non-finite deltas) get symbol 0 and their exact value. A non-zero symbol is kept only
+// if it moves the element and does not overshoot: |ũ - u| <= |u - ũ_prev| holds for every
+// element, also after rounding to 16-bit types.
+template <dtype T>
+void lc_symbols(const std::byte* cur_b, const std::byte* base_b, std::size_t n, const quant_table& q,
+                int bits, int k, std::byte* recon_b, std::uint8_t* groups,
+                std::vector<std::uint32_t>& escapes) {
+  using E = element<T>;
+  using S = typename E::storage;
+  const S* cur = reinterpret_cast<const S*>(cur_b);
+  const S* base = reinterpret_cast<const S*>(base_b);
+  S* recon = reinterpret_cast<S*>(recon_b);
+  const std::size_t ngroups = (n + k - 1) / k;
+  for (std::size_t g = 0; g < ngroups; ++g) {
+    unsigned packed = 0;
+    const std::size_t first = g * k, last = std::min(n, first + k);
+    for (std::size_t i = first; i < last; ++i) {
+      const float c = E::to_f32(cur[i]), b = E::to_f32(base[i]);
+      const std::uint32_t d = std::bit_cast<std::uint32_t>(c - b);
+      if ((d & 0x7f800000u) == 0x7f800000u) {
+        escapes.push_back(std::uint32_t(i));
+        recon[i] = cur[i];
+        continue;
+      }
+      unsigned s = q.symbol_of_key[d >> 23];
+      S r = base[i];
+      if (s) {
+        const S cand = reconstruct<T>(base[i], q.rep[s]);
+        const double err = std::fabs(double(E::to_f32(cand)) - double(c));
+        const double lim = std::fabs(double(c) - double(b));
+        if (err <= lim && std::bit_cast<S>(cand) != std::bit_cast<S>(base[i]))
+          r = cand;
+        else
+          s = 0;
+      }
+      recon[i] = r;
+      packed |= s << ((i - first) * bits);
+    }
+    groups[g] = std::uint8_t(packed);
+  }
+}
+
+template <dtype T>
+void lc_reconstruct(const std::byte* base_b, std::size_t n, const std::uint8_t* groups, int bits,
+                    int k, const float* rep, std::byte* out_b) {
+  using S = typename element<T>::storage;
+  const S* base = reinterpret_cast<const S*>(base_b);
+  S* out = reinterpret_cast<S*>(out_b);
+  const unsigned mask = (1u << bits) - 1;
+  const std::size_t full = n / k;
+  if constexpr (T == dtype::f32) {
+    if (bits == 2 && k == 4) {
+      // One lookup per group yields all four representatives: a fixed output stride of four.
+      alignas(16) float rep4[256][4];
+      for (unsigned g = 0; g < 256; ++g)
+        for (int j = 0; j < 4; ++j) rep4[g][j] = rep[(g >> (2 * j)) & 3];
+      for (std::size_t g = 0; g < full; ++g) {
+        const float* r = rep4[groups[g]];
+        for (int j = 0; j < 4; ++j) out[4 * g + j] = reconstruct<T>(base[4 * g + j], r[j]);
+      }
+      for (std::size_t i = full * 4; i < n; ++i)
+        out[i] = reconstruct<T>(base[i], rep[(groups[full] >> (2 * (i - full * 4))) & 3]);
+      return;
+    }
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    const unsigned s = (groups[i / k] >> ((i % k) * bits)) & mask;
+    out[i] = reconstruct<T>(base[i], rep[s]);
+  }
+}
+
+template <class F>
+void dispatch_float(dtype t, F&& f) {
+  switch (t) {
+    case dtype::f32: f.template operator()<dtype::f32>(); return;
+    case dtype::f16: f.template operator()<dtype::f16>(); return;
+    case dtype::bf16: f.template operator()<dtype::bf16>(); return;
+    case dtype::bytes: break;
+  }
+  throw invalid_argument("codec: lossy coding needs a float dtype");
+}
+
+// Byte planes of the element words rotated left by one bit: the fp32/bf16 exponent then fills one
+// plane on its own (the only compressible one for trained weights) and the sign joins the low
+// mantissa byte.
+void to_planes(dtype t, const std::byte* in, std::size_t n, std::uint8_t* planes) {
+  if (t == dtype::f32) {
+    const auto* w = reinterpret_cast<const std::uint32_t*>(in);
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::uint32_t r = std::rotl(w[i], 1);
+      planes[i] = std::uint8_t(r);
+      planes[n + i] = std::uint8_t(r >> 8);
+      planes[2 * n + i] = std::uint8_t(r >> 16);
+      planes[3 * n + i] = std::uint8_t(r >> 24);
+    }
+  } else {
+    const auto* w = reinterpret_cast<const std::uint16_t*>(in);
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::uint16_t r = std::rotl(w[i], 1);
+      planes[i] = std::uint8_t(r);
+      planes[n + i] = std::uint8_t(r >> 8);
+    }
+  }
+}
+
+void from_planes(dtype t, const std::uint8_t* planes, std::size_t n, std::byte* out) {
+  if (t == dtype::f32) {
+    auto* w = reinterpret_cast<std::uint32_t*>(out);
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::uint32_t r = std::uint32_t(planes[i]) | std::uint32_t(planes[n + i]) << 8 |
+                              std::uint32_t(planes[2 * n + i]) << 16 |
+                              std::uint32_t(planes[3 * n + i]) << 24;
+      w[i] = std::rotr(r, 1);
+    }
+  } else {
+    auto* w = reinterpret_cast<std::uint16_t*>(out);
+    for (std::size_t i = 0; i < n; ++i)
+      w[i] = std::rotr(std::uint16_t(planes[i] | planes[n + i] << 8), 1);
+  }
+}
+
+// Mantissa planes of trained floats are nearly uniform; a 1-in-16 sample tells so without a full
+// histogram pass.
+bool plane_looks_incompressible(std::span<const std::uint8_t> plane) {
+  if (plane.size() < 4096) return false;
+  byte_histogram h{};
+  std::size_t samples = 0;
+  for (std::size_t i = 0; i < plane.size(); i += 16, ++samples) ++h[plane[i]];
+  double bits = 0;
+  for (auto c : h)
+    if (c) bits -= double(c) * std::log2(double(c) / double(samples));
+  return bits > 7.8 * double(samples);
+}
+
+}  // namespace
+
+void encode_delta_block(dtype t, const std::byte* cur, const std::byte* base, std::size_t n,
+                        const quant_table& q, const lossy_params& p, std::byte* recon,
+                        std::vector<std::byte>& out) {
+  const int k = p.group ? p.group : default_group(p.bits);
+  if (p.bits != q.bits) throw invalid_argument("codec: table and parameters disagree on bits");
+  if (k < 1 || k * p.bits > 8) throw invalid_argument("codec: group * bits must be <= 8");
+  const std::size_t esize = element_size(t);
+  const std::size_t ngroups = (n + k - 1) / k;
+  thread_local std::vector<std::uint8_t> groups;
+  thread_local std::vector<std::uint32_t> escapes;
+  groups.resize(ngroups);
+  escapes.clear();
+  dispatch_float(t, [&]<dtype T>() {
+    lc_symbols<T>(cur, base, n, q, p.bits, k, recon, groups.data(), escapes);
+  });
+
+  block_header h;
+  h.codec = block_codec::lc_delta;
+  h.type = t;
+  h.elements = std::uint32_t(n);
+  h.bits = std::uint8_t(p.bits);
+  h.group = std::uint8_t(k);
+  h.rep = p.rep;
+  h.policy = p.policy;
+  const std::size_t at = begin_block(out, h);
+  byte_writer w(out);
+  for (int s = 1; s < (1 << p.bits); ++s) w.put<float>(q.rep[s]);
+  w.put<std::uint32_t>(std::uint32_t(escapes.size()));
+  for (auto i : escapes) w.put<std::uint32_t>(i);
+  for (auto i : escapes) w.put_bytes(std::span(cur + i * esize, esize));
+  encode_bytes(groups, p.policy, out);
+  if (out.size() - at - block_header_size >= n * esize) {  // did not shrink: store exactly
+    out.resize(at);
+    std::memcpy(recon, cur, n * esize);
+    put_raw_block(t, cur, n, out);
+    return;
+  }
+  end_block(out, at);
+}
+
+void encode_exact_block(dtype t, const std::byte* data, std::size_t n, std::vector<std::byte>& out) {
+  const std::size_t esize = element_size(t);
+  const std::size_t bytes = n * esize;
+  block_header h;
+  h.type = t;
+  h.elements = std::uint32_t(n);
+  std::size_t at;
+  if (t == dtype::bytes) {
+    h.codec = block_codec::zstd;
+    at = begin_block(out, h);
+    const std::size_t bound = ZSTD_compressBound(bytes);
+    const std::size_t payload_at = out.size();
+    out.resize(payload_at + bound);
+    const std::size_t z = ZSTD_compress(out.data() + payload_at, bound, data, bytes, 3);
+    if (ZSTD_isError(z)) throw error(errc::io, std::string("zstd: ") + ZSTD_getErrorName(z));
+    out.resize(payload_at + z);
+  } else {
+    h.codec = block_codec::float_lossless;
+    at = begin_block(out, h);
+    thread_local std::vector<std::uint8_t> planes;
+    planes.resize(bytes);
+    to_planes(t, data, n, planes.data());
+    byte_writer w(out);
+    for (std::size_t pl = 0; pl < esize; ++pl) {
+      const auto plane = std::span<const std::uint8_t>(planes).subspan(pl * n, n);
+      const std::size_t len_at = w.skip(4);
+      if (plane_looks_incompressible(plane)) {
+        out.push_back(std::byte(entropy_mode::stored));
+        out.insert(out.end(), reinterpret_cast<const std::byte*>(plane.data()),
+                   reinterpret_cast<const std::byte*>(plane.data() + n));
+      } else {
+        encode_bytes(plane, entropy_policy::best, out);
+      }
+      w.put_at<std::uint32_t>(len_at, std::uint32_t(out.size() - len_at - 4));
+    }
+  }
+  if (out.size() - at - block_header_size >= bytes) {
+    out.resize(at);
+    put_raw_block(t, data, n, out);
+    return;
+  }
+  end_block(out, at);
+}
+
+block_header read_block_header(std::span<const std::byte> in) {
+  byte_reader r(in);
+  if (r.get<std::uint32_t>() != block_magic) throw corrupt_error("block: bad magic");
+  const auto version = r.get<std::uint8_t>();
+  if (version != block_format_version)
+    throw error(errc::unsupported, "block: format version " + std::to_string(version));
+  block_header h;
+  const auto codec = r.get<std::uint8_t>();
+  const auto type = r.get<std::uint8_t>();
+  r.get<std::uint8_t>();
+  if (codec > std::uint8_t(block_codec::zstd)) throw corrupt_error("block: unknown codec");
+  if (type > std::uint8_t(dtype::bytes)) throw corrupt_error("block: unknown dtype");
+  h.codec = block_codec(codec);
+  h.type = dtype(type);
+  h.elements = r.get<std::uint32_t>();
+  h.payload_size = r.get<std::uint32_t>();
+  h.bits = r.get<std::uint8_t>();
+  h.group = r.get<std::uint8_t>();
+  const auto rep = r.get<std::uint8_t>();
+  const auto policy = r.get<std::uint8_t>();
+  if (rep > 1 || policy > 1) throw corrupt_error("block: bad lossy parameters");
+  h.rep = representative(rep);
+  h.policy = entropy_policy(policy);
+  if (std::uint64_t(h.elements) * element_size(h.type) > max_block_bytes)
+    throw corrupt_error("block: element count too large");
+  if (h.codec == block_codec::lc_delta &&
+      (h.bits < 1 || h.bits > max_bits || h.group < 1 || h.bits * h.group > 8 ||
+       !is_float(h.type)))
+    throw corrupt_error("block: bad lossy parameters");
+  if (h.codec == block_codec::float_lossless && !is_float(h.type))
+    throw corrupt_error("block: lossless float block of non-float type");
+  if (h.total_size() > in.size()) throw corrupt_error("block: truncated");
+  return h;
+}
+
+void decode_block(std::span<const std::byte> in, const std::byte* base, std::byte* out) {
+  const block_header h = read_block_header(in);
+  const auto header = in.first(block_header_size);
+  const auto payload = in.subspan(block_header_size, h.payload_size);
+  std::uint64_t stored;
+  std::memcpy(&stored, header.data() + kChecksumAt, 8);
+  if (stored != block_checksum(header.first(kChecksumAt), payload))
+    throw corrupt_error("block: checksum mismatch");
+
+  const std::size_t n = h.elements, esize = element_size(h.type);
+  byte_reader r(payload);
+  switch (h.codec) {
+    case block_codec::raw: {
+      if (payload.size() != n * esize) throw corrupt_error("block: raw size mismatch");
+      if (n) std::memcpy(out, payload.data(), n * esize);
+      return;
+    }
+    case block_codec::zstd: {
+      const std::size_t z = ZSTD_decompress(out, n * esize, payload.data(), payload.size());
+      if (ZSTD_isError(z) || z != n * esize) throw corrupt_error("block: zstd payload");
+      return;
+    }
+    case block_codec::float_lossless: {
+      thread_local std::vector<std::uint8_t> planes;
+      planes.resize(n * esize);
+      for (std::size_t pl = 0; pl < esize; ++pl) {
+        const auto len = r.get<std::uint32_t>();
+        decode_bytes(r.get_bytes(len), std::span(planes.data() + pl * n, n));
+      }
+      if (r.remaining()) throw corrupt_error("block: trailing bytes");
+      from_planes(h.type, planes.data(), n, out);
+      return;
+    }
+    case block_codec::lc_delta: {
+      if (!base) throw invalid_argument("block: delta block decoded without its base");
+      std::array<float, 1 << max_bits> rep{};
+      rep[0] = -0.0f;
+      for (int s = 1; s < (1 << h.bits); ++s) rep[s] = r.get<float>();
+      const auto nesc = r.get<std::uint32_t>();
+      if (nesc > n) throw corrupt_error("block: too many escapes");
+      auto idx_bytes = r.get_bytes(std::size_t(nesc) * 4);
+      auto val_bytes = r.get_bytes(std::size_t(nesc) * esize);
+      thread_local std::vector<std::uint8_t> groups;
+      groups.resize((n + h.group - 1) / h.group);
+      decode_bytes(r.get_bytes(r.remaining()), groups);
+      dispatch_float(h.type, [&]<dtype T>() {
+        lc_reconstruct<T>(base, n, groups.data(), h.bits, h.group, rep.data(), out);
+      });
+      for (std::uint32_t e = 0; e < nesc; ++e) {
+        std::uint32_t i;
+        std::memcpy(&i, idx_bytes.data() + 4 * e, 4);
+        if (i >= n) throw corrupt_error("block: escape index out of range");
+        std::memcpy(out + std::size_t(i) * esize, val_bytes.data() + e * esize, esize);
+      }
+      return;
+    }
+  }
+  throw corrupt_error("block: unknown codec");
+}
+
+}  // namespace ckpt::codec

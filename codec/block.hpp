@@ -1,0 +1,68 @@
+#pragma once
+// One independently decodable block: a fixed 32-byte header, a payload, and an XXH3-64 checksum
+// over both. Tensors are cut into blocks of about block_bytes of input; blocks are encoded and
+// decoded in parallel. The byte layout is specified in docs/format.md ("Blocks").
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "codec/dtype.hpp"
+#include "codec/entropy.hpp"
+#include "codec/quantizer.hpp"
+
+namespace ckpt::codec {
+
+inline constexpr std::uint32_t block_magic = 0x31424b43;  // "CKB1"
+inline constexpr std::uint8_t block_format_version = 1;
+inline constexpr std::size_t block_header_size = 32;
+inline constexpr std::size_t max_block_bytes = 64u << 20;  // refuse larger on decode
+
+enum class block_codec : std::uint8_t {
+  raw = 0,             // payload is the input bytes (nothing else shrank it)
+  lc_delta = 1,        // quantised delta against a base (lossy)
+  float_lossless = 2,  // exponent/mantissa byte planes, each entropy-coded (exact)
+  zstd = 3,            // non-float bytes (exact)
+};
+std::string_view name(block_codec c) noexcept;
+
+// Parameters of the lossy coder. group = LC symbols packed per entropy-coded byte (k); 0 picks
+// the default for `bits`. The paper's mode is group = 1 with entropy_policy::huffman_only.
+struct lossy_params {
+  int bits = 3;
+  int group = 0;
+  representative rep = representative::mean;
+  entropy_policy policy = entropy_policy::best;
+};
+int default_group(int bits) noexcept;  // 8, 4, 2, 2 for bits 1..4
+
+struct block_header {
+  block_codec codec{};
+  dtype type{};
+  std::uint32_t elements = 0;
+  std::uint32_t payload_size = 0;
+  std::uint8_t bits = 0, group = 0;
+  representative rep{};
+  entropy_policy policy{};
+  std::size_t total_size() const { return block_header_size + payload_size; }
+};
+
+// Reads and validates a header (magic, version, enumerations, sizes within `in`); the checksum is
+// checked by decode_block. Throws corrupt_error.
+block_header read_block_header(std::span<const std::byte> in);
+
+// Appends one lossy block of n elements. `recon` (n elements of type t) receives exactly what
+// decode_block will return for it.
+void encode_delta_block(dtype t, const std::byte* cur, const std::byte* base, std::size_t n,
+                        const quant_table& q, const lossy_params& p, std::byte* recon,
+                        std::vector<std::byte>& out);
+
+// Appends one exact block: byte planes for float types, zstd for bytes, raw when neither shrinks.
+void encode_exact_block(dtype t, const std::byte* data, std::size_t n, std::vector<std::byte>& out);
+
+// Decodes the block at the start of `in` into `out` (header.elements elements). `base` is needed
+// by lc_delta blocks only. Verifies the checksum first; throws corrupt_error on any mismatch.
+void decode_block(std::span<const std::byte> in, const std::byte* base, std::byte* out);
+
+}  // namespace ckpt::codec

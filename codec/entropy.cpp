@@ -1,0 +1,91 @@
+#include "codec/entropy.hpp"
+
+#include <cstring>
+
+#include "codec/byte_io.hpp"
+#include "codec/error.hpp"
+#include "codec/huffman.hpp"
+#include "codec/rans.hpp"
+
+namespace ckpt::codec {
+
+std::string_view name(entropy_mode m) noexcept {
+  switch (m) {
+    case entropy_mode::stored: return "stored";
+    case entropy_mode::constant: return "constant";
+    case entropy_mode::huffman: return "huffman";
+    case entropy_mode::rans: return "rans";
+  }
+  return "?";
+}
+
+entropy_mode encode_bytes(std::span<const std::uint8_t> in, entropy_policy policy,
+                          std::vector<std::byte>& out, const byte_histogram* hist) {
+  byte_histogram own;
+  if (!hist) {
+    own = histogram(in);
+    hist = &own;
+  }
+  byte_histogram counts = *hist;
+  int distinct = 0, only = 0;
+  for (int s = 0; s < 256; ++s)
+    if (counts[s]) ++distinct, only = s;
+
+  const std::uint64_t stored_bits = std::uint64_t(in.size()) * 8;
+  if (distinct == 0) {
+    out.push_back(std::byte(entropy_mode::stored));
+    return entropy_mode::stored;
+  }
+  if (distinct == 1 && policy == entropy_policy::best) {
+    out.push_back(std::byte(entropy_mode::constant));
+    out.push_back(std::byte(only));
+    return entropy_mode::constant;
+  }
+  if (distinct == 1) counts[only == 0 ? 1 : 0] = 1;  // the paper's coder still spends 1 bit each
+
+  const auto lengths = huffman::code_lengths(counts);
+  const std::uint64_t huff_bits = huffman::cost_bits(*hist, lengths) + 8 * (128 + 13);
+  double rans_bits = 1e300;
+  std::array<std::uint32_t, 256> freqs{};
+  if (policy == entropy_policy::best) {
+    freqs = rans::normalize(counts);
+    rans_bits = rans::cost_bits(counts, freqs) + 8 * (3.0 * distinct + 5 + 16);
+  }
+
+  if (policy == entropy_policy::best && double(stored_bits) <= rans_bits &&
+      stored_bits <= huff_bits) {
+    out.push_back(std::byte(entropy_mode::stored));
+    out.insert(out.end(), reinterpret_cast<const std::byte*>(in.data()),
+               reinterpret_cast<const std::byte*>(in.data() + in.size()));
+    return entropy_mode::stored;
+  }
+  if (rans_bits < double(huff_bits)) {
+    out.push_back(std::byte(entropy_mode::rans));
+    rans::encode(in, freqs, out);
+    return entropy_mode::rans;
+  }
+  out.push_back(std::byte(entropy_mode::huffman));
+  huffman::encode(in, lengths, out);
+  return entropy_mode::huffman;
+}
+
+void decode_bytes(std::span<const std::byte> in, std::span<std::uint8_t> out) {
+  if (in.empty()) throw corrupt_error("entropy: empty stream");
+  const auto mode = entropy_mode(std::to_integer<std::uint8_t>(in[0]));
+  const auto body = in.subspan(1);
+  switch (mode) {
+    case entropy_mode::stored:
+      if (body.size() != out.size()) throw corrupt_error("entropy: stored length mismatch");
+      if (!out.empty()) std::memcpy(out.data(), body.data(), out.size());
+      return;
+    case entropy_mode::constant:
+      if (body.size() != 1) throw corrupt_error("entropy: constant length mismatch");
+      std::memset(out.data(), std::to_integer<int>(body[0]), out.size());
+      return;
+    case entropy_mode::huffman: huffman::decode(body, out); return;
+    case entropy_mode::rans: rans::decode(body, out); return;
+  }
+  throw corrupt_error("entropy: unknown mode " + std::to_string(int(mode)));
+}
+
+}  // namespace ckpt::codec

@@ -1,0 +1,33 @@
+#pragma once
+// Entropy coding of a byte-symbol stream, the mode chosen per stream by estimated size:
+// stored, constant (one distinct symbol), canonical Huffman (4 streams) or rANS (4 states).
+//
+// Layout: u8 mode | mode payload. The symbol count is stored by the caller.
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "codec/histogram.hpp"
+
+namespace ckpt::codec {
+
+enum class entropy_mode : std::uint8_t { stored = 0, constant = 1, huffman = 2, rans = 3 };
+
+enum class entropy_policy : std::uint8_t {
+  best,          // smallest of all modes
+  huffman_only,  // LC-Checkpoint's own coder: one Huffman code word per symbol, >= 1 bit each
+};
+
+std::string_view name(entropy_mode m) noexcept;
+
+// Appends the coded stream to `out` and returns the mode used. `hist` must be the histogram of
+// `in` when given (callers that already have it save a pass).
+entropy_mode encode_bytes(std::span<const std::uint8_t> in, entropy_policy policy,
+                          std::vector<std::byte>& out, const byte_histogram* hist = nullptr);
+
+// Decodes exactly out.size() symbols from the whole of `in`. Throws corrupt_error.
+void decode_bytes(std::span<const std::byte> in, std::span<std::uint8_t> out);
+
+}  // namespace ckpt::codec

@@ -1,0 +1,240 @@
+#include "codec/huffman.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <string>
+
+#include "codec/byte_io.hpp"
+#include "codec/error.hpp"
+
+namespace ckpt::codec::huffman {
+namespace {
+
+constexpr int kStreams = 4;
+constexpr int kTableBits = max_code_length;
+constexpr std::size_t kSlack = 16;  // encoders store 8 bytes at a time; decoders load 8
+
+inline void store64(std::uint8_t* p, std::uint64_t v) { std::memcpy(p, &v, 8); }
+inline std::uint64_t load64(const std::uint8_t* p) {
+  std::uint64_t v;
+  std::memcpy(&v, p, 8);
+  return v;
+}
+
+// Plain Huffman lengths by the two-queue method over (count, symbol)-sorted leaves; ties are
+// broken by symbol so the result is deterministic.
+std::array<std::uint8_t, 256> unlimited_lengths(const std::array<std::uint64_t, 256>& counts) {
+  struct node {
+    std::uint64_t weight;
+    int parent;
+  };
+  std::vector<int> leaves;
+  for (int s = 0; s < 256; ++s)
+    if (counts[s]) leaves.push_back(s);
+  std::stable_sort(leaves.begin(), leaves.end(),
+                   [&](int a, int b) { return counts[a] < counts[b]; });
+  const int n = int(leaves.size());
+  std::vector<node> nodes(2 * n - 1);
+  for (int i = 0; i < n; ++i) nodes[i] = {counts[leaves[i]], -1};
+  int leaf = 0, inner = n, next = n;
+  auto pick = [&]() {
+    if (leaf < n && (inner >= next || nodes[leaf].weight <= nodes[inner].weight)) return leaf++;
+    return inner++;
+  };
+  while (next < 2 * n - 1) {
+    const int a = pick(), b = pick();
+    nodes[next] = {nodes[a].weight + nodes[b].weight, -1};
+    nodes[a].parent = nodes[b].parent = next;
+    ++next;
+  }
+  std::vector<int> depth(2 * n - 1, 0);
+  for (int i = 2 * n - 3; i >= 0; --i) depth[i] = depth[nodes[i].parent] + 1;
+  std::array<std::uint8_t, 256> len{};
+  for (int i = 0; i < n; ++i) len[leaves[i]] = std::uint8_t(std::min(depth[i], 255));
+  return len;
+}
+
+struct canonical {
+  std::array<std::uint16_t, 256> code{};  // bit-reversed, ready for an LSB-first stream
+  std::array<std::uint8_t, 256> len{};
+};
+
+// Canonical codes from lengths. Returns false unless the lengths form a complete prefix code
+// (Kraft sum exactly 1) within the length limit: anything else is a corrupt table.
+bool assign_codes(const std::array<std::uint8_t, 256>& len, canonical& c) {
+  std::array<int, kTableBits + 1> per_len{};
+  int used = 0;
+  for (int s = 0; s < 256; ++s) {
+    if (len[s] > kTableBits) return false;
+    if (len[s]) ++per_len[len[s]], ++used;
+  }
+  if (used < 2) return false;
+  std::uint32_t kraft = 0;
+  for (int l = 1; l <= kTableBits; ++l) kraft += std::uint32_t(per_len[l]) << (kTableBits - l);
+  if (kraft != (1u << kTableBits)) return false;
+  std::array<std::uint32_t, kTableBits + 2> next{};
+  std::uint32_t code = 0;
+  for (int l = 1; l <= kTableBits; ++l) {
+    code = (code + per_len[l - 1]) << 1;
+    next[l] = code;
+  }
+  for (int s = 0; s < 256; ++s) {
+    const int l = len[s];
+    if (!l) continue;
+    const std::uint32_t v = next[l]++;
+    std::uint32_t r = 0;
+    for (int b = 0; b < l; ++b) r |= ((v >> b) & 1u) << (l - 1 - b);
+    c.code[s] = std::uint16_t(r);
+    c.len[s] = std::uint8_t(l);
+  }
+  return true;
+}
+
+std::size_t stream_count(std::size_t n, int s) { return (n + kStreams - 1 - s) / kStreams; }
+
+}  // namespace
+
+std::array<std::uint8_t, 256> code_lengths(const byte_histogram& counts) {
+  std::array<std::uint64_t, 256> c{};
+  for (int s = 0; s < 256; ++s) c[s] = counts[s];
+  // Flattening the counts until the tree fits the limit costs a fraction of a percent against
+  // optimal length-limited codes (package-merge) on our skewed alphabets, and is far simpler.
+  for (;;) {
+    auto len = unlimited_lengths(c);
+    if (*std::max_element(len.begin(), len.end()) <= kTableBits) return len;
+    for (auto& v : c)
+      if (v) v = (v >> 1) | 1;
+  }
+}
+
+std::uint64_t cost_bits(const byte_histogram& counts, const std::array<std::uint8_t, 256>& lengths) {
+  std::uint64_t bits = 0;
+  for (int s = 0; s < 256; ++s) bits += std::uint64_t(counts[s]) * lengths[s];
+  return bits;
+}
+
+void encode(std::span<const std::uint8_t> symbols, const std::array<std::uint8_t, 256>& lengths,
+            std::vector<std::byte>& out) {
+  canonical c;
+  if (!assign_codes(lengths, c)) throw invalid_argument("huffman: invalid code lengths");
+  int alphabet = 256;
+  while (alphabet > 1 && lengths[alphabet - 1] == 0) --alphabet;
+  byte_writer w(out);
+  w.put<std::uint8_t>(std::uint8_t(alphabet - 1));
+  for (int s = 0; s < alphabet; s += 2)
+    w.put<std::uint8_t>(std::uint8_t(lengths[s] | ((s + 1 < 256 ? lengths[s + 1] : 0) << 4)));
+  const std::size_t sizes_at = w.skip(4 * (kStreams - 1));
+
+  const std::size_t n = symbols.size();
+  for (int s = 0; s < kStreams; ++s) {
+    const std::size_t cnt = stream_count(n, s);
+    const std::size_t at = out.size();
+    out.resize(at + (cnt * kTableBits + 7) / 8 + kSlack);
+    auto* p = reinterpret_cast<std::uint8_t*>(out.data() + at);
+    std::uint64_t acc = 0;
+    unsigned nb = 0;
+    // Branchless flush after every symbol: store 8 bytes, keep the partial byte.
+    for (std::size_t i = s; i < n; i += kStreams) {
+      const std::uint8_t sym = symbols[i];
+      acc |= std::uint64_t(c.code[sym]) << nb;
+      nb += c.len[sym];
+      store64(p, acc);
+      p += nb >> 3;
+      acc >>= nb & 56;
+      nb &= 7;
+    }
+    store64(p, acc);
+    p += (nb + 7) >> 3;
+    const std::size_t written = std::size_t(p - reinterpret_cast<std::uint8_t*>(out.data() + at));
+    out.resize(at + written);
+    if (s < kStreams - 1) w.put_at<std::uint32_t>(sizes_at + 4 * s, std::uint32_t(written));
+  }
+}
+
+void decode(std::span<const std::byte> in, std::span<std::uint8_t> out) {
+  byte_reader r(in);
+  const int alphabet = r.get<std::uint8_t>() + 1;
+  std::array<std::uint8_t, 256> len{};
+  auto packed = r.get_bytes((alphabet + 1) / 2);
+  for (int s = 0; s < alphabet; ++s)
+    len[s] = (std::to_integer<std::uint8_t>(packed[s / 2]) >> (4 * (s & 1))) & 15;
+  canonical c;
+  if (!assign_codes(len, c)) throw corrupt_error("huffman: invalid code lengths");
+
+  // Table entry: symbol in the low byte, code length above it.
+  std::array<std::uint16_t, 1u << kTableBits> table;
+  for (int s = 0; s < 256; ++s) {
+    if (!c.len[s]) continue;
+    const unsigned step = 1u << c.len[s];
+    for (unsigned j = c.code[s]; j < (1u << kTableBits); j += step)
+      table[j] = std::uint16_t(s | (c.len[s] << 8));
+  }
+
+  std::array<std::uint32_t, kStreams> size{};
+  for (int s = 0; s < kStreams - 1; ++s) size[s] = r.get<std::uint32_t>();
+  const std::uint64_t head = std::uint64_t(size[0]) + size[1] + size[2];
+  if (head > r.remaining()) throw corrupt_error("huffman: stream sizes exceed payload");
+  size[3] = std::uint32_t(r.remaining() - head);
+
+  // Each stream is copied behind zero padding so that 8-byte loads never leave the buffer; the
+  // copy is of compressed bytes, a small fraction of the output.
+  thread_local std::vector<std::uint8_t> scratch;
+  std::size_t total = 0;
+  for (auto sz : size) total += sz + kSlack;
+  scratch.assign(total, 0);
+  std::array<const std::uint8_t*, kStreams> ptr, end;
+  {
+    std::size_t at = 0;
+    for (int s = 0; s < kStreams; ++s) {
+      auto bytes = r.get_bytes(size[s]);
+      std::memcpy(scratch.data() + at, bytes.data(), bytes.size());
+      ptr[s] = scratch.data() + at;
+      end[s] = ptr[s] + size[s];
+      at += size[s] + kSlack;
+    }
+  }
+  std::array<std::uint64_t, kStreams> bb{};
+  std::array<unsigned, kStreams> bc{};
+  const std::size_t n = out.size();
+  auto refill = [&](int s) {
+    // A valid stream never has its read pointer more than 8 bytes past its end.
+    if (ptr[s] > end[s] + 8) throw corrupt_error("huffman: stream overrun");
+    bb[s] |= load64(ptr[s]) << bc[s];
+    ptr[s] += (63 - bc[s]) >> 3;
+    bc[s] |= 56;
+  };
+  auto one = [&](int s) -> std::uint8_t {
+    const std::uint16_t e = table[bb[s] & ((1u << kTableBits) - 1)];
+    const unsigned l = e >> 8;
+    bb[s] >>= l;
+    bc[s] -= l;
+    return std::uint8_t(e);
+  };
+  // 56 valid bits cover five codes of at most 11 bits: refill once per five symbols a stream.
+  constexpr std::size_t kRound = 5 * kStreams;
+  std::size_t i = 0;
+  for (; i + kRound <= n; i += kRound) {
+    for (int s = 0; s < kStreams; ++s) refill(s);
+    std::uint8_t* o = out.data() + i;
+    for (int t = 0; t < 5; ++t, o += kStreams) {
+      o[0] = one(0);
+      o[1] = one(1);
+      o[2] = one(2);
+      o[3] = one(3);
+    }
+  }
+  for (; i < n; ++i) {
+    const int s = int(i % kStreams);
+    if (bc[s] < kTableBits) refill(s);
+    out[i] = one(s);
+  }
+  // Bits consumed must lie within each stream (the unconsumed remainder of bc is lookahead).
+  for (int s = 0; s < kStreams; ++s) {
+    const std::uint64_t loaded_bits = std::uint64_t(ptr[s] - (end[s] - size[s])) * 8;
+    if (loaded_bits - bc[s] > std::uint64_t(size[s]) * 8)
+      throw corrupt_error("huffman: stream " + std::to_string(s) + " shorter than its symbols");
+  }
+}
+
+}  // namespace ckpt::codec::huffman

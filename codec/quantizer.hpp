@@ -1,0 +1,52 @@
+#pragma once
+// LC-Checkpoint quantisation (DESIGN.md §2 items 2-4): every delta element falls in a bucket keyed
+// by (sign, binary exponent); the 2^b - 1 buckets of largest magnitude survive (ranked across both
+// signs); every other element becomes the zero symbol. Each survivor decodes to one representative.
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+#include "codec/dtype.hpp"
+
+namespace ckpt::codec {
+
+enum class representative : std::uint8_t {
+  mean = 0,      // arithmetic mean of the bucket's members (public re-implementations; min L2 error)
+  midrange = 1,  // (max + min) / 2 (the paper's wording; min worst-case error)
+};
+std::string_view name(representative r) noexcept;
+
+inline constexpr int max_bits = 4;
+inline constexpr int key_count = 512;  // sign bit + 8 exponent bits of the fp32 delta
+
+// Per-key statistics of fp32 deltas. Sums are of integer mantissas, so they are exact and do not
+// depend on the order of accumulation: any split over threads gives the same table.
+struct delta_stats {
+  std::array<std::uint64_t, key_count> count{};
+  std::array<std::uint64_t, key_count> mantissa_sum{};
+  std::array<std::uint32_t, key_count> mantissa_min;
+  std::array<std::uint32_t, key_count> mantissa_max{};
+  delta_stats() { mantissa_min.fill(0xffffffffu); }
+  void merge(const delta_stats& o);
+};
+
+// Adds the deltas cur - base (computed in fp32) of n elements of type t. `track_range` also keeps
+// min/max mantissas (needed by the midrange representative only; it costs time).
+void accumulate(delta_stats& s, dtype t, const std::byte* cur, const std::byte* base, std::size_t n,
+                bool track_range);
+
+// The decoding table: symbol -> representative, and fp32-delta key -> symbol.
+struct quant_table {
+  int bits = 0;
+  // rep[0] is -0.0f: adding it is the identity for every float (also -0.0), so the zero symbol
+  // reconstructs the base bit for bit.
+  std::array<float, 1 << max_bits> rep{};
+  std::array<std::uint8_t, key_count> symbol_of_key{};
+  int symbols() const { return 1 << bits; }
+};
+
+quant_table select_buckets(const delta_stats& s, int bits, representative r);
+
+}  // namespace ckpt::codec

@@ -1,0 +1,39 @@
+#pragma once
+// THE reconstruction: ũ_t = to_dtype(ũ_{t-1} + rep[symbol]), computed in fp32. Encoder and
+// decoder both call these and nothing else, so a version reads back exactly as the encoder
+// assumed when it coded the next delta (DESIGN.md §2 item 6). Compiled with -ffp-contract=off.
+#include <cstdint>
+
+#include "codec/dtype.hpp"
+
+namespace ckpt::codec {
+
+// Element access per dtype: fp32 values for arithmetic, storage bits for output.
+template <dtype T>
+struct element;
+
+template <>
+struct element<dtype::f32> {
+  using storage = float;
+  static float to_f32(float v) { return v; }
+  static float from_f32(float v) { return v; }
+};
+template <>
+struct element<dtype::f16> {
+  using storage = std::uint16_t;
+  static float to_f32(std::uint16_t v) { return f16_to_f32(v); }
+  static std::uint16_t from_f32(float v) { return f32_to_f16(v); }
+};
+template <>
+struct element<dtype::bf16> {
+  using storage = std::uint16_t;
+  static float to_f32(std::uint16_t v) { return bf16_to_f32(v); }
+  static std::uint16_t from_f32(float v) { return f32_to_bf16(v); }
+};
+
+template <dtype T>
+inline typename element<T>::storage reconstruct(typename element<T>::storage base, float rep) {
+  return element<T>::from_f32(element<T>::to_f32(base) + rep);
+}
+
+}  // namespace ckpt::codec

@@ -1,0 +1,148 @@
+#include "codec/tensor_codec.hpp"
+
+#include <tbb/blocked_range.h>
+#include <tbb/combinable.h>
+#include <tbb/parallel_for.h>
+
+#include <string>
+
+#include "codec/error.hpp"
+
+namespace ckpt::codec {
+
+std::string_view name(bucket_scope s) noexcept {
+  return s == bucket_scope::checkpoint ? "checkpoint" : "tensor";
+}
+
+namespace {
+
+std::size_t elements_per_block(dtype t, std::size_t block_bytes) {
+  const std::size_t n = block_bytes / element_size(t);
+  if (n == 0 || block_bytes > max_block_bytes)
+    throw invalid_argument("codec: block size out of range");
+  return n;
+}
+
+std::vector<std::byte> concat(std::vector<std::vector<std::byte>>& parts) {
+  std::size_t total = 0;
+  for (auto& p : parts) total += p.size();
+  std::vector<std::byte> out;
+  out.reserve(total);
+  for (auto& p : parts) {
+    out.insert(out.end(), p.begin(), p.end());
+    std::vector<std::byte>().swap(p);
+  }
+  return out;
+}
+
+void check_pair(const delta_input& in) {
+  if (!is_float(in.type)) throw invalid_argument("codec: deltas need a float dtype");
+  if (in.cur.size() != in.base.size()) throw invalid_argument("codec: base and tensor differ in size");
+  if (in.cur.size() % element_size(in.type)) throw invalid_argument("codec: partial element");
+}
+
+}  // namespace
+
+std::vector<quant_table> plan_tables(std::span<const delta_input> inputs, int bits,
+                                     representative rep, bucket_scope scope) {
+  const bool range = rep == representative::midrange;
+  constexpr std::size_t chunk = 1u << 16;
+  auto gather = [&](std::span<const delta_input> group) {
+    // Integer statistics merge in any order to the same result, so thread-local partials are safe.
+    tbb::combinable<delta_stats> partial;
+    for (const auto& in : group) {
+      check_pair(in);
+      const std::size_t es = element_size(in.type), n = in.cur.size() / es;
+      tbb::parallel_for(tbb::blocked_range<std::size_t>(0, n, chunk), [&](const auto& r) {
+        accumulate(partial.local(), in.type, in.cur.data() + r.begin() * es,
+                   in.base.data() + r.begin() * es, r.size(), range);
+      });
+    }
+    delta_stats all;
+    partial.combine_each([&](const delta_stats& s) { all.merge(s); });
+    return select_buckets(all, bits, rep);
+  };
+  std::vector<quant_table> out;
+  if (scope == bucket_scope::checkpoint) {
+    out.assign(inputs.size(), gather(inputs));
+  } else {
+    for (std::size_t i = 0; i < inputs.size(); ++i) out.push_back(gather(inputs.subspan(i, 1)));
+  }
+  return out;
+}
+
+std::vector<std::byte> encode_delta(const delta_input& in, const quant_table& q,
+                                    const lossy_params& p, std::span<std::byte> recon,
+                                    std::size_t block_bytes) {
+  check_pair(in);
+  if (recon.size() != in.cur.size()) throw invalid_argument("codec: recon buffer size");
+  const std::size_t es = element_size(in.type), n = in.cur.size() / es;
+  const std::size_t per = elements_per_block(in.type, block_bytes);
+  const std::size_t nblocks = (n + per - 1) / per;
+  std::vector<std::vector<std::byte>> parts(nblocks);
+  tbb::parallel_for(std::size_t(0), nblocks, [&](std::size_t b) {
+    const std::size_t first = b * per, cnt = std::min(per, n - first);
+    encode_delta_block(in.type, in.cur.data() + first * es, in.base.data() + first * es, cnt, q, p,
+                       recon.data() + first * es, parts[b]);
+  });
+  return concat(parts);
+}
+
+std::vector<std::byte> encode_exact(dtype t, std::span<const std::byte> data,
+                                    std::size_t block_bytes) {
+  const std::size_t es = element_size(t);
+  if (data.size() % es) throw invalid_argument("codec: partial element");
+  const std::size_t n = data.size() / es;
+  const std::size_t per = elements_per_block(t, block_bytes);
+  const std::size_t nblocks = (n + per - 1) / per;
+  std::vector<std::vector<std::byte>> parts(nblocks);
+  tbb::parallel_for(std::size_t(0), nblocks, [&](std::size_t b) {
+    const std::size_t first = b * per, cnt = std::min(per, n - first);
+    encode_exact_block(t, data.data() + first * es, cnt, parts[b]);
+  });
+  return concat(parts);
+}
+
+frame_info inspect(std::span<const std::byte> encoded) {
+  frame_info f;
+  std::size_t at = 0;
+  while (at < encoded.size()) {
+    const block_header h = read_block_header(encoded.subspan(at));
+    f.elements += h.elements;
+    f.blocks += 1;
+    f.needs_base |= h.codec == block_codec::lc_delta;
+    at += h.total_size();
+  }
+  return f;
+}
+
+void decode(std::span<const std::byte> encoded, std::span<const std::byte> base,
+            std::span<std::byte> out) {
+  struct piece {
+    std::size_t at, out_at;
+  };
+  std::vector<piece> pieces;
+  std::size_t at = 0, out_at = 0;
+  bool lossy = false;
+  while (at < encoded.size()) {
+    const block_header h = read_block_header(encoded.subspan(at));
+    const std::size_t bytes = std::size_t(h.elements) * element_size(h.type);
+    if (bytes > out.size() - out_at) throw corrupt_error("frame: more elements than expected");
+    lossy |= h.codec == block_codec::lc_delta;
+    pieces.push_back({at, out_at});
+    at += h.total_size();
+    out_at += bytes;
+  }
+  if (out_at != out.size())
+    throw corrupt_error("frame: " + std::to_string(out_at) + " bytes, expected " +
+                        std::to_string(out.size()));
+  if (lossy && base.size() != out.size())
+    throw invalid_argument("frame: lossy frame needs a base of the same size");
+  tbb::parallel_for(std::size_t(0), pieces.size(), [&](std::size_t i) {
+    const piece& p = pieces[i];
+    decode_block(encoded.subspan(p.at), lossy ? base.data() + p.out_at : nullptr,
+                 out.data() + p.out_at);
+  });
+}
+
+}  // namespace ckpt::codec

@@ -1,0 +1,57 @@
+#pragma once
+// Tensor-level coding: a tensor becomes a sequence of independent blocks of ~block_bytes input,
+// encoded and decoded in parallel on oneTBB workers. The output is bit-identical for any number
+// of threads: blocks are cut by size alone and the bucket statistics are exact integers.
+#include <cstddef>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "codec/block.hpp"
+#include "codec/dtype.hpp"
+#include "codec/quantizer.hpp"
+
+namespace ckpt::codec {
+
+inline constexpr std::size_t default_block_bytes = 1u << 20;
+
+// Which elements share one set of buckets: the paper buckets the whole checkpoint at once;
+// per-tensor buckets keep small-delta state (Adam's v) from being dropped forever.
+enum class bucket_scope : std::uint8_t { checkpoint = 0, tensor = 1 };
+std::string_view name(bucket_scope s) noexcept;
+
+// A float tensor and the reconstruction of its previous version (same dtype and length).
+struct delta_input {
+  dtype type;
+  std::span<const std::byte> cur;
+  std::span<const std::byte> base;
+};
+
+// One table per input: the same table repeated (checkpoint scope) or each its own.
+std::vector<quant_table> plan_tables(std::span<const delta_input> inputs, int bits,
+                                     representative rep, bucket_scope scope);
+
+// Lossy: the delta of `cur` against `base`, quantised with `q`. `recon` (same size as cur)
+// receives exactly what decode() will return; it is the base of the next version.
+std::vector<std::byte> encode_delta(const delta_input& in, const quant_table& q,
+                                    const lossy_params& p, std::span<std::byte> recon,
+                                    std::size_t block_bytes = default_block_bytes);
+
+// Exact: float-aware for float types, zstd for bytes.
+std::vector<std::byte> encode_exact(dtype t, std::span<const std::byte> data,
+                                    std::size_t block_bytes = default_block_bytes);
+
+struct frame_info {
+  std::size_t elements = 0;
+  std::size_t blocks = 0;
+  bool needs_base = false;  // contains lossy blocks
+};
+// Walks the block headers (no checksums): sizes and kinds, or corrupt_error.
+frame_info inspect(std::span<const std::byte> encoded);
+
+// Decodes a whole frame into `out` (exactly the frame's elements). `base` is required when the
+// frame has lossy blocks and must then be as long as `out`. Throws corrupt_error.
+void decode(std::span<const std::byte> encoded, std::span<const std::byte> base,
+            std::span<std::byte> out);
+
+}  // namespace ckpt::codec

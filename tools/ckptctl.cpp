@@ -1,0 +1,33 @@
+// ckptctl: management and benchmarks for ckptfs. This is the CLI's one error boundary: library
+// errors become a one-line message and exit status 1; usage errors exit 2.
+#include <cstdio>
+#include <exception>
+
+#include "codec/error.hpp"
+#include "tools/commands.hpp"
+
+int main(int argc, char** argv) {
+  CLI::App app{"ckptctl: manage and benchmark ckptfs checkpoint stores"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "ckptctl 0.1.0");
+  ckpt::tools::add_bench_command(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);
+    return 2;
+  } catch (const ckpt::error& e) {
+    std::fprintf(stderr, "ckptctl: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ckptctl: %s\n", e.what());
+    return 1;
+  }
+  return ckpt::tools::exit_status;
+}

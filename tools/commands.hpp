@@ -1,0 +1,13 @@
+#pragma once
+// Each ckptctl subcommand lives in its own file and registers itself here. A command's callback
+// returns the process exit status: 0 success, 1 a problem found, 2 usage error.
+#include <CLI/CLI.hpp>
+
+namespace ckpt::tools {
+
+// Set by a subcommand's callback: the process exit status.
+inline int exit_status = 0;
+
+void add_bench_command(CLI::App& app);
+
+}  // namespace ckpt::tools
