@@ -1,0 +1,90 @@
+// Bucket statistics and priority promotion against a direct computation.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <map>
+
+#include "codec/error.hpp"
+#include "codec/quantizer.hpp"
+#include "codec_test_util.hpp"
+
+using namespace ckpt::codec;
+using namespace ckpt::test;
+
+TEST_CASE("buckets: the 2^b-1 largest survive across both signs, reps are mean or midrange",
+          "[quantizer]") {
+  const std::size_t n = 50000;
+  const auto p = random_pair(dtype::f32, n, 99);
+  // Direct computation in double, keyed by (sign, frexp exponent).
+  std::map<int, std::vector<double>> members;
+  for (std::size_t i = 0; i < n; ++i) {
+    const float d = get_f32(p.cur, dtype::f32, i) - get_f32(p.base, dtype::f32, i);
+    const std::uint32_t bits = std::bit_cast<std::uint32_t>(d);
+    const int e = (bits >> 23) & 0xff;
+    if (e == 0) continue;
+    members[int(bits >> 23)].push_back(d);
+  }
+  for (auto rep : {representative::mean, representative::midrange}) {
+    delta_stats s;
+    accumulate(s, dtype::f32, p.cur.data(), p.base.data(), n, rep == representative::midrange);
+    for (int bits = 1; bits <= 4; ++bits) {
+      const auto q = select_buckets(s, bits, rep);
+      REQUIRE(q.rep[0] == 0.0f);
+      REQUIRE(std::signbit(q.rep[0]));
+      std::vector<std::pair<double, int>> expect;  // (|rep|, key)
+      std::map<int, double> rep_of;
+      for (auto& [key, v] : members) {
+        double r;
+        if (rep == representative::mean) {
+          r = 0;
+          for (double x : v) r += x;
+          r /= double(v.size());
+        } else {
+          const auto [lo, hi] = std::minmax_element(v.begin(), v.end(), [](double a, double b) {
+            return std::fabs(a) < std::fabs(b);
+          });
+          r = (*lo + *hi) / 2;
+        }
+        rep_of[key] = r;
+        expect.push_back({std::fabs(r), key});
+      }
+      std::sort(expect.begin(), expect.end(), [](auto a, auto b) {
+        return a.first != b.first ? a.first > b.first : a.second < b.second;
+      });
+      const int keep = (1 << bits) - 1;
+      for (int i = 0; i < keep; ++i) {
+        const int key = expect[i].second;
+        const int sym = q.symbol_of_key[key];
+        REQUIRE(sym >= 1);
+        REQUIRE(q.rep[sym] == Approx(rep_of[key]).epsilon(1e-6));
+      }
+      for (std::size_t i = keep; i < expect.size(); ++i)
+        REQUIRE(q.symbol_of_key[expect[i].second] == 0);
+      // Both signs occur among the survivors at b >= 2 (deltas are symmetric).
+      if (bits >= 2) {
+        bool pos = false, neg = false;
+        for (int sym = 1; sym <= keep; ++sym) (q.rep[sym] > 0 ? pos : neg) = true;
+        REQUIRE((pos && neg));
+      }
+    }
+  }
+}
+
+TEST_CASE("stats merge in any order to the same table", "[quantizer]") {
+  const auto p = random_pair(dtype::bf16, 30001, 5);
+  delta_stats whole, a, b;
+  accumulate(whole, dtype::bf16, p.cur.data(), p.base.data(), 30001, true);
+  accumulate(a, dtype::bf16, p.cur.data(), p.base.data(), 12345, true);
+  accumulate(b, dtype::bf16, p.cur.data() + 2 * 12345, p.base.data() + 2 * 12345, 30001 - 12345,
+             true);
+  b.merge(a);
+  REQUIRE(b.count == whole.count);
+  REQUIRE(b.mantissa_sum == whole.mantissa_sum);
+  REQUIRE(b.mantissa_min == whole.mantissa_min);
+  REQUIRE(b.mantissa_max == whole.mantissa_max);
+}
+
+TEST_CASE("bits outside 1..4 are refused", "[quantizer]") {
+  delta_stats s;
+  REQUIRE_THROWS_AS(select_buckets(s, 0, representative::mean), ckpt::invalid_argument);
+  REQUIRE_THROWS_AS(select_buckets(s, 5, representative::mean), ckpt::invalid_argument);
+}
