@@ -11,7 +11,7 @@
 #include "codec/byte_io.hpp"
 #include "codec/error.hpp"
 #include "codec/huffman.hpp"
-#include "codec/reconstruct.hpp"
+#include "codec/lc_kernel.hpp"
 
 namespace ckpt::codec {
 
@@ -81,89 +81,6 @@ void put_raw_block(dtype t, const std::byte* data, std::size_t n, std::vector<st
   end_block(out, at);
 }
 
-// Chooses each element's symbol, writes its reconstruction and packs k symbols per byte.
-// Escapes (non-finite deltas) get symbol 0 and their exact value. A non-zero symbol is kept only
-// if it moves the element and does not overshoot: |ũ - u| <= |u - ũ_prev| holds for every
-// element, also after rounding to 16-bit types.
-template <dtype T>
-void lc_symbols(const std::byte* cur_b, const std::byte* base_b, std::size_t n, const quant_table& q,
-                int bits, int k, std::byte* recon_b, std::uint8_t* groups,
-                std::vector<std::uint32_t>& escapes) {
-  using E = element<T>;
-  using S = typename E::storage;
-  const S* cur = reinterpret_cast<const S*>(cur_b);
-  const S* base = reinterpret_cast<const S*>(base_b);
-  S* recon = reinterpret_cast<S*>(recon_b);
-  const std::size_t ngroups = (n + k - 1) / k;
-  for (std::size_t g = 0; g < ngroups; ++g) {
-    unsigned packed = 0;
-    const std::size_t first = g * k, last = std::min(n, first + k);
-    for (std::size_t i = first; i < last; ++i) {
-      const float c = E::to_f32(cur[i]), b = E::to_f32(base[i]);
-      const std::uint32_t d = std::bit_cast<std::uint32_t>(c - b);
-      if ((d & 0x7f800000u) == 0x7f800000u) {
-        escapes.push_back(std::uint32_t(i));
-        recon[i] = cur[i];
-        continue;
-      }
-      unsigned s = q.symbol_of_key[d >> 23];
-      S r = base[i];
-      if (s) {
-        const S cand = reconstruct<T>(base[i], q.rep[s]);
-        const double err = std::fabs(double(E::to_f32(cand)) - double(c));
-        const double lim = std::fabs(double(c) - double(b));
-        if (err <= lim && std::bit_cast<S>(cand) != std::bit_cast<S>(base[i]))
-          r = cand;
-        else
-          s = 0;
-      }
-      recon[i] = r;
-      packed |= s << ((i - first) * bits);
-    }
-    groups[g] = std::uint8_t(packed);
-  }
-}
-
-template <dtype T>
-void lc_reconstruct(const std::byte* base_b, std::size_t n, const std::uint8_t* groups, int bits,
-                    int k, const float* rep, std::byte* out_b) {
-  using S = typename element<T>::storage;
-  const S* base = reinterpret_cast<const S*>(base_b);
-  S* out = reinterpret_cast<S*>(out_b);
-  const unsigned mask = (1u << bits) - 1;
-  const std::size_t full = n / k;
-  if constexpr (T == dtype::f32) {
-    if (bits == 2 && k == 4) {
-      // One lookup per group yields all four representatives: a fixed output stride of four.
-      alignas(16) float rep4[256][4];
-      for (unsigned g = 0; g < 256; ++g)
-        for (int j = 0; j < 4; ++j) rep4[g][j] = rep[(g >> (2 * j)) & 3];
-      for (std::size_t g = 0; g < full; ++g) {
-        const float* r = rep4[groups[g]];
-        for (int j = 0; j < 4; ++j) out[4 * g + j] = reconstruct<T>(base[4 * g + j], r[j]);
-      }
-      for (std::size_t i = full * 4; i < n; ++i)
-        out[i] = reconstruct<T>(base[i], rep[(groups[full] >> (2 * (i - full * 4))) & 3]);
-      return;
-    }
-  }
-  for (std::size_t i = 0; i < n; ++i) {
-    const unsigned s = (groups[i / k] >> ((i % k) * bits)) & mask;
-    out[i] = reconstruct<T>(base[i], rep[s]);
-  }
-}
-
-template <class F>
-void dispatch_float(dtype t, F&& f) {
-  switch (t) {
-    case dtype::f32: f.template operator()<dtype::f32>(); return;
-    case dtype::f16: f.template operator()<dtype::f16>(); return;
-    case dtype::bf16: f.template operator()<dtype::bf16>(); return;
-    case dtype::bytes: break;
-  }
-  throw invalid_argument("codec: lossy coding needs a float dtype");
-}
-
 // Byte planes of the element words rotated left by one bit: the fp32/bf16 exponent then fills one
 // plane on its own (the only compressible one for trained weights) and the sign joins the low
 // mantissa byte.
@@ -226,13 +143,14 @@ void encode_delta_block(dtype t, const std::byte* cur, const std::byte* base, st
   if (k < 1 || k * p.bits > 8) throw invalid_argument("codec: group * bits must be <= 8");
   const std::size_t esize = element_size(t);
   const std::size_t ngroups = (n + k - 1) / k;
-  thread_local std::vector<std::uint8_t> groups;
+  if (!is_float(t)) throw invalid_argument("codec: lossy coding needs a float dtype");
+  thread_local std::vector<std::uint8_t> symbols, groups;
   thread_local std::vector<std::uint32_t> escapes;
+  symbols.resize(n + 8);
   groups.resize(ngroups);
   escapes.clear();
-  dispatch_float(t, [&]<dtype T>() {
-    lc_symbols<T>(cur, base, n, q, p.bits, k, recon, groups.data(), escapes);
-  });
+  lc_encode_symbols(t, cur, base, n, q, recon, symbols.data(), escapes);
+  pack_groups(symbols.data(), n, p.bits, k, groups.data());
 
   block_header h;
   h.codec = block_codec::lc_delta;
@@ -382,9 +300,7 @@ void decode_block(std::span<const std::byte> in, const std::byte* base, std::byt
       thread_local std::vector<std::uint8_t> groups;
       groups.resize((n + h.group - 1) / h.group);
       decode_bytes(r.get_bytes(r.remaining()), groups);
-      dispatch_float(h.type, [&]<dtype T>() {
-        lc_reconstruct<T>(base, n, groups.data(), h.bits, h.group, rep.data(), out);
-      });
+      lc_decode_symbols(h.type, base, n, groups.data(), h.bits, h.group, rep.data(), out);
       for (std::uint32_t e = 0; e < nesc; ++e) {
         std::uint32_t i;
         std::memcpy(&i, idx_bytes.data() + 4 * e, 4);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <numeric>
 #include <string>
 
@@ -127,11 +128,18 @@ void encode(std::span<const std::uint8_t> symbols, const std::array<std::uint8_t
   const std::size_t sizes_at = w.skip(4 * (kStreams - 1));
 
   const std::size_t n = symbols.size();
+  // Streams are written into scratch that is never zero-filled (sized for the worst case of
+  // 11 bits a symbol), then appended at their real size.
+  thread_local std::unique_ptr<std::uint8_t[]> scratch;
+  thread_local std::size_t scratch_size = 0;
+  const std::size_t need = (stream_count(n, 0) * kTableBits + 7) / 8 + kSlack;
+  if (scratch_size < need) {
+    scratch = std::make_unique_for_overwrite<std::uint8_t[]>(need);
+    scratch_size = need;
+  }
   for (int s = 0; s < kStreams; ++s) {
-    const std::size_t cnt = stream_count(n, s);
-    const std::size_t at = out.size();
-    out.resize(at + (cnt * kTableBits + 7) / 8 + kSlack);
-    auto* p = reinterpret_cast<std::uint8_t*>(out.data() + at);
+    std::uint8_t* const begin = scratch.get();
+    std::uint8_t* p = begin;
     std::uint64_t acc = 0;
     unsigned nb = 0;
     // Branchless flush after every symbol: store 8 bytes, keep the partial byte.
@@ -146,8 +154,8 @@ void encode(std::span<const std::uint8_t> symbols, const std::array<std::uint8_t
     }
     store64(p, acc);
     p += (nb + 7) >> 3;
-    const std::size_t written = std::size_t(p - reinterpret_cast<std::uint8_t*>(out.data() + at));
-    out.resize(at + written);
+    const std::size_t written = std::size_t(p - begin);
+    w.put_bytes(std::as_bytes(std::span(begin, written)));
     if (s < kStreams - 1) w.put_at<std::uint32_t>(sizes_at + 4 * s, std::uint32_t(written));
   }
 }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 
 #include "codec/byte_io.hpp"
 #include "codec/error.hpp"
@@ -114,8 +115,15 @@ void encode(std::span<const std::uint8_t> symbols, const std::array<std::uint32_
   }
   // The stream is produced backwards (rANS is LIFO) into a worst-case sized buffer, then moved.
   const std::size_t n = symbols.size();
-  std::vector<std::uint8_t> buf(n * 2 + 16 + 4 * kStates);
-  std::uint8_t* const buf_end = buf.data() + buf.size();
+  // At most two renormalisation bytes per symbol (15-bit probabilities, byte-wise renorm).
+  thread_local std::unique_ptr<std::uint8_t[]> buf;
+  thread_local std::size_t buf_size = 0;
+  const std::size_t need = n * 2 + 16 + 4 * kStates;
+  if (buf_size < need) {
+    buf = std::make_unique_for_overwrite<std::uint8_t[]>(need);
+    buf_size = need;
+  }
+  std::uint8_t* const buf_end = buf.get() + need;
   std::uint8_t* p = buf_end;
   std::array<std::uint32_t, kStates> x;
   x.fill(kLow);

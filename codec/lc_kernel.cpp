@@ -1,0 +1,195 @@
+#include "codec/lc_kernel.hpp"
+
+#include <bit>
+#include <cmath>
+#include <cstring>
+
+#include "codec/error.hpp"
+#include "codec/reconstruct.hpp"
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+namespace ckpt::codec {
+namespace {
+
+template <dtype T>
+void encode_scalar(const std::byte* cur_b, const std::byte* base_b, std::size_t first,
+                   std::size_t last, const quant_table& q, std::byte* recon_b,
+                   std::uint8_t* symbols, std::vector<std::uint32_t>& escapes) {
+  using E = element<T>;
+  using S = typename E::storage;
+  const S* cur = reinterpret_cast<const S*>(cur_b);
+  const S* base = reinterpret_cast<const S*>(base_b);
+  S* recon = reinterpret_cast<S*>(recon_b);
+  for (std::size_t i = first; i < last; ++i) {
+    const float c = E::to_f32(cur[i]), b = E::to_f32(base[i]);
+    const float d = c - b;
+    const std::uint32_t db = std::bit_cast<std::uint32_t>(d);
+    if ((db & 0x7f800000u) == 0x7f800000u) {
+      escapes.push_back(std::uint32_t(i));
+      recon[i] = cur[i];
+      symbols[i] = 0;
+      continue;
+    }
+    const unsigned s = q.symbol_of_key[db >> 23];
+    const S cand = reconstruct<T>(base[i], q.rep[s]);
+    const bool keep = std::fabs(E::to_f32(cand) - c) < std::fabs(d);
+    recon[i] = keep ? cand : base[i];
+    symbols[i] = std::uint8_t(keep ? s : 0);
+  }
+}
+
+#if defined(__AVX2__)
+// fp32 encoder, eight elements at a time. The surviving keys are at most 15, so the key ->
+// (symbol, representative) lookup is a chain of compares and blends instead of gathers.
+// Returns true if the range held non-finite deltas; the caller then redoes those scalar.
+bool encode_f32_avx2(const float* cur, const float* base, std::size_t n, const quant_table& q,
+                     float* recon, std::uint8_t* symbols) {
+  int ns = 0;
+  std::int32_t keys[15], syms[15];
+  float reps[15];
+  for (int key = 0; key < key_count; ++key) {
+    if (const int s = q.symbol_of_key[key]) {
+      keys[ns] = key;
+      syms[ns] = s;
+      reps[ns] = q.rep[s];
+      ++ns;
+    }
+  }
+  const __m256i exp_mask = _mm256_set1_epi32(0x7f800000);
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256 neg_zero = _mm256_set1_ps(-0.0f);
+  __m256i non_finite = _mm256_setzero_si256();
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 c = _mm256_loadu_ps(cur + i), b = _mm256_loadu_ps(base + i);
+    const __m256 d = _mm256_sub_ps(c, b);
+    const __m256i di = _mm256_castps_si256(d);
+    non_finite = _mm256_or_si256(
+        non_finite, _mm256_cmpeq_epi32(_mm256_and_si256(di, exp_mask), exp_mask));
+    const __m256i key = _mm256_srli_epi32(di, 23);
+    __m256i s = _mm256_setzero_si256();
+    __m256 rv = neg_zero;
+    for (int j = 0; j < ns; ++j) {
+      const __m256i m = _mm256_cmpeq_epi32(key, _mm256_set1_epi32(keys[j]));
+      s = _mm256_blendv_epi8(s, _mm256_set1_epi32(syms[j]), m);
+      rv = _mm256_blendv_ps(rv, _mm256_set1_ps(reps[j]), _mm256_castsi256_ps(m));
+    }
+    const __m256 cand = _mm256_add_ps(b, rv);
+    const __m256 err = _mm256_and_ps(_mm256_sub_ps(cand, c), abs_mask);
+    const __m256 lim = _mm256_and_ps(d, abs_mask);
+    const __m256 keep = _mm256_cmp_ps(err, lim, _CMP_LT_OQ);
+    _mm256_storeu_ps(recon + i, _mm256_blendv_ps(b, cand, keep));
+    s = _mm256_and_si256(s, _mm256_castps_si256(keep));
+    const __m256i p16 = _mm256_packus_epi32(s, s);
+    const __m256i p8 = _mm256_packus_epi16(p16, p16);
+    const std::uint32_t lo = std::uint32_t(_mm_cvtsi128_si32(_mm256_castsi256_si128(p8)));
+    const std::uint32_t hi = std::uint32_t(_mm_cvtsi128_si32(_mm256_extracti128_si256(p8, 1)));
+    std::memcpy(symbols + i, &lo, 4);
+    std::memcpy(symbols + i + 4, &hi, 4);
+  }
+  return !_mm256_testz_si256(non_finite, non_finite);
+}
+#endif
+
+template <dtype T, int K>
+void decode_groups(const std::byte* base_b, std::size_t n, const std::uint8_t* groups, int bits,
+                   int k_runtime, const float* rep, std::byte* out_b) {
+  using S = typename element<T>::storage;
+  const S* base = reinterpret_cast<const S*>(base_b);
+  S* out = reinterpret_cast<S*>(out_b);
+  const int k = K ? K : k_runtime;
+  // One lookup per group gives its k representatives: a fixed output stride of k elements.
+  alignas(32) float table[256][8];
+  const unsigned mask = (1u << bits) - 1;
+  for (unsigned g = 0; g < 256; ++g)
+    for (int j = 0; j < 8; ++j) table[g][j] = j < k ? rep[(g >> (j * bits)) & mask] : 0.0f;
+  const std::size_t full = n / k;
+  for (std::size_t g = 0; g < full; ++g) {
+    const float* r = table[groups[g]];
+    S* o = out + g * k;
+    const S* bs = base + g * k;
+    if constexpr (K != 0) {
+      for (int j = 0; j < K; ++j) o[j] = reconstruct<T>(bs[j], r[j]);
+    } else {
+      for (int j = 0; j < k; ++j) o[j] = reconstruct<T>(bs[j], r[j]);
+    }
+  }
+  for (std::size_t i = full * k; i < n; ++i)
+    out[i] = reconstruct<T>(base[i], table[groups[full]][i - full * k]);
+}
+
+template <dtype T>
+void decode_dispatch(const std::byte* base, std::size_t n, const std::uint8_t* groups, int bits,
+                     int k, const float* rep, std::byte* out) {
+  switch (k) {
+    case 1: return decode_groups<T, 1>(base, n, groups, bits, k, rep, out);
+    case 2: return decode_groups<T, 2>(base, n, groups, bits, k, rep, out);
+    case 4: return decode_groups<T, 4>(base, n, groups, bits, k, rep, out);
+    case 8: return decode_groups<T, 8>(base, n, groups, bits, k, rep, out);
+    default: return decode_groups<T, 0>(base, n, groups, bits, k, rep, out);
+  }
+}
+
+}  // namespace
+
+void lc_encode_symbols(dtype t, const std::byte* cur, const std::byte* base, std::size_t n,
+                       const quant_table& q, std::byte* recon, std::uint8_t* symbols,
+                       std::vector<std::uint32_t>& escapes) {
+  switch (t) {
+    case dtype::f32: {
+#if defined(__AVX2__)
+      const std::size_t vec = n / 8 * 8;
+      const bool redo = encode_f32_avx2(reinterpret_cast<const float*>(cur),
+                                        reinterpret_cast<const float*>(base), vec, q,
+                                        reinterpret_cast<float*>(recon), symbols);
+      if (redo) {
+        encode_scalar<dtype::f32>(cur, base, 0, vec, q, recon, symbols, escapes);
+      }
+      encode_scalar<dtype::f32>(cur, base, vec, n, q, recon, symbols, escapes);
+#else
+      encode_scalar<dtype::f32>(cur, base, 0, n, q, recon, symbols, escapes);
+#endif
+      return;
+    }
+    case dtype::f16: return encode_scalar<dtype::f16>(cur, base, 0, n, q, recon, symbols, escapes);
+    case dtype::bf16:
+      return encode_scalar<dtype::bf16>(cur, base, 0, n, q, recon, symbols, escapes);
+    case dtype::bytes: break;
+  }
+  throw invalid_argument("codec: lossy coding needs a float dtype");
+}
+
+void pack_groups(const std::uint8_t* symbols, std::size_t n, int bits, int k, std::uint8_t* groups) {
+  // Byte j of an 8-byte load holds symbol j; shifting it right by j*(8-bits) lands it at bit
+  // j*bits of the low byte, and no other byte reaches the low byte while k*bits <= 8.
+  const unsigned step = 8 - bits;
+  const std::size_t full = n / k;
+  for (std::size_t g = 0; g < full; ++g) {
+    std::uint64_t x;
+    std::memcpy(&x, symbols + g * k, 8);
+    std::uint64_t v = 0;
+    for (int j = 0; j < k; ++j) v |= x >> (j * step);
+    groups[g] = std::uint8_t(v);
+  }
+  if (full * k < n) {
+    unsigned v = 0;
+    for (std::size_t i = full * k; i < n; ++i) v |= unsigned(symbols[i]) << ((i - full * k) * bits);
+    groups[full] = std::uint8_t(v);
+  }
+}
+
+void lc_decode_symbols(dtype t, const std::byte* base, std::size_t n, const std::uint8_t* groups,
+                       int bits, int k, const float* rep, std::byte* out) {
+  switch (t) {
+    case dtype::f32: return decode_dispatch<dtype::f32>(base, n, groups, bits, k, rep, out);
+    case dtype::f16: return decode_dispatch<dtype::f16>(base, n, groups, bits, k, rep, out);
+    case dtype::bf16: return decode_dispatch<dtype::bf16>(base, n, groups, bits, k, rep, out);
+    case dtype::bytes: break;
+  }
+  throw invalid_argument("codec: lossy coding needs a float dtype");
+}
+
+}  // namespace ckpt::codec
