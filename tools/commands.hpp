@@ -9,5 +9,6 @@ namespace ckpt::tools {
 inline int exit_status = 0;
 
 void add_bench_command(CLI::App& app);
+void add_inspect_command(CLI::App& app);
 
 }  // namespace ckpt::tools

@@ -10,33 +10,54 @@ namespace ckpt::format {
 
 std::string_view name(file_format f) noexcept {
   switch (f) {
-    case file_format::opaque: return "opaque";
-    case file_format::torch_zip: return "torch_zip";
-    case file_format::safetensors: return "safetensors";
-    case file_format::npy: return "npy";
-    case file_format::npz: return "npz";
+    case file_format::opaque:
+      return "opaque";
+    case file_format::torch_zip:
+      return "torch_zip";
+    case file_format::safetensors:
+      return "safetensors";
+    case file_format::npy:
+      return "npy";
+    case file_format::npz:
+      return "npz";
   }
   return "?";
 }
 
 std::string_view name(element_type t) noexcept {
   switch (t) {
-    case element_type::f32: return "f32";
-    case element_type::f16: return "f16";
-    case element_type::bf16: return "bf16";
-    case element_type::f64: return "f64";
-    case element_type::c64: return "c64";
-    case element_type::c128: return "c128";
-    case element_type::i64: return "i64";
-    case element_type::i32: return "i32";
-    case element_type::i16: return "i16";
-    case element_type::i8: return "i8";
-    case element_type::u64: return "u64";
-    case element_type::u32: return "u32";
-    case element_type::u16: return "u16";
-    case element_type::u8: return "u8";
-    case element_type::boolean: return "bool";
-    case element_type::other: return "other";
+    case element_type::f32:
+      return "f32";
+    case element_type::f16:
+      return "f16";
+    case element_type::bf16:
+      return "bf16";
+    case element_type::f64:
+      return "f64";
+    case element_type::c64:
+      return "c64";
+    case element_type::c128:
+      return "c128";
+    case element_type::i64:
+      return "i64";
+    case element_type::i32:
+      return "i32";
+    case element_type::i16:
+      return "i16";
+    case element_type::i8:
+      return "i8";
+    case element_type::u64:
+      return "u64";
+    case element_type::u32:
+      return "u32";
+    case element_type::u16:
+      return "u16";
+    case element_type::u8:
+      return "u8";
+    case element_type::boolean:
+      return "bool";
+    case element_type::other:
+      return "other";
   }
   return "?";
 }
@@ -46,29 +67,38 @@ std::size_t element_size(element_type t) noexcept {
     case element_type::f64:
     case element_type::c64:
     case element_type::i64:
-    case element_type::u64: return 8;
-    case element_type::c128: return 16;
+    case element_type::u64:
+      return 8;
+    case element_type::c128:
+      return 16;
     case element_type::f32:
     case element_type::i32:
-    case element_type::u32: return 4;
+    case element_type::u32:
+      return 4;
     case element_type::f16:
     case element_type::bf16:
     case element_type::i16:
-    case element_type::u16: return 2;
+    case element_type::u16:
+      return 2;
     case element_type::i8:
     case element_type::u8:
     case element_type::boolean:
-    case element_type::other: return 1;
+    case element_type::other:
+      return 1;
   }
   return 1;
 }
 
 std::optional<codec::dtype> codec_dtype(element_type t) noexcept {
   switch (t) {
-    case element_type::f32: return codec::dtype::f32;
-    case element_type::f16: return codec::dtype::f16;
-    case element_type::bf16: return codec::dtype::bf16;
-    default: return std::nullopt;
+    case element_type::f32:
+      return codec::dtype::f32;
+    case element_type::f16:
+      return codec::dtype::f16;
+    case element_type::bf16:
+      return codec::dtype::bf16;
+    default:
+      return std::nullopt;
   }
 }
 

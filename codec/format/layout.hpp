@@ -22,7 +22,22 @@ std::string_view name(file_format f) noexcept;
 // is kept byte-exact. `other` is a type the format names but this build does not model
 // (quantised storages, float8, structured numpy dtypes): exact, element size 1.
 enum class element_type : std::uint8_t {
-  f32, f16, bf16, f64, c64, c128, i64, i32, i16, i8, u64, u32, u16, u8, boolean, other
+  f32,
+  f16,
+  bf16,
+  f64,
+  c64,
+  c128,
+  i64,
+  i32,
+  i16,
+  i8,
+  u64,
+  u32,
+  u16,
+  u8,
+  boolean,
+  other
 };
 std::string_view name(element_type t) noexcept;
 std::size_t element_size(element_type t) noexcept;

@@ -65,20 +65,19 @@ source file_source(const std::string& path) {
   struct stat st {};
   if (::fstat(fd, &st) != 0) throw_errno(path);
   if (!S_ISREG(st.st_mode)) throw error(errc::io, path + ": not a regular file");
-  return source(std::uint64_t(st.st_size),
-                [owner, path](std::uint64_t off, std::span<std::byte> out) {
-                  std::size_t done = 0;
-                  while (done < out.size()) {
-                    const ssize_t n = ::pread(owner->fd, out.data() + done, out.size() - done,
-                                              off_t(off + done));
-                    if (n < 0) {
-                      if (errno == EINTR) continue;
-                      throw_errno(path);
-                    }
-                    if (n == 0) throw error(errc::io, path + ": file shrank while reading");
-                    done += std::size_t(n);
-                  }
-                });
+  return source(std::uint64_t(st.st_size), [owner, path](std::uint64_t off,
+                                                         std::span<std::byte> out) {
+    std::size_t done = 0;
+    while (done < out.size()) {
+      const ssize_t n = ::pread(owner->fd, out.data() + done, out.size() - done, off_t(off + done));
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        throw_errno(path);
+      }
+      if (n == 0) throw error(errc::io, path + ": file shrank while reading");
+      done += std::size_t(n);
+    }
+  });
 }
 
 }  // namespace ckpt::format
