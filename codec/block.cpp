@@ -179,6 +179,8 @@ void encode_delta_block(dtype t, const std::byte* cur, const std::byte* base, st
 void encode_exact_block(dtype t, const std::byte* data, std::size_t n, std::vector<std::byte>& out) {
   const std::size_t esize = element_size(t);
   const std::size_t bytes = n * esize;
+  // Worst case is the raw fallback; reserving it avoids regrowing the output block by block.
+  out.reserve(out.size() + 2 * block_header_size + bytes + 8 * esize);
   block_header h;
   h.type = t;
   h.elements = std::uint32_t(n);

@@ -128,33 +128,50 @@ void encode(std::span<const std::uint8_t> symbols, const std::array<std::uint8_t
   const std::size_t sizes_at = w.skip(4 * (kStreams - 1));
 
   const std::size_t n = symbols.size();
-  // Streams are written into scratch that is never zero-filled (sized for the worst case of
-  // 11 bits a symbol), then appended at their real size.
+  // The four streams are written in one loop (independent dependency chains run in parallel)
+  // into scratch regions that are never zero-filled, sized for the worst case of 11 bits a
+  // symbol, then appended at their real sizes.
   thread_local std::unique_ptr<std::uint8_t[]> scratch;
   thread_local std::size_t scratch_size = 0;
-  const std::size_t need = (stream_count(n, 0) * kTableBits + 7) / 8 + kSlack;
-  if (scratch_size < need) {
-    scratch = std::make_unique_for_overwrite<std::uint8_t[]>(need);
-    scratch_size = need;
+  const std::size_t region = (stream_count(n, 0) * kTableBits + 7) / 8 + kSlack;
+  if (scratch_size < region * kStreams) {
+    scratch = std::make_unique_for_overwrite<std::uint8_t[]>(region * kStreams);
+    scratch_size = region * kStreams;
+  }
+  std::array<std::uint8_t*, kStreams> p;
+  std::array<std::uint64_t, kStreams> acc{};
+  std::array<unsigned, kStreams> nb{};
+  for (int s = 0; s < kStreams; ++s) p[s] = scratch.get() + s * region;
+  auto flush = [&](int s) {
+    store64(p[s], acc[s]);
+    p[s] += nb[s] >> 3;
+    acc[s] >>= nb[s] & 56;
+    nb[s] &= 7;
+  };
+  auto add = [&](int s, std::uint8_t sym) {
+    acc[s] |= std::uint64_t(c.code[sym]) << nb[s];
+    nb[s] += c.len[sym];
+  };
+  // Four codes of at most 11 bits fit beside the <= 7 pending bits: one store per four symbols.
+  std::size_t i = 0;
+  for (; i + 4 * kStreams <= n; i += 4 * kStreams) {
+    for (int s = 0; s < kStreams; ++s) {
+      add(s, symbols[i + s]);
+      add(s, symbols[i + kStreams + s]);
+      add(s, symbols[i + 2 * kStreams + s]);
+      add(s, symbols[i + 3 * kStreams + s]);
+      flush(s);
+    }
+  }
+  for (; i < n; ++i) {
+    add(int(i % kStreams), symbols[i]);
+    flush(int(i % kStreams));
   }
   for (int s = 0; s < kStreams; ++s) {
-    std::uint8_t* const begin = scratch.get();
-    std::uint8_t* p = begin;
-    std::uint64_t acc = 0;
-    unsigned nb = 0;
-    // Branchless flush after every symbol: store 8 bytes, keep the partial byte.
-    for (std::size_t i = s; i < n; i += kStreams) {
-      const std::uint8_t sym = symbols[i];
-      acc |= std::uint64_t(c.code[sym]) << nb;
-      nb += c.len[sym];
-      store64(p, acc);
-      p += nb >> 3;
-      acc >>= nb & 56;
-      nb &= 7;
-    }
-    store64(p, acc);
-    p += (nb + 7) >> 3;
-    const std::size_t written = std::size_t(p - begin);
+    store64(p[s], acc[s]);
+    p[s] += (nb[s] + 7) >> 3;
+    std::uint8_t* const begin = scratch.get() + s * region;
+    const std::size_t written = std::size_t(p[s] - begin);
     w.put_bytes(std::as_bytes(std::span(begin, written)));
     if (s < kStreams - 1) w.put_at<std::uint32_t>(sizes_at + 4 * s, std::uint32_t(written));
   }

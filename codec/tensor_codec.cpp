@@ -23,16 +23,11 @@ std::size_t elements_per_block(dtype t, std::size_t block_bytes) {
   return n;
 }
 
-std::vector<std::byte> concat(std::vector<std::vector<std::byte>>& parts) {
-  std::size_t total = 0;
+void append_all(std::vector<std::vector<std::byte>>& parts, std::vector<std::byte>& out) {
+  std::size_t total = out.size();
   for (auto& p : parts) total += p.size();
-  std::vector<std::byte> out;
   out.reserve(total);
-  for (auto& p : parts) {
-    out.insert(out.end(), p.begin(), p.end());
-    std::vector<std::byte>().swap(p);
-  }
-  return out;
+  for (auto& p : parts) out.insert(out.end(), p.begin(), p.end());
 }
 
 void check_pair(const delta_input& in) {
@@ -71,9 +66,9 @@ std::vector<quant_table> plan_tables(std::span<const delta_input> inputs, int bi
   return out;
 }
 
-std::vector<std::byte> encode_delta(const delta_input& in, const quant_table& q,
-                                    const lossy_params& p, std::span<std::byte> recon,
-                                    std::size_t block_bytes) {
+void encode_delta_into(const delta_input& in, const quant_table& q, const lossy_params& p,
+                       std::span<std::byte> recon, std::vector<std::byte>& out,
+                       std::size_t block_bytes) {
   check_pair(in);
   if (recon.size() != in.cur.size()) throw invalid_argument("codec: recon buffer size");
   const std::size_t es = element_size(in.type), n = in.cur.size() / es;
@@ -85,11 +80,11 @@ std::vector<std::byte> encode_delta(const delta_input& in, const quant_table& q,
     encode_delta_block(in.type, in.cur.data() + first * es, in.base.data() + first * es, cnt, q, p,
                        recon.data() + first * es, parts[b]);
   });
-  return concat(parts);
+  append_all(parts, out);
 }
 
-std::vector<std::byte> encode_exact(dtype t, std::span<const std::byte> data,
-                                    std::size_t block_bytes) {
+void encode_exact_into(dtype t, std::span<const std::byte> data, std::vector<std::byte>& out,
+                       std::size_t block_bytes) {
   const std::size_t es = element_size(t);
   if (data.size() % es) throw invalid_argument("codec: partial element");
   const std::size_t n = data.size() / es;
@@ -98,9 +93,28 @@ std::vector<std::byte> encode_exact(dtype t, std::span<const std::byte> data,
   std::vector<std::vector<std::byte>> parts(nblocks);
   tbb::parallel_for(std::size_t(0), nblocks, [&](std::size_t b) {
     const std::size_t first = b * per, cnt = std::min(per, n - first);
-    encode_exact_block(t, data.data() + first * es, cnt, parts[b]);
+    // Encode into reused scratch sized for the worst case; keep the exact bytes.
+    thread_local std::vector<std::byte> scratch;
+    scratch.clear();
+    encode_exact_block(t, data.data() + first * es, cnt, scratch);
+    parts[b].assign(scratch.begin(), scratch.end());
   });
-  return concat(parts);
+  append_all(parts, out);
+}
+
+std::vector<std::byte> encode_delta(const delta_input& in, const quant_table& q,
+                                    const lossy_params& p, std::span<std::byte> recon,
+                                    std::size_t block_bytes) {
+  std::vector<std::byte> out;
+  encode_delta_into(in, q, p, recon, out, block_bytes);
+  return out;
+}
+
+std::vector<std::byte> encode_exact(dtype t, std::span<const std::byte> data,
+                                    std::size_t block_bytes) {
+  std::vector<std::byte> out;
+  encode_exact_into(t, data, out, block_bytes);
+  return out;
 }
 
 frame_info inspect(std::span<const std::byte> encoded) {

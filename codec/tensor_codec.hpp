@@ -41,6 +41,14 @@ std::vector<std::byte> encode_delta(const delta_input& in, const quant_table& q,
 std::vector<std::byte> encode_exact(dtype t, std::span<const std::byte> data,
                                     std::size_t block_bytes = default_block_bytes);
 
+// The same, appending to `out`: callers that code many tensors reuse one buffer instead of
+// faulting in fresh pages for every frame (that costs more than the coding itself).
+void encode_delta_into(const delta_input& in, const quant_table& q, const lossy_params& p,
+                       std::span<std::byte> recon, std::vector<std::byte>& out,
+                       std::size_t block_bytes = default_block_bytes);
+void encode_exact_into(dtype t, std::span<const std::byte> data, std::vector<std::byte>& out,
+                       std::size_t block_bytes = default_block_bytes);
+
 struct frame_info {
   std::size_t elements = 0;
   std::size_t blocks = 0;

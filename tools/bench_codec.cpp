@@ -156,8 +156,10 @@ result run_lossy(const dataset& d, const mode& m, const options& o) {
     const auto tables = plan_tables(inputs, m.bits, m.rep, m.scope);
     std::size_t at = 0;
     for (std::size_t i = 0; i < inputs.size(); ++i) {
-      frames[i] = encode_delta(inputs[i], tables[i], p,
-                               std::span(recon).subspan(at, inputs[i].cur.size()), o.block_bytes);
+      frames[i].clear();
+      encode_delta_into(inputs[i], tables[i], p,
+                        std::span(recon).subspan(at, inputs[i].cur.size()), frames[i],
+                        o.block_bytes);
       at += inputs[i].cur.size();
     }
   });
@@ -184,8 +186,10 @@ result run_lossy(const dataset& d, const mode& m, const options& o) {
 
 result run_lossless(const dataset& d, const options& o) {
   std::vector<std::byte> frame, decoded(d.cur.size());
-  const double enc =
-      median_seconds(o.repeats, [&] { frame = encode_exact(d.type, d.cur, o.block_bytes); });
+  const double enc = median_seconds(o.repeats, [&] {
+    frame.clear();
+    encode_exact_into(d.type, d.cur, frame, o.block_bytes);
+  });
   const double dec = median_seconds(o.repeats, [&] { decode(frame, {}, decoded); });
   if (decoded != d.cur) throw error(errc::corrupt, "bench: lossless round trip differs");
   const double n = double(d.elements());

@@ -1,5 +1,7 @@
 // ckptctl: management and benchmarks for ckptfs. This is the CLI's one error boundary: library
 // errors become a one-line message and exit status 1; usage errors exit 2.
+#include <malloc.h>
+
 #include <cstdio>
 #include <exception>
 
@@ -7,6 +9,10 @@
 #include "tools/commands.hpp"
 
 int main(int argc, char** argv) {
+  // Like the daemon: keep freed buffers in the process instead of returning them to the kernel
+  // after every checkpoint; re-faulting fresh pages costs more than coding them (docs/benchmarks.md).
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
   CLI::App app{"ckptctl: manage and benchmark ckptfs checkpoint stores"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "ckptctl 0.1.0");
