@@ -83,7 +83,7 @@ TEST_CASE("a block that does not shrink is stored raw", "[roundtrip]") {
   REQUIRE(out == noise);
 }
 
-TEST_CASE("whole-checkpoint scope shares one table; per-tensor scope does not", "[roundtrip]") {
+TEST_CASE("whole-checkpoint scope shares one table, per-tensor scope does not", "[roundtrip]") {
   // Two tensors whose deltas differ by six orders of magnitude (weights vs Adam's v).
   const auto big = random_pair(dtype::f32, 5000, 1);
   auto small = random_pair(dtype::f32, 5000, 2);
