@@ -38,3 +38,11 @@ foreach(target torch_zip pickle safetensors npy)
   set_tests_properties(formats.fuzz.${target} PROPERTIES
     FIXTURES_REQUIRED "fuzz_build;format_corpus" TIMEOUT 300)
 endforeach()
+
+# ckptctl inspect exit codes: 0 for any readable file (opaque included), 1 unreadable, 2 usage.
+add_test(NAME formats.inspect_exit_codes COMMAND sh -c
+  "$<TARGET_FILE:ckptctl> inspect $<TARGET_FILE:ckptctl> >/dev/null && \
+   $<TARGET_FILE:ckptctl> inspect --json $<TARGET_FILE:ckptctl> | grep -q '\"format\": \"opaque\"' && \
+   { $<TARGET_FILE:ckptctl> inspect /nonexistent/file 2>/dev/null; test $? -eq 1; } && \
+   { $<TARGET_FILE:ckptctl> inspect 2>/dev/null; test $? -eq 2; } && \
+   { $<TARGET_FILE:ckptctl> inspect --bogus x 2>/dev/null; test $? -eq 2; }")

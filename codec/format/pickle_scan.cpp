@@ -139,6 +139,7 @@ class machine {
     push(it->second);
   }
   std::uint32_t container(kind k, std::vector<std::uint32_t> items) {
+    charge(items.size());
     const auto n = make(k);
     nodes_[n].items = std::move(items);
     return n;
@@ -227,12 +228,14 @@ class machine {
       return make(kind::dict);
     // Anything else: an inert object whose children are the arguments (so tensors inside, e.g.
     // in a whole pickled nn.Module, are still found and named).
+    charge(a.size());
     const auto o = make(kind::object);
     nodes_[o].items = a;
     return o;
   }
 
   void add_child(std::uint32_t target, std::uint32_t v) {
+    charge(1);
     auto& t = nodes_[target];
     if (t.k == kind::list || t.k == kind::set || t.k == kind::object) {
       t.items.push_back(v);
@@ -241,6 +244,7 @@ class machine {
     throw corrupt_error("pickle: append to a non-container");
   }
   void set_item(std::uint32_t target, std::uint32_t k, std::uint32_t v) {
+    charge(2);
     auto& t = nodes_[target];
     if (t.k == kind::dict) {
       t.items.push_back(k);
@@ -266,6 +270,8 @@ class machine {
     if (type.k != kind::global || (key.k != kind::string && key.k != kind::integer) || !numel ||
         numel->big || numel->i < 0)
       throw corrupt_error("pickle: malformed storage persistent id");
+    if (type.s.size() > 1024 || key.s.size() > 1024 || loc.s.size() > 1024)
+      throw corrupt_error("pickle: storage persistent id strings too long");
     const std::string key_s = key.k == kind::string ? key.s : std::to_string(key.i);
     const std::string type_s = type.s.substr(type.s.find('\n') + 1);
     auto [it, fresh] = storage_index_.try_emplace(key_s, result_.storages.size());
@@ -518,6 +524,8 @@ class machine {
         const auto m = pop();
         if (!as(n, kind::string) || !as(m, kind::string))
           throw corrupt_error("pickle: STACK_GLOBAL of non-strings");
+        if (nodes_[m].s.size() + nodes_[n].s.size() > 4096)
+          throw corrupt_error("pickle: STACK_GLOBAL name too long");
         push(make_str(kind::global, nodes_[m].s + '\n' + nodes_[n].s));
         break;
       }
@@ -558,6 +566,7 @@ class machine {
         const auto t = top();
         if (nodes_[t].k == kind::dict && nodes_[state].k == kind::dict) {
           const auto extra = nodes_[state].items;  // copy: may alias
+          charge(extra.size());
           for (const auto v : extra) nodes_[t].items.push_back(v);
         } else if (nodes_[t].k == kind::object) {
           nodes_[t].items.push_back(state);
@@ -585,25 +594,55 @@ class machine {
   // ---- naming -----------------------------------------------------------------------------
   // Depth-first over the value graph in pickle order; each container is entered once, so the
   // walk is linear even when the memo makes the graph a DAG or a cycle.
+  // Paths are a tree of (parent, part) entries materialised only for tensors, so a container
+  // with millions of children under a long path costs a few bytes per child, not a string each.
+  struct path_entry {
+    std::uint32_t parent;  // npos: the root
+    std::uint32_t key;     // dict: key node; list/tuple/set: element index
+    bool is_index;
+  };
+  static constexpr std::uint32_t npos = 0xffffffffu;
+
+  std::string path_of(const std::vector<path_entry>& paths, std::uint32_t at) const {
+    std::vector<std::string> parts;
+    for (; at != npos; at = paths[at].parent) {
+      const auto& e = paths[at];
+      if (e.is_index) {
+        parts.push_back(std::to_string(e.key));
+        continue;
+      }
+      const auto& key = nodes_[e.key];
+      std::string part = key.k == kind::string    ? key.s.substr(0, 256)
+                         : key.k == kind::integer ? std::to_string(key.i)
+                                                  : std::string("?");
+      parts.push_back(std::move(part));
+    }
+    std::string out;
+    for (auto it = parts.rbegin(); it != parts.rend(); ++it) out += (out.empty() ? "" : ".") + *it;
+    return out;
+  }
+
   void name_tensors(std::uint32_t root) {
     std::vector<bool> seen(nodes_.size());
+    std::vector<path_entry> paths;
     struct frame {
       std::uint32_t n;
-      std::string path;
-      std::size_t depth;
+      std::uint32_t path;
+      std::uint32_t depth;
     };
-    std::vector<frame> todo{{root, {}, 0}};
-    auto join = [](const std::string& path, std::string_view part) {
-      return path.empty() ? std::string(part) : path + "." + std::string(part);
-    };
+    std::vector<frame> todo{{root, npos, 0}};
+    std::size_t name_bytes = 0;  // all names together stay under a budget
     while (!todo.empty()) {
-      auto f = std::move(todo.back());
+      const auto f = todo.back();
       todo.pop_back();
       const auto& v = nodes_[f.n];
       if (v.k == kind::tensor) {
         auto& s = result_.storages[std::size_t(v.i)];
-        std::string nm = f.path.empty() ? "data/" + s.key : f.path;
-        if (s.names.size() < 64) s.names.push_back(std::move(nm));
+        if (s.names.size() < 64 && name_bytes < lim_.max_name_bytes) {
+          std::string nm = f.path == npos ? "data/" + s.key : path_of(paths, f.path);
+          name_bytes += nm.size();
+          s.names.push_back(std::move(nm));
+        }
         std::uint64_t numel = 1;
         bool ok = true;
         for (const auto d : v.dims) {
@@ -621,25 +660,29 @@ class machine {
         continue;
       if (seen[f.n]) continue;
       seen[f.n] = true;
-      if (f.depth >= lim_.max_path_depth || f.path.size() > 1024) continue;
+      if (f.depth >= lim_.max_path_depth) continue;
       // Push children in reverse so they pop in order.
       if (v.k == kind::dict) {
         for (std::size_t k = v.items.size(); k >= 2; k -= 2) {
-          const auto& key = nodes_[v.items[k - 2]];
-          std::string part = key.k == kind::string    ? key.s
-                             : key.k == kind::integer ? std::to_string(key.i)
-                                                      : std::string("?");
-          if (part.size() > 256) part.resize(256);
-          todo.push_back({v.items[k - 1], join(f.path, part), f.depth + 1});
+          paths.push_back({f.path, v.items[k - 2], false});
+          todo.push_back({v.items[k - 1], std::uint32_t(paths.size() - 1), f.depth + 1});
         }
       } else if (v.k == kind::object) {
         for (std::size_t k = v.items.size(); k-- > 0;)
           todo.push_back({v.items[k], f.path, f.depth + 1});
       } else {
-        for (std::size_t k = v.items.size(); k-- > 0;)
-          todo.push_back({v.items[k], join(f.path, std::to_string(k)), f.depth + 1});
+        for (std::size_t k = v.items.size(); k-- > 0;) {
+          paths.push_back({f.path, std::uint32_t(k), true});
+          todo.push_back({v.items[k], std::uint32_t(paths.size() - 1), f.depth + 1});
+        }
       }
     }
+  }
+
+  // Every child reference costs memory; the total is capped.
+  void charge(std::size_t n) {
+    items_ += n;
+    if (items_ > lim_.max_items) throw corrupt_error("pickle: too many container items");
   }
 
   std::span<const std::byte> in_;
@@ -651,6 +694,7 @@ class machine {
   std::unordered_map<std::uint64_t, std::uint32_t> memo_;
   std::unordered_map<std::string, std::size_t> storage_index_;
   pickle_scan result_;
+  std::size_t items_ = 0;
 };
 
 }  // namespace

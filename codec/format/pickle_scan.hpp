@@ -19,6 +19,8 @@ struct pickle_limits {
   std::size_t max_stack = 1u << 16;   // stack depth plus marks
   std::size_t max_path_depth = 64;    // deeper tensors are named by their storage key only
   std::size_t max_storages = 1u << 20;
+  std::size_t max_items = 1u << 22;        // container children, in total
+  std::size_t max_name_bytes = 16u << 20;  // tensor names, in total
 };
 
 struct pickle_storage {

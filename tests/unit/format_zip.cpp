@@ -235,3 +235,31 @@ TEST_CASE("hostile zips become opaque", "[format][zip]") {
     CHECK(opaque(z.finish()));
   }
 }
+
+TEST_CASE("newest torch record order: .format_version, .storage_alignment, byteorder",
+          "[format][zip]") {
+  auto build = [](std::string_view byteorder) {
+    pickle_writer p;
+    p.proto(2).op('}').op('(');
+    for (int k = 0; k < 12; ++k)
+      p.str("t" + std::to_string(k))
+          .tensor(std::to_string(k), "FloatStorage", 1024, 0, {1024}, {1});
+    p.op('u').stop();
+    zip_writer z;
+    z.add("archive/data.pkl", p.out);
+    z.add("archive/.format_version", bytes_of("1"));
+    z.add("archive/.storage_alignment", bytes_of("64"));
+    z.add("archive/byteorder", bytes_of(byteorder));
+    for (int k = 0; k < 12; ++k)  // numeric order 0, 1, 2, ..., 11
+      z.add("archive/data/" + std::to_string(k), f32_bytes(1024, float(k)));
+    z.add("archive/version", bytes_of("3\n"));
+    z.add("archive/.data/serialization_id", bytes_of(std::string(40, '7')));
+    return z.finish();
+  };
+  const auto little = build("little");
+  const auto l = recognise(memory_source(little));
+  REQUIRE(l.format == file_format::torch_zip);
+  REQUIRE(l.tensors.size() == 12);
+  for (int k = 0; k < 12; ++k) CHECK(l.tensors[std::size_t(k)].name == "t" + std::to_string(k));
+  CHECK(recognise(memory_source(build("big"))).format == file_format::opaque);
+}
