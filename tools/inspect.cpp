@@ -27,8 +27,12 @@ struct inspect_options {
 
 std::string shape_text(const std::vector<std::uint64_t>& shape) {
   std::string s = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? "," : "") + std::to_string(shape[i]);
-  return s + "]";
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (i) s += ',';
+    s += std::to_string(shape[i]);
+  }
+  s += ']';
+  return s;
 }
 
 nlohmann::json to_json(const layout& l) {

@@ -242,7 +242,7 @@ TEST_CASE("newest torch record order: .format_version, .storage_alignment, byteo
     pickle_writer p;
     p.proto(2).op('}').op('(');
     for (int k = 0; k < 12; ++k)
-      p.str("t" + std::to_string(k))
+      p.str(std::string("t").append(std::to_string(k)))
           .tensor(std::to_string(k), "FloatStorage", 1024, 0, {1024}, {1});
     p.op('u').stop();
     zip_writer z;
@@ -260,6 +260,7 @@ TEST_CASE("newest torch record order: .format_version, .storage_alignment, byteo
   const auto l = recognise(memory_source(little));
   REQUIRE(l.format == file_format::torch_zip);
   REQUIRE(l.tensors.size() == 12);
-  for (int k = 0; k < 12; ++k) CHECK(l.tensors[std::size_t(k)].name == "t" + std::to_string(k));
+  for (int k = 0; k < 12; ++k)
+    CHECK(l.tensors[std::size_t(k)].name == std::string("t").append(std::to_string(k)));
   CHECK(recognise(memory_source(build("big"))).format == file_format::opaque);
 }
