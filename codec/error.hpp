@@ -28,6 +28,16 @@ class corrupt_error : public error {
   explicit corrupt_error(const std::string& what) : error(errc::corrupt, what) {}
 };
 
+// The operating system refused (write, fsync, open...): carries the errno for the FUSE boundary.
+class io_error : public error {
+ public:
+  io_error(int sys_errno, const std::string& what) : error(errc::io, what), errno_(sys_errno) {}
+  int sys_errno() const noexcept { return errno_; }
+
+ private:
+  int errno_;
+};
+
 class invalid_argument : public error {
  public:
   explicit invalid_argument(const std::string& what) : error(errc::invalid, what) {}

@@ -1,0 +1,102 @@
+#pragma once
+// Stored file contents: every finished file becomes a *version* in the content store. A file the
+// recognisers do not know is stored exact (zstd). A recognised checkpoint joins a lineage and is
+// stored as a keyframe (lossless) or a delta against the reconstruction of the lineage's previous
+// version (LC-Checkpoint). Readers get the served bytes of a version at any offset.
+//
+// Persistence: put() writes the version's object (durable) and appends a content record to the
+// shared journal WITHOUT syncing; the caller appends its own record (the name that now points at
+// the version) and calls journal::sync(), which commits both. On replay the daemon hands every
+// record to apply(); the ones that are not content records are left to the namespace.
+//
+// Lifetime: the namespace holds references (ref/unref) for the names that point at a version. A
+// version without references stays as a hidden base while a live version depends on it and is
+// reclaimed (object removed) when nothing does. No FUSE here.
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "codec/format/source.hpp"
+#include "codec/quantizer.hpp"
+#include "codec/tensor_codec.hpp"
+#include "fs/store/journal.hpp"
+#include "fs/store/object_store.hpp"
+
+namespace ckpt::fs {
+
+struct content_options {
+  int bits = 3;                 // 1..4
+  bool lossless = false;        // every checkpoint stored exactly (float-aware lossless)
+  int keyframe_interval = 20;   // every N-th version of a lineage is a keyframe
+  std::uint64_t cache_bytes = std::uint64_t(2) << 30;  // reconstructed states and decoded data
+  codec::representative rep = codec::representative::mean;
+  codec::bucket_scope scope = codec::bucket_scope::tensor;
+};
+
+// A stored file version. version 0 is the empty file (no object, size 0).
+struct content_ref {
+  std::uint64_t version = 0;
+  std::uint64_t size = 0;  // logical bytes
+  bool operator==(const content_ref&) const = default;
+};
+
+// Random access to the served bytes of one version. Thread-safe; may be shared by many opens.
+class content_reader {
+ public:
+  virtual ~content_reader() = default;
+  virtual std::uint64_t size() const = 0;
+  // Like pread: fills min(out.size(), size() - offset) bytes and returns the count. Throws
+  // ckpt::corrupt_error when stored data is damaged (the FUSE boundary answers EIO).
+  virtual std::size_t read(std::uint64_t offset, std::span<std::byte> out) const = 0;
+};
+
+// What `ckptctl stat` shows about one version.
+struct version_info {
+  std::uint64_t version = 0;
+  std::string format;   // "opaque", "torch_zip", ...
+  std::string kind;     // "exact", "keyframe", "delta"
+  std::uint64_t lineage = 0;  // 0 for exact files
+  std::uint64_t base = 0;     // base version of a delta, else 0
+  std::uint64_t logical_bytes = 0;
+  std::uint64_t stored_bytes = 0;
+  std::string path;     // the path it was written at
+};
+
+class content_store {
+ public:
+  content_store(store::object_store& objects, store::journal& journal, content_options opt);
+  ~content_store();
+  content_store(const content_store&) = delete;
+  content_store& operator=(const content_store&) = delete;
+
+  // Replay: consumes the record and returns true if it is a content record.
+  bool apply(std::span<const std::byte> record);
+  // After replay: `live` are the versions the namespace references (each once per name).
+  // Versions neither referenced nor needed as a base are reclaimed.
+  void replay_done(std::span<const content_ref> live);
+
+  // Stores a finished file's bytes; `path` is its path inside the mount (for lineage matching).
+  // Throws ckpt::io_error (ENOSPC, EIO) with nothing committed. The returned version holds one
+  // reference for the caller's name.
+  content_ref put(std::string_view path, const format::source& data);
+
+  std::shared_ptr<const content_reader> open(const content_ref& ref);
+
+  void ref(const content_ref& ref);
+  void unref(const content_ref& ref);  // may reclaim space (after the caller's journal sync)
+
+  version_info info(const content_ref& ref) const;
+  // Records that recreate the live content state, for journal::compact().
+  void snapshot(std::vector<std::vector<std::byte>>& out) const;
+  // Drops every cached reconstruction and decoded block (tests: "after the cache is emptied").
+  void drop_caches();
+
+ private:
+  struct impl;
+  std::unique_ptr<impl> impl_;
+};
+
+}  // namespace ckpt::fs

@@ -1,0 +1,48 @@
+#pragma once
+// The store's metadata journal (STORE/journal): an append-only sequence of records, each framed
+// with its length and a checksum. The namespace and the content index both write their records
+// here, so one sync() commits a file version and the name that points at it together.
+// Crash rule: replay() returns the longest intact prefix and truncates a torn tail; a record is
+// durable once the sync() after its append() returned. Byte layout: docs/format.md ("Journal").
+#include <boost/filesystem/path.hpp>
+#include <cstddef>
+#include <functional>
+#include <mutex>
+#include <span>
+#include <vector>
+
+namespace ckpt::store {
+
+class journal {
+ public:
+  explicit journal(boost::filesystem::path file);
+  journal(const journal&) = delete;
+  journal& operator=(const journal&) = delete;
+  ~journal();
+
+  // Calls `apply` for every intact record in order, then drops any torn or damaged tail so that
+  // new records follow the last good one. Must be called once, before the first append().
+  void replay(const std::function<void(std::span<const std::byte>)>& apply);
+
+  // Appends a record (buffered). Thread-safe; records keep the order of the calls.
+  void append(std::span<const std::byte> record);
+
+  // Makes every record appended so far durable (write + fdatasync). Throws ckpt::io_error; after
+  // a failed sync the journal refuses further appends (fsyncgate: the state on disk is unknown).
+  void sync();
+
+  // Atomically replaces the journal's contents by `records` (a snapshot of the live state):
+  // write a new file, fsync it, rename it over the journal, fsync the directory.
+  void compact(const std::vector<std::vector<std::byte>>& records);
+
+  std::uint64_t size_bytes() const;  // current file size, to decide when to compact
+
+ private:
+  boost::filesystem::path file_;
+  mutable std::mutex mu_;
+  int fd_ = -1;
+  std::vector<std::byte> pending_;
+  bool failed_ = false;
+};
+
+}  // namespace ckpt::store
