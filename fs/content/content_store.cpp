@@ -1,0 +1,659 @@
+#include "fs/content/content_store.hpp"
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <unordered_map>
+
+#include "cache/lru_cache.hpp"
+#include "codec/block.hpp"
+#include "codec/error.hpp"
+#include "codec/format/assemble.hpp"
+#include "codec/format/recognise.hpp"
+#include "fs/content/lineage_key.hpp"
+#include "fs/content/version_meta.hpp"
+
+namespace ckpt::fs {
+namespace {
+
+using nlohmann::json;
+using bytes = std::vector<std::byte>;
+
+constexpr std::size_t kExactBlock = codec::default_block_bytes;
+constexpr std::size_t kExactChunk = 16 * kExactBlock;  // read this much of a region at a time
+
+enum : std::uint32_t { k_meta = 1, k_block = 2, k_tensor = 3 };
+
+struct cache_key {
+  std::uint64_t version;
+  std::uint32_t kind;
+  std::uint64_t index;
+  bool operator==(const cache_key&) const = default;
+};
+struct cache_key_hash {
+  std::size_t operator()(const cache_key& k) const noexcept {
+    const std::uint64_t v[3] = {k.version, k.kind, k.index};
+    return XXH3_64bits(v, sizeof v);
+  }
+};
+
+// What the cache holds: parsed metadata (with where the data area starts) or decoded bytes.
+struct cache_item {
+  std::shared_ptr<const version_meta> meta;
+  std::uint64_t data_base = 0;
+  bytes data;
+};
+
+bytes to_bytes(const json& j) {
+  const auto v = json::to_cbor(j);
+  return {reinterpret_cast<const std::byte*>(v.data()),
+          reinterpret_cast<const std::byte*>(v.data() + v.size())};
+}
+
+std::span<const std::byte> as_span(const bytes& b) { return b; }
+
+}  // namespace
+
+struct version_rec {
+  std::uint64_t id = 0;
+  store::object_ref obj;
+  std::uint64_t size = 0;
+  version_kind kind = version_kind::exact;
+  std::string format;
+  std::uint64_t lineage = 0;
+  std::uint64_t base = 0;
+  std::string path;
+  std::uint64_t since_keyframe = 0;
+  std::uint64_t refs = 0;        // names pointing at it
+  std::uint64_t dependents = 0;  // live versions whose base it is
+};
+
+struct lineage_rec {
+  std::uint64_t id = 0;
+  std::uint64_t signature = 0;
+  std::string path_key;
+  std::uint64_t head = 0;
+  std::uint64_t since_keyframe = 0;
+  std::shared_ptr<std::mutex> encode_mu = std::make_shared<std::mutex>();
+};
+
+struct content_store::impl {
+  store::object_store& objects;
+  store::journal& journal;
+  content_options opt;
+  mutable std::mutex mu;  // versions, lineages, counters
+  std::map<std::uint64_t, version_rec> versions;
+  std::map<std::uint64_t, lineage_rec> lineages;
+  std::uint64_t next_version = 1, next_lineage = 1;
+  cache::lru_cache<cache_key, cache_item, cache_key_hash> cache;
+
+  class reader;
+
+  impl(store::object_store& o, store::journal& j, content_options op)
+      : objects(o), journal(j), opt(op), cache(op.cache_bytes) {}
+
+  version_rec get(std::uint64_t v) const {
+    std::lock_guard lock(mu);
+    auto it = versions.find(v);
+    if (it == versions.end()) throw corrupt_error("content: unknown version " + std::to_string(v));
+    return it->second;
+  }
+
+  // --- reading -------------------------------------------------------------------------------
+
+  std::shared_ptr<const cache_item> meta_of(std::uint64_t v) {
+    return cache.get_or_load({v, k_meta, 0}, [&] {
+      const version_rec r = get(v);
+      std::byte prefix[content_prefix_size];
+      objects.read(r.obj.id, 0, prefix);
+      std::uint32_t magic, version;
+      std::uint64_t meta_len;
+      std::memcpy(&magic, prefix, 4);
+      std::memcpy(&version, prefix + 4, 4);
+      std::memcpy(&meta_len, prefix + 8, 8);
+      if (magic != content_magic) throw corrupt_error("content: bad object magic");
+      if (version != content_format_version)
+        throw error(errc::unsupported, "content: object format " + std::to_string(version));
+      if (meta_len > r.obj.size - content_prefix_size) throw corrupt_error("content: meta length");
+      bytes meta(meta_len);
+      objects.read(r.obj.id, content_prefix_size, meta);
+      auto item = std::make_shared<cache_item>();
+      item->meta = std::make_shared<const version_meta>(decode_meta(meta));
+      item->data_base = content_prefix_size + meta_len;
+      return std::pair{std::shared_ptr<const cache_item>(item), std::uint64_t(meta_len * 4 + 256)};
+    });
+  }
+
+  bytes read_data(std::uint64_t v, const cache_item& m, std::uint64_t at, std::uint64_t len) {
+    bytes out(len);
+    objects.read(get(v).obj.id, m.data_base + at, out);
+    return out;
+  }
+
+  std::shared_ptr<const cache_item> exact_block(std::uint64_t v, std::size_t region, std::size_t block) {
+    return cache.get_or_load({v, k_block, (std::uint64_t(region) << 32) | block}, [&] {
+      auto m = meta_of(v);
+      const exact_region& r = m->meta->exact.at(region);
+      const std::uint64_t begin = r.blocks.at(block);
+      const std::uint64_t end = block + 1 < r.blocks.size() ? r.blocks[block + 1] : r.encoded_bytes;
+      if (end < begin) throw corrupt_error("content: block index");
+      const bytes enc = read_data(v, *m, r.data_at + begin, end - begin);
+      const std::uint64_t first = std::uint64_t(block) * r.block_bytes;
+      auto item = std::make_shared<cache_item>();
+      item->data.resize(std::min<std::uint64_t>(r.block_bytes, r.length - first));
+      codec::decode(enc, {}, item->data);
+      return std::pair{std::shared_ptr<const cache_item>(item), std::uint64_t(item->data.size())};
+    });
+  }
+
+  // Reads bytes of the exact regions; every byte of [offset, offset + out.size()) must be in one.
+  void read_exact(std::uint64_t v, const version_meta& meta, std::uint64_t offset,
+                  std::span<std::byte> out) {
+    const auto& regions = meta.exact;
+    auto it = std::upper_bound(regions.begin(), regions.end(), offset,
+                               [](std::uint64_t o, const exact_region& r) { return o < r.offset; });
+    while (!out.empty()) {
+      if (it == regions.begin()) throw corrupt_error("content: read outside stored regions");
+      const exact_region& r = *std::prev(it);
+      if (offset >= r.offset + r.length) throw corrupt_error("content: read outside stored regions");
+      const std::size_t ri = std::size_t(std::prev(it) - regions.begin());
+      const std::uint64_t in_region = offset - r.offset;
+      const std::size_t block = std::size_t(in_region / r.block_bytes);
+      const std::uint64_t in_block = in_region % r.block_bytes;
+      const auto b = exact_block(v, ri, block);
+      const std::size_t n =
+          std::size_t(std::min<std::uint64_t>(out.size(), b->data.size() - in_block));
+      std::memcpy(out.data(), b->data.data() + in_block, n);
+      out = out.subspan(n);
+      offset += n;
+      if (offset >= r.offset + r.length) ++it;
+    }
+  }
+
+  // The reconstruction of tensor `t` (index into the version's layout) of version v, decoding
+  // the chain back to its keyframe when the cache no longer has the base.
+  std::shared_ptr<const cache_item> tensor_recon(std::uint64_t v, std::size_t t) {
+    return cache.get_or_load({v, k_tensor, t}, [&] {
+      auto m = meta_of(v);
+      const auto& frames = m->meta->tensors;
+      auto f = std::find_if(frames.begin(), frames.end(),
+                            [&](const tensor_frame& x) { return x.tensor == t; });
+      if (f == frames.end()) throw corrupt_error("content: tensor has no frame");
+      const auto& info = m->meta->layout.tensors.at(t);
+      const bytes enc = read_data(v, *m, f->data_at, f->encoded_bytes);
+      auto item = std::make_shared<cache_item>();
+      item->data.resize(info.length);
+      if (f->mode == tensor_mode::delta) {
+        const auto base = tensor_recon(get(v).base, f->base_tensor);
+        if (base->data.size() != info.length) throw corrupt_error("content: base size mismatch");
+        codec::decode(enc, base->data, item->data);
+      } else {
+        codec::decode(enc, {}, item->data);
+      }
+      return std::pair{std::shared_ptr<const cache_item>(item), std::uint64_t(info.length)};
+    });
+  }
+
+  // --- reclaiming ----------------------------------------------------------------------------
+
+  bool is_head(const version_rec& r) const {
+    if (!r.lineage) return false;
+    auto it = lineages.find(r.lineage);
+    return it != lineages.end() && it->second.head == r.id;
+  }
+
+  // Removes versions that nothing needs any more; caller holds mu. Returns objects to delete.
+  void collect(std::uint64_t v, std::vector<std::uint64_t>& objects_to_remove) {
+    while (v) {
+      auto it = versions.find(v);
+      if (it == versions.end()) return;
+      const version_rec& r = it->second;
+      if (r.refs || r.dependents || is_head(r)) return;
+      objects_to_remove.push_back(r.obj.id);
+      const std::uint64_t base = r.base;
+      versions.erase(it);
+      if (!base) return;
+      auto b = versions.find(base);
+      if (b == versions.end()) return;
+      --b->second.dependents;
+      v = base;
+    }
+  }
+
+  void remove_objects(const std::vector<std::uint64_t>& ids) {
+    for (auto id : ids) objects.remove(id);
+  }
+
+  // --- records -------------------------------------------------------------------------------
+
+  static json version_json(const version_rec& r) {
+    return {{"t", "c.v"},         {"v", r.id},      {"o", r.obj.id},   {"os", r.obj.size},
+            {"oc", r.obj.checksum}, {"z", r.size},  {"k", int(r.kind)}, {"f", r.format},
+            {"l", r.lineage},     {"b", r.base},    {"p", r.path},     {"q", r.since_keyframe}};
+  }
+  static json lineage_json(const lineage_rec& l) {
+    return {{"t", "c.l"}, {"l", l.id}, {"s", l.signature}, {"pk", l.path_key}};
+  }
+
+  void apply_version(const json& j) {
+    version_rec r;
+    r.id = j.at("v").get<std::uint64_t>();
+    r.obj = {j.at("o").get<std::uint64_t>(), j.at("os").get<std::uint64_t>(),
+             j.at("oc").get<std::uint64_t>()};
+    r.size = j.at("z").get<std::uint64_t>();
+    r.kind = version_kind(j.at("k").get<int>());
+    r.format = j.at("f").get<std::string>();
+    r.lineage = j.at("l").get<std::uint64_t>();
+    r.base = j.at("b").get<std::uint64_t>();
+    r.path = j.at("p").get<std::string>();
+    r.since_keyframe = j.at("q").get<std::uint64_t>();
+    next_version = std::max(next_version, r.id + 1);
+    if (r.lineage) {
+      auto& l = lineages[r.lineage];
+      l.head = r.id;
+      l.since_keyframe = r.since_keyframe;
+    }
+    versions[r.id] = std::move(r);
+  }
+
+  // --- writing -------------------------------------------------------------------------------
+
+  // Appends the exact coding of src[offset, offset + length) to `data` as a region.
+  static exact_region put_exact_region(const format::source& src, std::uint64_t offset,
+                                       std::uint64_t length, bytes& data) {
+    exact_region r;
+    r.offset = offset;
+    r.length = length;
+    r.data_at = data.size();
+    r.block_bytes = std::uint32_t(kExactBlock);
+    bytes chunk;
+    for (std::uint64_t at = 0; at < length; at += kExactChunk) {
+      const std::uint64_t n = std::min<std::uint64_t>(kExactChunk, length - at);
+      chunk.resize(n);
+      src.read(offset + at, chunk);
+      std::size_t pos = data.size();
+      codec::encode_exact_into(codec::dtype::bytes, chunk, data, kExactBlock);
+      while (pos < data.size()) {
+        r.blocks.push_back(pos - r.data_at);
+        pos += codec::read_block_header(std::span(data).subspan(pos)).total_size();
+      }
+    }
+    r.encoded_bytes = data.size() - r.data_at;
+    return r;
+  }
+};
+
+content_store::content_store(store::object_store& objects, store::journal& journal,
+                             content_options opt)
+    : impl_(std::make_unique<impl>(objects, journal, opt)) {
+  if (opt.bits < 1 || opt.bits > codec::max_bits) throw invalid_argument("bits must be 1..4");
+  if (opt.keyframe_interval < 1) throw invalid_argument("keyframe_interval must be >= 1");
+}
+
+content_store::~content_store() = default;
+
+bool content_store::apply(std::span<const std::byte> record) {
+  json j;
+  try {
+    j = json::from_cbor(reinterpret_cast<const std::uint8_t*>(record.data()),
+                        reinterpret_cast<const std::uint8_t*>(record.data() + record.size()));
+  } catch (const json::exception&) {
+    return false;
+  }
+  if (!j.is_object() || !j.contains("t") || !j["t"].is_string()) return false;
+  const auto t = j["t"].get<std::string>();
+  if (t.rfind("c.", 0) != 0) return false;
+  std::lock_guard lock(impl_->mu);
+  try {
+    if (t == "c.v") {
+      impl_->apply_version(j);
+    } else if (t == "c.l") {
+      auto& l = impl_->lineages[j.at("l").get<std::uint64_t>()];
+      l.id = j.at("l").get<std::uint64_t>();
+      l.signature = j.at("s").get<std::uint64_t>();
+      l.path_key = j.at("pk").get<std::string>();
+      impl_->next_lineage = std::max(impl_->next_lineage, l.id + 1);
+    } else {
+      throw corrupt_error("content: unknown record " + t);
+    }
+  } catch (const json::exception& e) {
+    throw corrupt_error(std::string("content: bad record: ") + e.what());
+  }
+  return true;
+}
+
+void content_store::replay_done(std::span<const content_ref> live) {
+  std::vector<std::uint64_t> doomed;
+  {
+    std::lock_guard lock(impl_->mu);
+    auto& vs = impl_->versions;
+    for (auto& [id, r] : vs) r.refs = r.dependents = 0;
+    for (const auto& ref : live)
+      if (auto it = vs.find(ref.version); it != vs.end()) ++it->second.refs;
+    for (auto& [id, r] : vs)
+      if (r.base)
+        if (auto b = vs.find(r.base); b != vs.end()) ++b->second.dependents;
+    // Newest first: a delta's reclaim lowers its base's dependents before the base is looked at.
+    std::vector<std::uint64_t> ids;
+    for (auto& [id, r] : vs) ids.push_back(id);
+    for (auto it = ids.rbegin(); it != ids.rend(); ++it) impl_->collect(*it, doomed);
+  }
+  impl_->remove_objects(doomed);
+}
+
+content_ref content_store::put(std::string_view path, const format::source& src) {
+  auto& m = *impl_;
+  const std::uint64_t size = src.size();
+  if (size == 0) return {};
+  format::layout layout = format::recognise(src);
+  bool checkpoint = false;
+  for (const auto& t : layout.tensors) checkpoint |= t.compress;
+
+  std::uint64_t id, lineage_id = 0, base_id = 0, since = 0;
+  bool new_lineage = false;
+  std::shared_ptr<std::mutex> encode_mu;
+  lineage_rec new_lin;
+  {
+    std::lock_guard lock(m.mu);
+    id = m.next_version++;
+    if (checkpoint) {
+      const std::uint64_t sig = lineage_signature(layout);
+      const std::string key = lineage_path_key(path);
+      // Same signature; among those, the same path key wins, else the most recently extended.
+      const lineage_rec* best = nullptr;
+      for (const auto& [lid, l] : m.lineages) {
+        if (l.signature != sig) continue;
+        if (!best || (l.path_key == key) > (best->path_key == key) ||
+            ((l.path_key == key) == (best->path_key == key) && l.head > best->head))
+          best = &l;
+      }
+      if (best) {
+        lineage_id = best->id;
+        encode_mu = best->encode_mu;
+      } else {
+        new_lineage = true;
+        lineage_id = m.next_lineage++;
+        new_lin.id = lineage_id;
+        new_lin.signature = sig;
+        new_lin.path_key = key;
+        encode_mu = new_lin.encode_mu;
+      }
+    }
+  }
+  // One encode at a time per lineage: the next version's base is this one's reconstruction.
+  std::unique_lock<std::mutex> lineage_lock;
+  if (encode_mu) lineage_lock = std::unique_lock(*encode_mu);
+  if (checkpoint && !new_lineage) {
+    std::lock_guard lock(m.mu);
+    const auto& l = m.lineages.at(lineage_id);
+    base_id = l.head;
+    since = l.since_keyframe;
+    if (base_id && !m.versions.count(base_id)) base_id = 0;
+  }
+  const bool keyframe =
+      checkpoint && (m.opt.lossless || !base_id || since + 1 >= std::uint64_t(m.opt.keyframe_interval));
+  if (keyframe) base_id = 0;
+
+  version_meta meta;
+  meta.size = size;
+  bytes data;
+  std::vector<std::shared_ptr<const cache_item>> recons(layout.tensors.size());
+  if (!checkpoint) {
+    meta.kind = version_kind::exact;
+    meta.layout = format::opaque_layout(size, layout.note);
+    meta.exact.push_back(impl::put_exact_region(src, 0, size, data));
+  } else {
+    meta.kind = keyframe ? version_kind::keyframe : version_kind::delta;
+    meta.bits = keyframe ? 0 : m.opt.bits;
+    // Exact regions: maximal runs of segments that are not compressed tensors.
+    std::uint64_t run_start = 0, run_len = 0;
+    for (const auto& s : layout.segments) {
+      const bool lossy = s.tensor && layout.tensors[*s.tensor].compress;
+      if (lossy) {
+        if (run_len) meta.exact.push_back(impl::put_exact_region(src, run_start, run_len, data));
+        run_start = s.offset + s.length;
+        run_len = 0;
+      } else {
+        if (!run_len) run_start = s.offset;
+        run_len += s.length;
+      }
+    }
+    if (run_len) meta.exact.push_back(impl::put_exact_region(src, run_start, run_len, data));
+
+    std::shared_ptr<const cache_item> base_meta;
+    std::unordered_map<std::string, std::size_t> base_by_name;
+    if (base_id) {
+      base_meta = m.meta_of(base_id);
+      const auto& bl = base_meta->meta->layout;
+      for (const auto& f : base_meta->meta->tensors) base_by_name[bl.tensors[f.tensor].name] = f.tensor;
+    }
+    // Collect every compressed tensor with its base; plan the bucket tables (one per tensor or
+    // one for the whole checkpoint), then encode.
+    struct job {
+      std::size_t tensor;
+      codec::dtype type;
+      bytes cur;
+      std::shared_ptr<const cache_item> base;
+      std::size_t base_tensor = 0;
+    };
+    std::vector<job> jobs;
+    for (std::size_t i = 0; i < layout.tensors.size(); ++i) {
+      const auto& t = layout.tensors[i];
+      if (!t.compress) continue;
+      job j{i, *format::codec_dtype(t.type), src.read(t.offset, t.length), nullptr};
+      if (base_meta) {
+        if (auto b = base_by_name.find(t.name); b != base_by_name.end()) {
+          const auto& bt = base_meta->meta->layout.tensors[b->second];
+          if (bt.type == t.type && bt.length == t.length) {
+            j.base = m.tensor_recon(base_id, b->second);
+            j.base_tensor = b->second;
+          }
+        }
+      }
+      jobs.push_back(std::move(j));
+    }
+    std::vector<codec::delta_input> inputs;
+    std::vector<std::size_t> input_job;
+    for (std::size_t k = 0; k < jobs.size(); ++k)
+      if (jobs[k].base) {
+        inputs.push_back({jobs[k].type, jobs[k].cur, jobs[k].base->data});
+        input_job.push_back(k);
+      }
+    const auto tables = codec::plan_tables(inputs, m.opt.bits, m.opt.rep, m.opt.scope);
+    std::vector<const codec::quant_table*> table_of(jobs.size(), nullptr);
+    for (std::size_t n = 0; n < inputs.size(); ++n) table_of[input_job[n]] = &tables[n];
+    for (std::size_t k = 0; k < jobs.size(); ++k) {
+      job& j = jobs[k];
+      tensor_frame f;
+      f.tensor = j.tensor;
+      f.type = j.type;
+      f.data_at = data.size();
+      auto recon = std::make_shared<cache_item>();
+      if (j.base) {
+        f.mode = tensor_mode::delta;
+        f.base_tensor = j.base_tensor;
+        recon->data.resize(j.cur.size());
+        codec::encode_delta_into({j.type, j.cur, j.base->data}, *table_of[k],
+                                 {m.opt.bits, 0, m.opt.rep}, recon->data, data);
+      } else {
+        f.mode = tensor_mode::lossless;
+        codec::encode_exact_into(j.type, j.cur, data);
+        recon->data = std::move(j.cur);
+      }
+      f.encoded_bytes = data.size() - f.data_at;
+      meta.tensors.push_back(f);
+      recons[j.tensor] = recon;
+      bytes().swap(j.cur);
+      j.base.reset();
+    }
+    // The served CRC of every rewritten zip member, computed now while the payloads are here.
+    if (!layout.fixups.empty()) {
+      std::vector<bool> replaced(layout.tensors.size());
+      for (std::size_t i = 0; i < replaced.size(); ++i) replaced[i] = recons[i] != nullptr;
+      format::served_file sf(layout, src, replaced,
+                             [&](std::size_t t, std::uint64_t off, std::span<std::byte> out) {
+                               std::memcpy(out.data(), recons[t]->data.data() + off, out.size());
+                             });
+      std::vector<bool> done(layout.members.size());
+      for (const auto& fx : layout.fixups) {
+        if (done[fx.member]) continue;
+        done[fx.member] = true;
+        meta.member_crcs.push_back({fx.member, sf.member_crc(fx.member)});
+      }
+    }
+    meta.layout = std::move(layout);
+  }
+
+  // Object: prefix | meta | data.
+  const bytes meta_bytes = encode_meta(meta);
+  std::byte prefix[content_prefix_size];
+  const std::uint32_t magic = content_magic, fmt = content_format_version;
+  const std::uint64_t meta_len = meta_bytes.size();
+  std::memcpy(prefix, &magic, 4);
+  std::memcpy(prefix + 4, &fmt, 4);
+  std::memcpy(prefix + 8, &meta_len, 8);
+  const std::span<const std::byte> pieces[] = {prefix, meta_bytes, data};
+  const store::object_ref obj = m.objects.put(pieces);
+
+  version_rec r;
+  r.id = id;
+  r.obj = obj;
+  r.size = size;
+  r.kind = meta.kind;
+  r.format = std::string(format::name(meta.layout.format));
+  r.lineage = lineage_id;
+  r.base = base_id;
+  r.path = std::string(path);
+  r.since_keyframe = keyframe ? 0 : since + 1;
+  r.refs = 1;
+  std::vector<std::uint64_t> doomed;
+  {
+    std::lock_guard lock(m.mu);
+    if (new_lineage) {
+      m.journal.append(to_bytes(impl::lineage_json(new_lin)));
+      m.lineages.emplace(lineage_id, std::move(new_lin));
+    }
+    m.journal.append(to_bytes(impl::version_json(r)));
+    if (base_id) ++m.versions.at(base_id).dependents;
+    std::uint64_t old_head = 0;
+    if (lineage_id) {
+      auto& l = m.lineages.at(lineage_id);
+      old_head = l.head;
+      l.head = id;
+      l.since_keyframe = r.since_keyframe;
+    }
+    m.versions.emplace(id, std::move(r));
+    if (old_head) m.collect(old_head, doomed);
+  }
+  m.remove_objects(doomed);
+  // The reconstructions are the next version's bases and the likely next reads.
+  for (std::size_t i = 0; i < recons.size(); ++i)
+    if (recons[i]) m.cache.put({id, k_tensor, i}, recons[i], recons[i]->data.size());
+  return {id, size};
+}
+
+// Serves one version: exact files straight from their regions, checkpoints through served-file
+// assembly with the reconstructed tensors and the stored member CRCs.
+class content_store::impl::reader final : public content_reader {
+ public:
+  reader(content_store::impl& s, std::uint64_t v, std::shared_ptr<const cache_item> meta)
+      : store_(s), version_(v), meta_(std::move(meta)) {
+    const version_meta& m = *meta_->meta;
+    if (m.kind == version_kind::exact) return;
+    std::vector<bool> replaced(m.layout.tensors.size());
+    for (const auto& f : m.tensors) replaced[f.tensor] = true;
+    format::source original(m.size, [this](std::uint64_t off, std::span<std::byte> out) {
+      store_.read_exact(version_, *meta_->meta, off, out);
+    });
+    served_.emplace(m.layout, original, replaced,
+                    [this](std::size_t t, std::uint64_t off, std::span<std::byte> out) {
+                      const auto r = store_.tensor_recon(version_, t);
+                      std::memcpy(out.data(), r->data.data() + off, out.size());
+                    });
+    for (const auto& [member, crc] : m.member_crcs) served_->set_member_crc(member, crc);
+  }
+
+  std::uint64_t size() const override { return meta_->meta->size; }
+
+  std::size_t read(std::uint64_t offset, std::span<std::byte> out) const override {
+    if (offset >= size()) return 0;
+    const std::size_t n = std::size_t(std::min<std::uint64_t>(out.size(), size() - offset));
+    if (served_) return served_->read(offset, out.first(n));
+    store_.read_exact(version_, *meta_->meta, offset, out.first(n));
+    return n;
+  }
+
+ private:
+  content_store::impl& store_;
+  std::uint64_t version_;
+  std::shared_ptr<const cache_item> meta_;
+  std::optional<format::served_file> served_;
+};
+
+namespace {
+
+class empty_reader final : public content_reader {
+ public:
+  std::uint64_t size() const override { return 0; }
+  std::size_t read(std::uint64_t, std::span<std::byte>) const override { return 0; }
+};
+
+}  // namespace
+
+std::shared_ptr<const content_reader> content_store::open(const content_ref& ref) {
+  if (ref.version == 0) return std::make_shared<empty_reader>();
+  return std::make_shared<impl::reader>(*impl_, ref.version, impl_->meta_of(ref.version));
+}
+
+void content_store::ref(const content_ref& ref) {
+  if (!ref.version) return;
+  std::lock_guard lock(impl_->mu);
+  auto it = impl_->versions.find(ref.version);
+  if (it != impl_->versions.end()) ++it->second.refs;
+}
+
+void content_store::unref(const content_ref& ref) {
+  if (!ref.version) return;
+  std::vector<std::uint64_t> doomed;
+  {
+    std::lock_guard lock(impl_->mu);
+    auto it = impl_->versions.find(ref.version);
+    if (it == impl_->versions.end() || it->second.refs == 0) return;
+    --it->second.refs;
+    impl_->collect(ref.version, doomed);
+  }
+  impl_->remove_objects(doomed);
+}
+
+version_info content_store::info(const content_ref& ref) const {
+  version_info i;
+  if (!ref.version) {
+    i.format = "empty";
+    i.kind = "exact";
+    return i;
+  }
+  const version_rec r = impl_->get(ref.version);
+  i.version = r.id;
+  i.format = r.format;
+  i.kind = std::string(name(r.kind));
+  i.lineage = r.lineage;
+  i.base = r.base;
+  i.logical_bytes = r.size;
+  i.stored_bytes = impl_->objects.disk_bytes(r.obj.id);
+  i.path = r.path;
+  return i;
+}
+
+void content_store::snapshot(std::vector<std::vector<std::byte>>& out) const {
+  std::lock_guard lock(impl_->mu);
+  for (const auto& [id, l] : impl_->lineages) out.push_back(to_bytes(impl::lineage_json(l)));
+  for (const auto& [id, r] : impl_->versions) out.push_back(to_bytes(impl::version_json(r)));
+}
+
+void content_store::drop_caches() { impl_->cache.clear(); }
+
+}  // namespace ckpt::fs

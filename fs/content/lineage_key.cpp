@@ -1,0 +1,54 @@
+#include "fs/content/lineage_key.hpp"
+
+#include <xxhash.h>
+
+#include <cctype>
+#include <regex>
+
+namespace ckpt::fs {
+
+std::string lineage_path_key(std::string_view path) {
+  // Kept: digits after a rank/shard word ("rank_3", "mp_rank_03", "shard2", "tp-1"), "N-of-M"
+  // shard counters and DCP's "__R_S" file names. Everything else numeric is a step or an epoch.
+  static const std::regex keep(
+      R"((?:rank|shard|part|tp|pp|dp|ep|worker|node)[_-]?\d+|\d+-of-\d+|__\d+_\d+)",
+      std::regex::icase);
+  std::string out;
+  std::string s(path);
+  auto put_stripped = [&](const std::string& piece) {
+    bool in_digits = false;
+    for (char c : piece) {
+      if (std::isdigit(static_cast<unsigned char>(c))) {
+        if (!in_digits) out += '#';
+        in_digits = true;
+      } else {
+        out += c;
+        in_digits = false;
+      }
+    }
+  };
+  auto begin = std::sregex_iterator(s.begin(), s.end(), keep);
+  std::size_t at = 0;
+  for (auto it = begin; it != std::sregex_iterator(); ++it) {
+    put_stripped(s.substr(at, std::size_t(it->position()) - at));
+    out += it->str();
+    at = std::size_t(it->position() + it->length());
+  }
+  put_stripped(s.substr(at));
+  return out;
+}
+
+std::uint64_t lineage_signature(const format::layout& l) {
+  std::string sig;
+  for (const auto& t : l.tensors) {
+    if (!t.compress) continue;
+    sig += t.name;
+    sig += '\x1f';
+    sig += format::name(t.type);
+    for (auto d : t.shape) sig += ',' + std::to_string(d);
+    sig += '\x1e';
+  }
+  return sig.empty() ? 0 : XXH3_64bits(sig.data(), sig.size());
+}
+
+}  // namespace ckpt::fs

@@ -1,0 +1,110 @@
+#include "fs/content/version_meta.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include "codec/error.hpp"
+
+namespace ckpt::fs {
+
+std::string_view name(version_kind k) noexcept {
+  switch (k) {
+    case version_kind::exact: return "exact";
+    case version_kind::keyframe: return "keyframe";
+    case version_kind::delta: return "delta";
+  }
+  return "?";
+}
+
+namespace {
+
+using nlohmann::json;
+
+json layout_to_json(const format::layout& l) {
+  json tensors = json::array();
+  for (const auto& t : l.tensors)
+    tensors.push_back({{"n", t.name}, {"a", t.aliases}, {"y", int(t.type)}, {"s", t.shape},
+                       {"o", t.offset}, {"l", t.length}, {"c", t.compress}});
+  json members = json::array();
+  for (const auto& m : l.members)
+    members.push_back({{"n", m.name}, {"o", m.data_offset}, {"l", m.data_length}, {"c", m.crc}});
+  json fixups = json::array();
+  for (const auto& f : l.fixups)
+    fixups.push_back({{"o", f.field_offset}, {"m", f.member}, {"c", f.original}});
+  return {{"f", int(l.format)}, {"z", l.file_size}, {"t", tensors}, {"m", members},
+          {"x", fixups},        {"note", l.note}};
+}
+
+format::layout layout_from_json(const json& j) {
+  format::layout l;
+  l.format = format::file_format(j.at("f").get<int>());
+  l.file_size = j.at("z").get<std::uint64_t>();
+  for (const auto& t : j.at("t")) {
+    format::tensor_info ti;
+    ti.name = t.at("n").get<std::string>();
+    ti.aliases = t.at("a").get<std::vector<std::string>>();
+    ti.type = format::element_type(t.at("y").get<int>());
+    ti.shape = t.at("s").get<std::vector<std::uint64_t>>();
+    ti.offset = t.at("o").get<std::uint64_t>();
+    ti.length = t.at("l").get<std::uint64_t>();
+    ti.compress = t.at("c").get<bool>();
+    l.tensors.push_back(std::move(ti));
+  }
+  for (const auto& m : j.at("m"))
+    l.members.push_back({m.at("n").get<std::string>(), m.at("o").get<std::uint64_t>(),
+                         m.at("l").get<std::uint64_t>(), m.at("c").get<std::uint32_t>()});
+  for (const auto& f : j.at("x"))
+    l.fixups.push_back(
+        {f.at("o").get<std::uint64_t>(), f.at("m").get<std::size_t>(), f.at("c").get<std::uint32_t>()});
+  l.note = j.at("note").get<std::string>();
+  format::finish_layout(l);  // rebuilds segments and re-checks the contract
+  return l;
+}
+
+}  // namespace
+
+std::vector<std::byte> encode_meta(const version_meta& m) {
+  json exact = json::array();
+  for (const auto& r : m.exact)
+    exact.push_back({{"o", r.offset}, {"l", r.length}, {"at", r.data_at}, {"bb", r.block_bytes},
+                     {"b", r.blocks}, {"e", r.encoded_bytes}});
+  json tensors = json::array();
+  for (const auto& t : m.tensors)
+    tensors.push_back({{"i", t.tensor}, {"y", int(t.type)}, {"m", int(t.mode)},
+                       {"bt", t.base_tensor}, {"at", t.data_at}, {"e", t.encoded_bytes}});
+  const json j{{"size", m.size},       {"kind", int(m.kind)}, {"layout", layout_to_json(m.layout)},
+               {"exact", exact},       {"tensors", tensors},  {"crcs", m.member_crcs},
+               {"bits", m.bits}};
+  const auto bytes = json::to_cbor(j);
+  return {reinterpret_cast<const std::byte*>(bytes.data()),
+          reinterpret_cast<const std::byte*>(bytes.data() + bytes.size())};
+}
+
+version_meta decode_meta(std::span<const std::byte> cbor) {
+  try {
+    const auto j = json::from_cbor(reinterpret_cast<const std::uint8_t*>(cbor.data()),
+                                   reinterpret_cast<const std::uint8_t*>(cbor.data() + cbor.size()));
+    version_meta m;
+    m.size = j.at("size").get<std::uint64_t>();
+    m.kind = version_kind(j.at("kind").get<int>());
+    m.layout = layout_from_json(j.at("layout"));
+    for (const auto& r : j.at("exact"))
+      m.exact.push_back({r.at("o").get<std::uint64_t>(), r.at("l").get<std::uint64_t>(),
+                         r.at("at").get<std::uint64_t>(), r.at("bb").get<std::uint32_t>(),
+                         r.at("b").get<std::vector<std::uint64_t>>(),
+                         r.at("e").get<std::uint64_t>()});
+    for (const auto& t : j.at("tensors"))
+      m.tensors.push_back({t.at("i").get<std::size_t>(), codec::dtype(t.at("y").get<int>()),
+                           tensor_mode(t.at("m").get<int>()), t.at("bt").get<std::size_t>(),
+                           t.at("at").get<std::uint64_t>(), t.at("e").get<std::uint64_t>()});
+    m.member_crcs = j.at("crcs").get<std::vector<std::pair<std::size_t, std::uint32_t>>>();
+    m.bits = j.at("bits").get<int>();
+    if (m.layout.file_size != m.size) throw corrupt_error("content: layout size mismatch");
+    for (const auto& t : m.tensors)
+      if (t.tensor >= m.layout.tensors.size()) throw corrupt_error("content: tensor index");
+    return m;
+  } catch (const nlohmann::json::exception& e) {
+    throw corrupt_error(std::string("content: metadata: ") + e.what());
+  }
+}
+
+}  // namespace ckpt::fs

@@ -1,0 +1,58 @@
+#pragma once
+// The metadata at the start of every content object: how the stored bytes map back to the file.
+// Object payload: u32 magic "CKCV" | u32 version (1) | u64 meta length | meta (CBOR) | data area.
+// Layout documented in docs/format.md ("Content objects").
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "codec/dtype.hpp"
+#include "codec/format/layout.hpp"
+
+namespace ckpt::fs {
+
+inline constexpr std::uint32_t content_magic = 0x5643'4b43;  // "CKCV"
+inline constexpr std::uint32_t content_format_version = 1;
+inline constexpr std::size_t content_prefix_size = 16;
+
+// A run of file bytes stored exactly (zstd blocks of `block_bytes` input each).
+struct exact_region {
+  std::uint64_t offset = 0;  // in the file
+  std::uint64_t length = 0;
+  std::uint64_t data_at = 0;  // in the data area
+  std::uint32_t block_bytes = 0;
+  std::vector<std::uint64_t> blocks;  // encoded offset of each block, relative to data_at
+  std::uint64_t encoded_bytes = 0;
+};
+
+enum class tensor_mode : std::uint8_t { lossless = 0, delta = 1 };
+
+// A compressed tensor payload: a codec frame in the data area.
+struct tensor_frame {
+  std::size_t tensor = 0;  // index into layout.tensors
+  codec::dtype type = codec::dtype::f32;
+  tensor_mode mode = tensor_mode::lossless;
+  std::size_t base_tensor = 0;  // index into the base version's layout.tensors (delta only)
+  std::uint64_t data_at = 0;
+  std::uint64_t encoded_bytes = 0;
+};
+
+enum class version_kind : std::uint8_t { exact = 0, keyframe = 1, delta = 2 };
+std::string_view name(version_kind k) noexcept;
+
+struct version_meta {
+  std::uint64_t size = 0;
+  version_kind kind = version_kind::exact;
+  format::layout layout;  // opaque layout for exact files
+  std::vector<exact_region> exact;
+  std::vector<tensor_frame> tensors;
+  std::vector<std::pair<std::size_t, std::uint32_t>> member_crcs;  // served CRC per rewritten member
+  int bits = 0;  // lossy parameters, for stat
+};
+
+std::vector<std::byte> encode_meta(const version_meta& m);
+version_meta decode_meta(std::span<const std::byte> cbor);  // throws corrupt_error
+
+}  // namespace ckpt::fs
