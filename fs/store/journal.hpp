@@ -6,6 +6,7 @@
 // durable once the sync() after its append() returned. Byte layout: docs/format.md ("Journal").
 #include <boost/filesystem/path.hpp>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <mutex>
 #include <span>
@@ -39,9 +40,12 @@ class journal {
 
  private:
   boost::filesystem::path file_;
-  mutable std::mutex mu_;
+  mutable std::mutex mu_;  // guards everything below except the I/O itself
+  std::mutex sync_mu_;     // serialises sync() and compact(); taken before mu_, never after
   int fd_ = -1;
-  std::vector<std::byte> pending_;
+  std::vector<std::byte> pending_;  // framed records appended since the last sync
+  std::uint64_t end_ = 0;           // file size once pending_ is written
+  bool replayed_ = false;
   bool failed_ = false;
 };
 

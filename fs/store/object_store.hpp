@@ -7,6 +7,7 @@
 #include <boost/filesystem/path.hpp>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -37,14 +38,17 @@ class object_store {
   // Recomputes the payload checksum; throws corrupt_error on mismatch.
   void verify(const object_ref& ref) const;
 
-  void remove(object_id id);           // missing is not an error
-  std::vector<object_id> list() const;  // every object present, ascending
+  void remove(object_id id);                     // missing is not an error
+  std::vector<object_id> list() const;           // every object present, ascending
   std::uint64_t disk_bytes(object_id id) const;  // on-disk size incl. framing (0 if missing)
 
  private:
   struct impl;
   boost::filesystem::path dir_;
-  // ...implementation state (helper adds members; keep the class movable-or-pinned as needed)
+  // Directory fd and the id counter. A shared_ptr binds its deleter where impl is complete (in
+  // object_store.cpp), so the class needs no user-declared destructor; copies of an object_store
+  // are handles to the same store (same counter), which keeps ids unique across them.
+  std::shared_ptr<impl> impl_;
 };
 
 }  // namespace ckpt::store

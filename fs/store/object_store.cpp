@@ -1,0 +1,306 @@
+// Object store: one file per object, `%016llx.obj`, framed as
+//   header (32 bytes) | payload | footer (32 bytes, magic in the last 4 bytes of the file)
+// (byte layout and crash rules: docs/format.md, "Objects").
+// put(): write `<name>.tmp` through io_uring, fdatasync it, rename it to `<name>`, fsync the
+// directory. So a `.obj` name only ever appears for a complete, durable object; a crash leaves
+// at most a `.tmp` file, removed the next time the store is opened.
+#define XXH_STATIC_LINKING_ONLY
+#include "fs/store/object_store.hpp"
+
+#include <dirent.h>
+#include <sys/stat.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <boost/filesystem/operations.hpp>
+#include <cinttypes>
+#include <cstdio>
+#include <optional>
+#include <string>
+
+#include "fs/store/posix.hpp"
+#include "fs/store/uring.hpp"
+
+namespace ckpt::store {
+
+using namespace detail;
+
+namespace {
+
+constexpr std::uint32_t header_magic = 0x424f4b43;  // "CKOB"
+constexpr std::uint32_t footer_magic = 0x454f4b43;  // "CKOE"
+constexpr std::uint16_t format_version = 1;
+constexpr std::size_t header_size = 32;
+constexpr std::size_t footer_size = 32;
+constexpr std::size_t framing_size = header_size + footer_size;
+constexpr std::size_t verify_chunk = std::size_t{4} << 20;
+
+std::string object_name(object_id id) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%016" PRIx64 ".obj", id);
+  return buf;
+}
+
+std::string hex_id(object_id id) {
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "%016" PRIx64, id);
+  return buf;
+}
+
+// Parses "<16 hex>.obj" (tmp == false) or "<16 hex>.obj.tmp" (tmp == true).
+std::optional<object_id> parse_name(const char* name, bool& tmp) {
+  std::string_view s(name);
+  if (s.size() == 20 && s.substr(16) == ".obj") {
+    tmp = false;
+  } else if (s.size() == 24 && s.substr(16) == ".obj.tmp") {
+    tmp = true;
+  } else {
+    return std::nullopt;
+  }
+  object_id id = 0;
+  for (char c : s.substr(0, 16)) {
+    int v;
+    if (c >= '0' && c <= '9')
+      v = c - '0';
+    else if (c >= 'a' && c <= 'f')
+      v = c - 'a' + 10;
+    else
+      return std::nullopt;
+    id = (id << 4) | static_cast<object_id>(v);
+  }
+  return id;
+}
+
+std::array<std::byte, header_size> make_header(object_id id, std::uint64_t size) {
+  std::array<std::byte, header_size> h{};
+  put_u32(&h[0], header_magic);
+  put_u16(&h[4], format_version);
+  put_u16(&h[6], header_size);
+  put_u64(&h[8], id);
+  put_u64(&h[16], size);
+  put_u64(&h[24], XXH3_64bits(h.data(), 24));
+  return h;
+}
+
+std::array<std::byte, footer_size> make_footer(object_id id, std::uint64_t size,
+                                               std::uint64_t checksum) {
+  std::array<std::byte, footer_size> f{};
+  put_u64(&f[0], size);
+  put_u64(&f[8], checksum);
+  put_u64(&f[16], id);
+  put_u32(&f[24], static_cast<std::uint32_t>(XXH3_64bits(f.data(), 24)));
+  put_u32(&f[28], footer_magic);
+  return f;
+}
+
+// What the framing of an intact object says.
+struct framing {
+  std::uint64_t payload_size;
+  std::uint64_t checksum;
+};
+
+// Calls `f` for every entry name of the directory. Opens "." relative to `dir_fd` so each call
+// has its own open file description (a dup would share the readdir offset across threads).
+template <class F>
+void for_each_entry(int dir_fd, const std::string& dir, F&& f) {
+  int fd = ::openat(dir_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) throw_errno(errno, "cannot read object directory " + dir);
+  DIR* d = ::fdopendir(fd);
+  if (!d) {
+    int e = errno;
+    ::close(fd);
+    throw_errno(e, "cannot read object directory " + dir);
+  }
+  std::unique_ptr<DIR, int (*)(DIR*)> guard(d, &::closedir);
+  errno = 0;
+  while (dirent* e = ::readdir(d)) {
+    f(e->d_name);
+    errno = 0;
+  }
+  if (errno != 0) throw_errno(errno, "cannot read object directory " + dir);
+}
+
+}  // namespace
+
+struct object_store::impl {
+  unique_fd dir_fd;
+  std::string dir;                    // for messages
+  std::atomic<object_id> next_id{1};  // 0 is never used: object_ref{} means "no object"
+
+  // Opens object `id` and checks its framing against the file size. corrupt_error if missing,
+  // truncated or damaged; io_error for other OS errors.
+  unique_fd open_checked(object_id id, framing& out) const {
+    const std::string name = object_name(id);
+    unique_fd fd(::openat(dir_fd.get(), name.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!fd) {
+      if (errno == ENOENT) throw corrupt_error("object " + hex_id(id) + " is missing in " + dir);
+      throw_errno(errno, "cannot open object " + dir + "/" + name);
+    }
+    struct stat st;
+    if (::fstat(fd.get(), &st) != 0) throw_errno(errno, "cannot stat object " + name);
+    const auto file_size = static_cast<std::uint64_t>(st.st_size);
+    const std::string what = "object " + hex_id(id) + " in " + dir;
+    if (file_size < framing_size)
+      throw corrupt_error(what + " is truncated (" + std::to_string(file_size) + " bytes)");
+    std::array<std::byte, header_size> h;
+    std::array<std::byte, footer_size> f;
+    if (pread_full(fd.get(), h, 0, "read " + what) != h.size() ||
+        pread_full(fd.get(), f, file_size - footer_size, "read " + what) != f.size())
+      throw corrupt_error(what + " is truncated");
+    if (get_u32(&h[0]) != header_magic) throw corrupt_error(what + ": bad header magic");
+    if (get_u64(&h[24]) != XXH3_64bits(h.data(), 24))
+      throw corrupt_error(what + ": header checksum mismatch");
+    if (get_u16(&h[4]) != format_version || get_u16(&h[6]) != header_size)
+      throw error(errc::unsupported,
+                  what + ": unsupported object format version " + std::to_string(get_u16(&h[4])));
+    if (get_u32(&f[28]) != footer_magic)
+      throw corrupt_error(what + " is truncated or its footer is damaged (bad magic at EOF)");
+    if (get_u32(&f[24]) != static_cast<std::uint32_t>(XXH3_64bits(f.data(), 24)))
+      throw corrupt_error(what + ": footer checksum mismatch");
+    const std::uint64_t size = get_u64(&h[16]);
+    if (get_u64(&h[8]) != id || get_u64(&f[16]) != id)
+      throw corrupt_error(what + ": framing names another object id");
+    if (get_u64(&f[0]) != size || size != file_size - framing_size)
+      throw corrupt_error(what + ": payload size " + std::to_string(size) +
+                          " does not match the file size " + std::to_string(file_size));
+    out = {size, get_u64(&f[8])};
+    return fd;
+  }
+};
+
+object_store::object_store(boost::filesystem::path dir)
+    : dir_(std::move(dir)), impl_(std::make_shared<impl>()) {
+  boost::system::error_code ec;
+  boost::filesystem::create_directories(dir_, ec);
+  impl_->dir = dir_.string();
+  impl_->dir_fd = unique_fd(::open(impl_->dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!impl_->dir_fd) throw_errno(errno, "cannot open object directory " + impl_->dir);
+  // Ids continue after the largest present (tmp names included, so a crashed put's id is never
+  // reused for different bytes). Leftover .tmp files are incomplete puts of a crashed writer:
+  // the store lock guarantees there is no live one, so they are removed here.
+  object_id max_id = 0;
+  std::vector<std::string> stale;
+  for_each_entry(impl_->dir_fd.get(), impl_->dir, [&](const char* name) {
+    bool tmp = false;
+    if (auto id = parse_name(name, tmp)) {
+      max_id = std::max(max_id, *id);
+      if (tmp) stale.emplace_back(name);
+    }
+  });
+  for (const auto& name : stale) ::unlinkat(impl_->dir_fd.get(), name.c_str(), 0);
+  impl_->next_id.store(max_id + 1);
+}
+
+object_ref object_store::put(std::span<const std::span<const std::byte>> pieces) {
+  const object_id id = impl_->next_id.fetch_add(1);
+  const std::string name = object_name(id);
+  const std::string tmp = name + ".tmp";
+  const int dfd = impl_->dir_fd.get();
+
+  XXH3_state_t st;
+  XXH3_64bits_reset(&st);
+  std::uint64_t size = 0;
+  for (auto p : pieces) {
+    XXH3_64bits_update(&st, p.data(), p.size());
+    size += p.size();
+  }
+  const object_ref ref{id, size, XXH3_64bits_digest(&st)};
+  const auto header = make_header(id, size);
+  const auto footer = make_footer(id, size, ref.checksum);
+  std::vector<std::span<const std::byte>> segments;
+  segments.reserve(pieces.size() + 2);
+  segments.emplace_back(header);
+  for (auto p : pieces)
+    if (!p.empty()) segments.push_back(p);
+  segments.emplace_back(footer);
+
+  unique_fd fd(::openat(dfd, tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
+  if (!fd) throw_errno(errno, "cannot create object " + impl_->dir + "/" + tmp);
+  try {
+    write_and_datasync(fd.get(), segments, 0);
+    fd.reset();
+    if (::renameat(dfd, tmp.c_str(), dfd, name.c_str()) != 0)
+      throw_errno(errno, "cannot rename object " + tmp);
+  } catch (const io_error& e) {
+    ::unlinkat(dfd, tmp.c_str(), 0);
+    throw io_error(e.sys_errno(),
+                   "put object " + hex_id(id) + " into " + impl_->dir + ": " + e.what());
+  } catch (...) {
+    ::unlinkat(dfd, tmp.c_str(), 0);
+    throw;
+  }
+  // The name must be durable before anyone records a reference to it. If the directory fsync
+  // fails the object's fate is unknown: remove it and fail the put (the caller rewrites).
+  if (::fsync(dfd) != 0) {
+    int e = errno;
+    ::unlinkat(dfd, name.c_str(), 0);
+    throw_errno(e, "put object " + hex_id(id) + ": fsync of " + impl_->dir);
+  }
+  return ref;
+}
+
+void object_store::read(object_id id, std::uint64_t offset, std::span<std::byte> out) const {
+  framing fr;
+  unique_fd fd = impl_->open_checked(id, fr);
+  if (offset > fr.payload_size || out.size() > fr.payload_size - offset)
+    throw corrupt_error("object " + hex_id(id) + ": read of [" + std::to_string(offset) + ", +" +
+                        std::to_string(out.size()) + ") past its payload size " +
+                        std::to_string(fr.payload_size));
+  if (pread_full(fd.get(), out, header_size + offset, "read object " + hex_id(id)) != out.size())
+    throw corrupt_error("object " + hex_id(id) + " shrank while being read");
+}
+
+void object_store::verify(const object_ref& ref) const {
+  framing fr;
+  unique_fd fd = impl_->open_checked(ref.id, fr);
+  const std::string what = "object " + hex_id(ref.id) + " in " + impl_->dir;
+  if (fr.payload_size != ref.size)
+    throw corrupt_error(what + " holds " + std::to_string(fr.payload_size) +
+                        " payload bytes, the reference says " + std::to_string(ref.size));
+  if (fr.checksum != ref.checksum)
+    throw corrupt_error(what + ": footer checksum differs from the reference");
+  XXH3_state_t st;
+  XXH3_64bits_reset(&st);
+  std::vector<std::byte> buf(std::min<std::uint64_t>(verify_chunk, fr.payload_size));
+  for (std::uint64_t off = 0; off < fr.payload_size;) {
+    std::size_t n =
+        static_cast<std::size_t>(std::min<std::uint64_t>(buf.size(), fr.payload_size - off));
+    if (pread_full(fd.get(), std::span(buf).first(n), header_size + off, "read " + what) != n)
+      throw corrupt_error(what + " shrank while being verified");
+    XXH3_64bits_update(&st, buf.data(), n);
+    off += n;
+  }
+  if (XXH3_64bits_digest(&st) != ref.checksum)
+    throw corrupt_error(what + ": payload checksum mismatch");
+}
+
+void object_store::remove(object_id id) {
+  // No directory fsync: a removal that a crash undoes leaves an unreferenced object (garbage
+  // for the next gc), never a dangling reference.
+  const std::string name = object_name(id);
+  if (::unlinkat(impl_->dir_fd.get(), name.c_str(), 0) != 0 && errno != ENOENT)
+    throw_errno(errno, "cannot remove object " + impl_->dir + "/" + name);
+}
+
+std::vector<object_id> object_store::list() const {
+  std::vector<object_id> ids;
+  for_each_entry(impl_->dir_fd.get(), impl_->dir, [&](const char* name) {
+    bool tmp = false;
+    if (auto id = parse_name(name, tmp); id && !tmp) ids.push_back(*id);
+  });
+  std::sort(ids.begin(), ids.end());
+  return ids;
+}
+
+std::uint64_t object_store::disk_bytes(object_id id) const {
+  struct stat st;
+  if (::fstatat(impl_->dir_fd.get(), object_name(id).c_str(), &st, 0) != 0) {
+    if (errno == ENOENT) return 0;
+    throw_errno(errno, "cannot stat object " + hex_id(id));
+  }
+  return static_cast<std::uint64_t>(st.st_size);
+}
+
+}  // namespace ckpt::store
