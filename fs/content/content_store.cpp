@@ -111,16 +111,19 @@ struct content_store::impl {
       std::byte prefix[content_prefix_size];
       objects.read(r.obj.id, 0, prefix);
       std::uint32_t magic, version;
-      std::uint64_t meta_len;
+      std::uint64_t meta_len, meta_sum;
       std::memcpy(&magic, prefix, 4);
       std::memcpy(&version, prefix + 4, 4);
       std::memcpy(&meta_len, prefix + 8, 8);
+      std::memcpy(&meta_sum, prefix + 16, 8);
       if (magic != content_magic) throw corrupt_error("content: bad object magic");
       if (version != content_format_version)
         throw error(errc::unsupported, "content: object format " + std::to_string(version));
       if (meta_len > r.obj.size - content_prefix_size) throw corrupt_error("content: meta length");
       bytes meta(meta_len);
       objects.read(r.obj.id, content_prefix_size, meta);
+      if (XXH3_64bits(meta.data(), meta.size()) != meta_sum)
+        throw corrupt_error("content: metadata checksum mismatch in version " + std::to_string(v));
       auto item = std::make_shared<cache_item>();
       item->meta = std::make_shared<const version_meta>(decode_meta(meta));
       item->data_base = content_prefix_size + meta_len;
@@ -513,9 +516,11 @@ content_ref content_store::put(std::string_view path, const format::source& src)
   std::byte prefix[content_prefix_size];
   const std::uint32_t magic = content_magic, fmt = content_format_version;
   const std::uint64_t meta_len = meta_bytes.size();
+  const std::uint64_t meta_sum = XXH3_64bits(meta_bytes.data(), meta_bytes.size());
   std::memcpy(prefix, &magic, 4);
   std::memcpy(prefix + 4, &fmt, 4);
   std::memcpy(prefix + 8, &meta_len, 8);
+  std::memcpy(prefix + 16, &meta_sum, 8);
   const std::span<const std::byte> pieces[] = {prefix, meta_bytes, data};
   const store::object_ref obj = m.objects.put(pieces);
 

@@ -1,6 +1,7 @@
 #pragma once
 // The metadata at the start of every content object: how the stored bytes map back to the file.
-// Object payload: u32 magic "CKCV" | u32 version (1) | u64 meta length | meta (CBOR) | data area.
+// Object payload: u32 magic "CKCV" | u32 version (1) | u64 meta length | u64 XXH3-64 of meta |
+// meta (CBOR) | data area. The data area is made of codec blocks, each with its own checksum.
 // Layout documented in docs/format.md ("Content objects").
 #include <cstdint>
 #include <optional>
@@ -15,7 +16,7 @@ namespace ckpt::fs {
 
 inline constexpr std::uint32_t content_magic = 0x5643'4b43;  // "CKCV"
 inline constexpr std::uint32_t content_format_version = 1;
-inline constexpr std::size_t content_prefix_size = 16;
+inline constexpr std::size_t content_prefix_size = 24;
 
 // A run of file bytes stored exactly (zstd blocks of `block_bytes` input each).
 struct exact_region {
