@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "ckptctl 0.1.0");
   ckpt::tools::add_bench_command(app);
   ckpt::tools::add_inspect_command(app);
+  ckpt::tools::add_stat_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -10,5 +10,6 @@ inline int exit_status = 0;
 
 void add_bench_command(CLI::App& app);
 void add_inspect_command(CLI::App& app);
+void add_stat_command(CLI::App& app);
 
 }  // namespace ckpt::tools

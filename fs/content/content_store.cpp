@@ -659,6 +659,14 @@ void content_store::snapshot(std::vector<std::vector<std::byte>>& out) const {
   for (const auto& [id, r] : impl_->versions) out.push_back(to_bytes(impl::version_json(r)));
 }
 
+std::string to_json(const version_info& i) {
+  return json{{"version", i.version},   {"format", i.format},
+              {"kind", i.kind},         {"lineage", i.lineage},
+              {"base", i.base},         {"logical_bytes", i.logical_bytes},
+              {"stored_bytes", i.stored_bytes}, {"path", i.path}}
+      .dump();
+}
+
 void content_store::drop_caches() { impl_->cache.clear(); }
 
 }  // namespace ckpt::fs

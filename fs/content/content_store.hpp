@@ -65,6 +65,9 @@ struct version_info {
   std::string path;     // the path it was written at
 };
 
+// The JSON the daemon serves as the virtual xattr "user.ckptfs.info" (read by `ckptctl stat`).
+std::string to_json(const version_info& info);
+
 class content_store {
  public:
   content_store(store::object_store& objects, store::journal& journal, content_options opt);

@@ -1,0 +1,256 @@
+#!/usr/bin/python3
+"""A real training loop saves checkpoints through a real ckptfs mount, in the four styles
+frameworks use, and every version is loaded back with torch.load and checked (issue 4):
+
+  flat      run/step_N.pt
+  hf        run-hf/checkpoint-N/{pytorch_model.bin, optimizer.pt, trainer_state.json},
+            rotated with shutil.rmtree (keep the last 3)
+  replace   write run-pl/tmp.ckpt.part, then os.replace to run-pl/epoch=0-step=N.ckpt
+  last      run-last/last.pt overwritten in place
+
+Checks, for every version of every style:
+  - integer tensors and small tensors (< 4 KiB, stored exact) are exact;
+  - every float element satisfies |u_read - u| <= |u - u_prev_read| where u_prev_read is what the
+    previous version of the same file lineage read back as (the closed-loop bound);
+  - tied weights still share one storage after torch.load;
+  - non-checkpoint files (JSON) are byte-exact.
+Then: the same files read back with the same sha256 after unmount + remount and after other
+versions were deleted; and the store is >= 10x smaller than the logical bytes written.
+
+Usage: training_styles.py CKPTFS_BINARY   (as root; Debian's /usr/bin/python3)
+"""
+import contextlib
+import hashlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import torch
+from sklearn.datasets import load_digits
+
+SMALL = 4096  # bytes: float tensors below this are stored exact (recognise_options default)
+STEPS = 20
+
+
+@contextlib.contextmanager
+def mounted(binary, store, mnt, *opts):
+    """Runs `ckptfs -f STORE MNT` for the duration of the block; always unmounts and reaps."""
+    os.makedirs(store, exist_ok=True)
+    os.makedirs(mnt, exist_ok=True)
+    args = [binary, store, mnt, "-f"] + (["-o", ",".join(opts)] if opts else [])
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + 20
+        while not os.path.ismount(mnt):
+            if proc.poll() is not None:
+                raise RuntimeError("ckptfs exited: " + proc.stdout.read().decode(errors="replace"))
+            if time.time() > deadline:
+                raise RuntimeError("ckptfs did not mount within 20 s")
+            time.sleep(0.05)
+        yield proc
+    finally:
+        if os.path.ismount(mnt):
+            subprocess.run(["fusermount3", "-u", mnt], check=False)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if os.path.ismount(mnt):
+            subprocess.run(["fusermount3", "-uz", mnt], check=False)
+
+
+class Net(torch.nn.Module):
+    """A small CNN with BatchNorm for 8x8 digits; fc2 is tied to an alias in the checkpoint."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(1, 32, 3, padding=1)
+        self.bn1 = torch.nn.BatchNorm2d(32)
+        self.conv2 = torch.nn.Conv2d(32, 64, 3, padding=1)
+        self.bn2 = torch.nn.BatchNorm2d(64)
+        self.fc1 = torch.nn.Linear(64 * 4 * 4, 256)
+        self.fc2 = torch.nn.Linear(256, 10)
+
+    def forward(self, x):
+        x = torch.relu(self.bn1(self.conv1(x)))
+        x = torch.max_pool2d(torch.relu(self.bn2(self.conv2(x))), 2)
+        return self.fc2(torch.relu(self.fc1(x.flatten(1))))
+
+
+def make_state(model, opt, step):
+    sd = model.state_dict()
+    # The same tensor twice: torch.save stores one storage, torch.load must share it again.
+    return {"model": sd, "optimizer": opt.state_dict(), "step": step, "fc2_alias": sd["fc2.weight"]}
+
+
+def flat_tensors(obj, prefix=""):
+    """name -> tensor for every tensor in a nested checkpoint object."""
+    out = {}
+    if torch.is_tensor(obj):
+        out[prefix] = obj
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            out.update(flat_tensors(v, f"{prefix}.{k}" if prefix else str(k)))
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            out.update(flat_tensors(v, f"{prefix}.{i}"))
+    return out
+
+
+def check_version(label, written, read_back, prev_read):
+    w, r = flat_tensors(written), flat_tensors(read_back)
+    assert w.keys() == r.keys(), f"{label}: tensor names differ"
+    p = flat_tensors(prev_read) if prev_read is not None else None
+    for name, u in w.items():
+        got = r[name]
+        assert got.dtype == u.dtype and got.shape == u.shape, f"{label}: {name} dtype/shape"
+        exact = (not u.is_floating_point()) or u.numel() * u.element_size() < SMALL or p is None
+        if exact:
+            assert torch.equal(got, u), f"{label}: {name} must be exact"
+            continue
+        prev = p[name]
+        err = (got.double() - u.double()).abs()
+        bound = (u.double() - prev.double()).abs()
+        bad = (err > bound).sum().item()
+        assert bad == 0, f"{label}: {name}: {bad} elements moved away from their target"
+    if isinstance(read_back, dict) and "fc2_alias" in read_back:
+        ra = read_back["fc2_alias"]
+        rb = read_back["model"]["fc2.weight"]
+        assert ra.data_ptr() == rb.data_ptr(), f"{label}: tied weights no longer share storage"
+
+
+def sha256(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def du(path):
+    total = 0
+    for root, _, files in os.walk(path):
+        for f in files:
+            total += os.lstat(os.path.join(root, f)).st_blocks * 512
+    return total
+
+
+def main():
+    binary = sys.argv[1]
+    torch.manual_seed(0)
+    torch.set_num_threads(2)
+    x, y = load_digits(return_X_y=True)
+    x = torch.tensor((x / 16.0).astype(np.float32)).reshape(-1, 1, 8, 8)
+    y = torch.tensor(y)
+
+    work = tempfile.mkdtemp(prefix="ckptfs-train-")
+    store, mnt = os.path.join(work, "store"), os.path.join(work, "mnt")
+    logical = 0
+    first_store_bytes = None
+    try:
+        with mounted(binary, store, mnt):
+            for d in ("run", "run-hf", "run-pl", "run-last"):
+                os.makedirs(os.path.join(mnt, d))
+            first_store_bytes = du(store)
+            model = Net()
+            opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+            gen = torch.Generator().manual_seed(1)
+            # lineage label -> what its previous version read back as
+            prev = {"flat": None, "hf-model": None, "hf-opt": None, "replace": None, "last": None}
+            kept = {}  # path -> sha256 of what it reads as, for the remount check
+            for step in range(1, STEPS + 1):
+                for _ in range(5):
+                    idx = torch.randint(0, len(x), (64,), generator=gen)
+                    opt.zero_grad()
+                    torch.nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
+                    opt.step()
+                state = make_state(model, opt, step)
+                snap = io.BytesIO()
+                torch.save(state, snap)
+                written = torch.load(io.BytesIO(snap.getvalue()))  # u: exactly what was written
+
+                # flat
+                p = os.path.join(mnt, "run", f"step_{step}.pt")
+                torch.save(state, p)
+                logical += os.path.getsize(p)
+                got = torch.load(p)
+                check_version(f"flat step {step}", written, got, prev["flat"])
+                prev["flat"] = got
+                kept[p] = sha256(p)
+
+                # hf: model and optimizer in separate files, json state, rmtree rotation
+                d = os.path.join(mnt, "run-hf", f"checkpoint-{step}")
+                os.makedirs(d)
+                torch.save(state["model"], os.path.join(d, "pytorch_model.bin"))
+                torch.save(state["optimizer"], os.path.join(d, "optimizer.pt"))
+                meta = json.dumps({"global_step": step, "log": [0.1] * step}).encode()
+                with open(os.path.join(d, "trainer_state.json"), "wb") as f:
+                    f.write(meta)
+                for name in ("pytorch_model.bin", "optimizer.pt", "trainer_state.json"):
+                    logical += os.path.getsize(os.path.join(d, name))
+                with open(os.path.join(d, "trainer_state.json"), "rb") as f:
+                    assert f.read() == meta, "json must be byte-exact"
+                m = torch.load(os.path.join(d, "pytorch_model.bin"))
+                o = torch.load(os.path.join(d, "optimizer.pt"))
+                check_version(f"hf model step {step}", written["model"], m, prev["hf-model"])
+                check_version(f"hf optimizer step {step}", written["optimizer"], o, prev["hf-opt"])
+                prev["hf-model"], prev["hf-opt"] = m, o
+                ckpts = sorted(os.listdir(os.path.join(mnt, "run-hf")), key=lambda s: int(s.split("-")[1]))
+                for old in ckpts[:-3]:
+                    shutil.rmtree(os.path.join(mnt, "run-hf", old))
+                    for k in [k for k in kept if f"/{old}/" in k]:
+                        del kept[k]
+                for name in ("pytorch_model.bin", "optimizer.pt", "trainer_state.json"):
+                    kept[os.path.join(d, name)] = sha256(os.path.join(d, name))
+
+                # replace: temp file, then atomic rename over a new name
+                tmp = os.path.join(mnt, "run-pl", "tmp.ckpt.part")
+                torch.save(state, tmp)
+                final = os.path.join(mnt, "run-pl", f"epoch=0-step={step}.ckpt")
+                os.replace(tmp, final)
+                logical += os.path.getsize(final)
+                got = torch.load(final)
+                check_version(f"replace step {step}", written, got, prev["replace"])
+                prev["replace"] = got
+                kept[final] = sha256(final)
+
+                # last: one name overwritten in place
+                last = os.path.join(mnt, "run-last", "last.pt")
+                torch.save(state, last)
+                logical += os.path.getsize(last)
+                got = torch.load(last)
+                check_version(f"last step {step}", written, got, prev["last"])
+                prev["last"] = got
+                kept[last] = sha256(last)
+
+            # Delete every other flat version: the others read the same bytes.
+            for step in range(1, STEPS + 1, 2):
+                p = os.path.join(mnt, "run", f"step_{step}.pt")
+                os.unlink(p)
+                del kept[p]
+            for p, h in kept.items():
+                assert sha256(p) == h, f"{p} changed after deleting other versions"
+
+        # Remount: the same bytes.
+        with mounted(binary, store, mnt):
+            for p, h in kept.items():
+                assert sha256(p) == h, f"{p} changed after remount"
+            torch.load(os.path.join(mnt, "run-last", "last.pt"))
+
+        stored = du(store) - first_store_bytes
+        ratio = logical / max(stored, 1)
+        print(f"logical {logical} bytes, store {stored} bytes, ratio {ratio:.1f}x")
+        assert ratio >= 10, f"store only {ratio:.1f}x smaller than the logical bytes (want >= 10x)"
+        print(f"training_styles: ok ({STEPS} steps x 4 styles, {len(kept)} files verified after remount)")
+    finally:
+        if os.path.ismount(mnt):
+            subprocess.run(["fusermount3", "-uz", mnt], check=False)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
