@@ -19,8 +19,6 @@ versions were deleted; and the store is >= 10x smaller than the logical bytes wr
 
 Usage: training_styles.py CKPTFS_BINARY   (as root; Debian's /usr/bin/python3)
 """
-import contextlib
-import hashlib
 import io
 import json
 import os
@@ -28,42 +26,16 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 
 import numpy as np
 import torch
 from sklearn.datasets import load_digits
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ckptfs_testlib import du, mounted, sha256  # noqa: E402
+
 SMALL = 4096  # bytes: float tensors below this are stored exact (recognise_options default)
 STEPS = 20
-
-
-@contextlib.contextmanager
-def mounted(binary, store, mnt, *opts):
-    """Runs `ckptfs -f STORE MNT` for the duration of the block; always unmounts and reaps."""
-    os.makedirs(store, exist_ok=True)
-    os.makedirs(mnt, exist_ok=True)
-    args = [binary, store, mnt, "-f"] + (["-o", ",".join(opts)] if opts else [])
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.time() + 20
-        while not os.path.ismount(mnt):
-            if proc.poll() is not None:
-                raise RuntimeError("ckptfs exited: " + proc.stdout.read().decode(errors="replace"))
-            if time.time() > deadline:
-                raise RuntimeError("ckptfs did not mount within 20 s")
-            time.sleep(0.05)
-        yield proc
-    finally:
-        if os.path.ismount(mnt):
-            subprocess.run(["fusermount3", "-u", mnt], check=False)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        if os.path.ismount(mnt):
-            subprocess.run(["fusermount3", "-uz", mnt], check=False)
 
 
 class Net(torch.nn.Module):
@@ -124,19 +96,6 @@ def check_version(label, written, read_back, prev_read):
         ra = read_back["fc2_alias"]
         rb = read_back["model"]["fc2.weight"]
         assert ra.data_ptr() == rb.data_ptr(), f"{label}: tied weights no longer share storage"
-
-
-def sha256(path):
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
-
-
-def du(path):
-    total = 0
-    for root, _, files in os.walk(path):
-        for f in files:
-            total += os.lstat(os.path.join(root, f)).st_blocks * 512
-    return total
 
 
 def main():
