@@ -19,7 +19,7 @@ class journal {
   explicit journal(boost::filesystem::path file);
   journal(const journal&) = delete;
   journal& operator=(const journal&) = delete;
-  ~journal();
+  ~journal();  // best-effort sync of pending records (errors swallowed; only sync() promises)
 
   // Calls `apply` for every intact record in order, then drops any torn or damaged tail so that
   // new records follow the last good one. Must be called once, before the first append().
@@ -34,9 +34,14 @@ class journal {
 
   // Atomically replaces the journal's contents by `records` (a snapshot of the live state):
   // write a new file, fsync it, rename it over the journal, fsync the directory.
+  // The snapshot supersedes every record appended before the call, synced or not (pending ones
+  // are dropped), so the caller must keep appends out between taking the snapshot and this call
+  // (hold its own metadata lock). A successful compact also clears a failed sync (the new file
+  // is a known state); a failure leaves the old journal in place.
   void compact(const std::vector<std::vector<std::byte>>& records);
 
-  std::uint64_t size_bytes() const;  // current file size, to decide when to compact
+  // Current file size including records appended but not yet synced, to decide when to compact.
+  std::uint64_t size_bytes() const;
 
  private:
   boost::filesystem::path file_;

@@ -23,16 +23,25 @@ struct object_ref {
 
 class object_store {
  public:
-  // Opens (creating if needed) `dir`; ids continue after the largest existing one.
+  // Opens (creating if needed) `dir`; ids continue after the largest existing one. Removes the
+  // `.obj.tmp` leftovers of a crashed put, so open it only while holding the store_lock (or
+  // offline). Ids of removed objects above the largest present one may be reused.
   explicit object_store(boost::filesystem::path dir);
 
   // Writes the concatenation of `pieces` as a new object and returns when it is durable (data
   // and directory entry fsynced). On failure (ENOSPC, EIO...) throws ckpt::io_error with the
-  // errno and leaves no object behind. Thread-safe.
+  // errno and leaves no object behind. Thread-safe: each calling thread gets its own io_uring
+  // (created on first use, freed at thread exit; a forked child makes a new one). Cost: one
+  // fdatasync + rename + directory fsync per object (~0.4 ms for a 4 KiB object on the dev VM's
+  // ext4), so group small things into one object rather than one object each. Large objects
+  // stream at disk speed (no copy of the pieces; they must stay valid until put returns).
   object_ref put(std::span<const std::span<const std::byte>> pieces);
 
   // Reads payload bytes [offset, offset + out.size()). Throws corrupt_error if the object is
-  // missing, truncated or its framing is damaged; io_error for OS errors. Thread-safe.
+  // missing, truncated or its framing is damaged, or if the range is past the payload; io_error
+  // for OS errors. Thread-safe. Each call opens the file and checks the header and footer
+  // (open + fstat + 3 preads); it does not recompute the payload checksum (verify() does; the
+  // codec's blocks carry their own). Callers reading many small ranges should read larger ones.
   void read(object_id id, std::uint64_t offset, std::span<std::byte> out) const;
 
   // Recomputes the payload checksum; throws corrupt_error on mismatch.
