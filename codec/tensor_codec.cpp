@@ -38,30 +38,32 @@ void check_pair(const delta_input& in) {
 
 }  // namespace
 
+delta_stats gather_stats(std::span<const delta_input> inputs, bool track_range) {
+  constexpr std::size_t chunk = 1u << 16;
+  // Integer statistics merge in any order to the same result, so thread-local partials are safe.
+  tbb::combinable<delta_stats> partial;
+  for (const auto& in : inputs) {
+    check_pair(in);
+    const std::size_t es = element_size(in.type), n = in.cur.size() / es;
+    tbb::parallel_for(tbb::blocked_range<std::size_t>(0, n, chunk), [&](const auto& r) {
+      accumulate(partial.local(), in.type, in.cur.data() + r.begin() * es,
+                 in.base.data() + r.begin() * es, r.size(), track_range);
+    });
+  }
+  delta_stats all;
+  partial.combine_each([&](const delta_stats& s) { all.merge(s); });
+  return all;
+}
+
 std::vector<quant_table> plan_tables(std::span<const delta_input> inputs, int bits,
                                      representative rep, bucket_scope scope) {
   const bool range = rep == representative::midrange;
-  constexpr std::size_t chunk = 1u << 16;
-  auto gather = [&](std::span<const delta_input> group) {
-    // Integer statistics merge in any order to the same result, so thread-local partials are safe.
-    tbb::combinable<delta_stats> partial;
-    for (const auto& in : group) {
-      check_pair(in);
-      const std::size_t es = element_size(in.type), n = in.cur.size() / es;
-      tbb::parallel_for(tbb::blocked_range<std::size_t>(0, n, chunk), [&](const auto& r) {
-        accumulate(partial.local(), in.type, in.cur.data() + r.begin() * es,
-                   in.base.data() + r.begin() * es, r.size(), range);
-      });
-    }
-    delta_stats all;
-    partial.combine_each([&](const delta_stats& s) { all.merge(s); });
-    return select_buckets(all, bits, rep);
-  };
   std::vector<quant_table> out;
   if (scope == bucket_scope::checkpoint) {
-    out.assign(inputs.size(), gather(inputs));
+    out.assign(inputs.size(), select_buckets(gather_stats(inputs, range), bits, rep));
   } else {
-    for (std::size_t i = 0; i < inputs.size(); ++i) out.push_back(gather(inputs.subspan(i, 1)));
+    for (std::size_t i = 0; i < inputs.size(); ++i)
+      out.push_back(select_buckets(gather_stats(inputs.subspan(i, 1), range), bits, rep));
   }
   return out;
 }

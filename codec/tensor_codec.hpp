@@ -27,6 +27,10 @@ struct delta_input {
   std::span<const std::byte> base;
 };
 
+// Bucket statistics of the deltas of all inputs (in parallel; exact, so order-independent).
+// Merge the results of several calls with delta_stats::merge, then select_buckets().
+delta_stats gather_stats(std::span<const delta_input> inputs, bool track_range);
+
 // One table per input: the same table repeated (checkpoint scope) or each its own.
 std::vector<quant_table> plan_tables(std::span<const delta_input> inputs, int bits,
                                      representative rep, bucket_scope scope);

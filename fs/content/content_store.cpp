@@ -6,6 +6,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <unordered_map>
 
@@ -434,64 +435,71 @@ content_ref content_store::put(std::string_view path, const format::source& src)
       const auto& bl = base_meta->meta->layout;
       for (const auto& f : base_meta->meta->tensors) base_by_name[bl.tensors[f.tensor].name] = f.tensor;
     }
-    // Collect every compressed tensor with its base; plan the bucket tables (one per tensor or
-    // one for the whole checkpoint), then encode.
+    // Tensor by tensor, so that memory holds the write buffer, one tensor's copy and the
+    // reconstructions (base tensors leave the cache as their successors arrive). Checkpoint-wide
+    // buckets need one statistics pass over every delta first.
     struct job {
       std::size_t tensor;
       codec::dtype type;
-      bytes cur;
-      std::shared_ptr<const cache_item> base;
-      std::size_t base_tensor = 0;
+      std::optional<std::size_t> base_tensor;
     };
     std::vector<job> jobs;
     for (std::size_t i = 0; i < layout.tensors.size(); ++i) {
       const auto& t = layout.tensors[i];
       if (!t.compress) continue;
-      job j{i, *format::codec_dtype(t.type), src.read(t.offset, t.length), nullptr};
+      job j{i, *format::codec_dtype(t.type), std::nullopt};
       if (base_meta) {
         if (auto b = base_by_name.find(t.name); b != base_by_name.end()) {
           const auto& bt = base_meta->meta->layout.tensors[b->second];
-          if (bt.type == t.type && bt.length == t.length) {
-            j.base = m.tensor_recon(base_id, b->second);
-            j.base_tensor = b->second;
-          }
+          if (bt.type == t.type && bt.length == t.length) j.base_tensor = b->second;
         }
       }
-      jobs.push_back(std::move(j));
+      jobs.push_back(j);
     }
-    std::vector<codec::delta_input> inputs;
-    std::vector<std::size_t> input_job;
-    for (std::size_t k = 0; k < jobs.size(); ++k)
-      if (jobs[k].base) {
-        inputs.push_back({jobs[k].type, jobs[k].cur, jobs[k].base->data});
-        input_job.push_back(k);
+    const bool range = m.opt.rep == codec::representative::midrange;
+    std::optional<codec::quant_table> shared_table;
+    if (m.opt.scope == codec::bucket_scope::checkpoint && base_meta) {
+      codec::delta_stats all;
+      for (const auto& j : jobs) {
+        if (!j.base_tensor) continue;
+        const auto& t = layout.tensors[j.tensor];
+        const bytes cur = src.read(t.offset, t.length);
+        const auto base = m.tensor_recon(base_id, *j.base_tensor);
+        const codec::delta_input in{j.type, cur, base->data};
+        all.merge(codec::gather_stats(std::span(&in, 1), range));
       }
-    const auto tables = codec::plan_tables(inputs, m.opt.bits, m.opt.rep, m.opt.scope);
-    std::vector<const codec::quant_table*> table_of(jobs.size(), nullptr);
-    for (std::size_t n = 0; n < inputs.size(); ++n) table_of[input_job[n]] = &tables[n];
-    for (std::size_t k = 0; k < jobs.size(); ++k) {
-      job& j = jobs[k];
+      shared_table = codec::select_buckets(all, m.opt.bits, m.opt.rep);
+    }
+    for (const auto& j : jobs) {
+      const auto& t = layout.tensors[j.tensor];
+      bytes cur = src.read(t.offset, t.length);
       tensor_frame f;
       f.tensor = j.tensor;
       f.type = j.type;
       f.data_at = data.size();
       auto recon = std::make_shared<cache_item>();
-      if (j.base) {
+      if (j.base_tensor) {
+        const auto base = m.tensor_recon(base_id, *j.base_tensor);
+        const codec::delta_input in{j.type, cur, base->data};
+        const codec::quant_table table =
+            shared_table ? *shared_table
+                         : codec::select_buckets(codec::gather_stats(std::span(&in, 1), range),
+                                                 m.opt.bits, m.opt.rep);
         f.mode = tensor_mode::delta;
-        f.base_tensor = j.base_tensor;
-        recon->data.resize(j.cur.size());
-        codec::encode_delta_into({j.type, j.cur, j.base->data}, *table_of[k],
-                                 {m.opt.bits, 0, m.opt.rep}, recon->data, data);
+        f.base_tensor = *j.base_tensor;
+        recon->data.resize(cur.size());
+        codec::encode_delta_into(in, table, {m.opt.bits, 0, m.opt.rep}, recon->data, data);
+        // The superseded base is the likeliest eviction victim; readers of the old version
+        // decode it again from its own chain.
+        m.cache.erase({base_id, k_tensor, *j.base_tensor});
       } else {
         f.mode = tensor_mode::lossless;
-        codec::encode_exact_into(j.type, j.cur, data);
-        recon->data = std::move(j.cur);
+        codec::encode_exact_into(j.type, cur, data);
+        recon->data = std::move(cur);
       }
       f.encoded_bytes = data.size() - f.data_at;
       meta.tensors.push_back(f);
       recons[j.tensor] = recon;
-      bytes().swap(j.cur);
-      j.base.reset();
     }
     // The served CRC of every rewritten zip member, computed now while the payloads are here.
     if (!layout.fixups.empty()) {

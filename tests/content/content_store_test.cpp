@@ -215,3 +215,35 @@ TEST_CASE("a damaged object makes that version fail cleanly, others still read",
   s.content.drop_caches();
   REQUIRE(read_all(s.content, ra) == a);
 }
+
+TEST_CASE("checkpoint-wide buckets (the paper's scope) round-trip within the bound", "[content]") {
+  temp_dir d;
+  fs::content_options opt;
+  opt.scope = codec::bucket_scope::checkpoint;
+  opt.bits = 2;
+  opened s(d.path, opt);
+  std::mt19937_64 rng(5);
+  std::normal_distribution<float> w(0.0f, 0.05f), step(0.0f, 1e-3f);
+  std::vector<float> a(30000), b(8000);
+  for (auto& x : a) x = w(rng);
+  for (auto& x : b) x = w(rng);
+  bytes prev;
+  for (int v = 0; v < 4; ++v) {
+    for (auto& x : a) x += step(rng);
+    for (auto& x : b) x += 1e-3f * step(rng);  // far smaller deltas: dropped by shared buckets
+    const bytes file = safetensors({{"a", a}, {"b", b}});
+    const auto ref = s.content.put("m.safetensors", format::memory_source(file));
+    const bytes out = read_all(s.content, ref);
+    if (v > 0) {
+      REQUIRE(s.content.info(ref).kind == "delta");
+      const std::size_t hdr = file.size() - 4 * (a.size() + b.size());
+      const auto now = floats_at(out, hdr, a.size()), before = floats_at(prev, hdr, a.size());
+      for (std::size_t i = 0; i < a.size(); ++i)
+        REQUIRE(std::fabs(double(now[i]) - a[i]) <= std::fabs(double(a[i]) - before[i]));
+      // b's deltas are 1000x smaller than a's: with one table for the checkpoint they are dropped.
+      REQUIRE(floats_at(out, hdr + 4 * a.size(), b.size()) ==
+              floats_at(prev, hdr + 4 * a.size(), b.size()));
+    }
+    prev = out;
+  }
+}
