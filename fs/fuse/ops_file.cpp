@@ -1,0 +1,88 @@
+// File data: open, create, read, write, flush, release, fsync.
+#include <vector>
+
+#include "fs/fuse/ops.hpp"
+#include "fs/fuse/reply.hpp"
+
+namespace ckpt::fs::fuse {
+namespace {
+
+void set_open_flags(fuse_file_info* fi, const open_result& r) {
+  fi->fh = r.fh;
+  fi->keep_cache = r.keep_cache;
+  fi->direct_io = r.direct_io;
+}
+
+void do_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
+  guarded(req, "open", [&] {
+    open_result r = fs_of(req).open(ino, fi->flags);
+    set_open_flags(fi, r);
+    if (fuse_reply_open(req, fi) == -ENOENT) fs_of(req).release(r.fh);  // interrupted open
+  });
+}
+
+void do_create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
+               fuse_file_info* fi) {
+  guarded(req, "create", [&] {
+    const fuse_ctx* c = fuse_req_ctx(req);
+    auto [st, r] = fs_of(req).create(parent, name, mode, fi->flags, c->uid, c->gid);
+    set_open_flags(fi, r);
+    fuse_entry_param e = entry_param(req, st);
+    if (fuse_reply_create(req, &e, fi) == -ENOENT) fs_of(req).release(r.fh);
+  });
+}
+
+void do_read(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* fi) {
+  guarded(req, "read", [&] {
+    thread_local std::vector<std::byte> buf;
+    if (buf.size() < size) buf.resize(size);
+    std::size_t n = fs_of(req).read(fi->fh, std::uint64_t(off), std::span(buf).first(size));
+    fuse_reply_buf(req, reinterpret_cast<const char*>(buf.data()), n);
+  });
+}
+
+void do_write(fuse_req_t req, fuse_ino_t, const char* data, size_t size, off_t off,
+              fuse_file_info* fi) {
+  guarded(req, "write", [&] {
+    fs_of(req).write(fi->fh, std::uint64_t(off),
+                     std::span(reinterpret_cast<const std::byte*>(data), size));
+    fuse_reply_write(req, size);
+  });
+}
+
+void do_flush(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
+  guarded(req, "flush", [&] {
+    fs_of(req).flush(fi->fh);
+    fuse_reply_err(req, 0);
+  });
+}
+
+// The end of a file (not flush: numpy dup()s the fd). The kernel ignores the reply's errno;
+// failures are kept for the next flush/fsync of the file.
+void do_release(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
+  guarded(req, "release", [&] {
+    fs_of(req).release(fi->fh);
+    fuse_reply_err(req, 0);
+  });
+}
+
+void do_fsync(fuse_req_t req, fuse_ino_t, int, fuse_file_info* fi) {
+  guarded(req, "fsync", [&] {
+    fs_of(req).fsync(fi->fh);
+    fuse_reply_err(req, 0);
+  });
+}
+
+}  // namespace
+
+void add_file_ops(fuse_lowlevel_ops& ops) {
+  ops.open = do_open;
+  ops.create = do_create;
+  ops.read = do_read;
+  ops.write = do_write;
+  ops.flush = do_flush;
+  ops.release = do_release;
+  ops.fsync = do_fsync;
+}
+
+}  // namespace ckpt::fs::fuse

@@ -1,0 +1,199 @@
+#pragma once
+// The filesystem the daemon serves, without FUSE: namespace + write buffers + content store +
+// journal. Each public method is one FUSE operation's meaning; errors are thrown as
+// ckpt::io_error carrying the errno (the FUSE layer's one boundary turns them into replies).
+//
+// Contracts (see docs/filesystem.md, "Durability"):
+// - Every namespace mutation appends one journal record. Records are synced lazily (every
+//   `sync_interval`, or after `sync_every` records), and always by fsync, fsyncdir and every
+//   file commit.
+// - A regular file opened for writing gets a write_buffer (memory up to `buffer_bytes` for all
+//   files together, then a staging file). At the release of its last writable handle, if the
+//   bytes changed, a worker stores them (content_store::put), then the inode points at the new
+//   version (one record), the journal is synced, and the old version is released. Until then the
+//   file is *pending*: open, read and getattr wait, so a file never reads as two contents.
+// - A failed commit leaves the previous content; its errno is returned by the next flush or
+//   fsync of the file. fsync of a file being written commits synchronously.
+// - Content versions are released (content_store::unref, which may delete objects) only after
+//   the journal records that stopped referencing them are durable: a crash never leaves a name
+//   pointing at deleted data.
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <shared_mutex>
+#include <span>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "fs/content/content_store.hpp"
+#include "fs/namespace/memory_budget.hpp"
+#include "fs/namespace/namespace_tree.hpp"
+#include "fs/namespace/worker_pool.hpp"
+#include "fs/namespace/write_buffer.hpp"
+#include "fs/store/journal.hpp"
+
+namespace ckpt::fs {
+
+struct fs_config {
+  std::string store_dir;    // statfs reports this filesystem's numbers
+  std::string staging_dir;  // spilled write buffers (O_TMPFILE)
+  std::uint64_t buffer_bytes = std::uint64_t(1) << 30;
+  unsigned commit_threads = 2;
+  std::chrono::milliseconds sync_interval{1000};
+  std::uint64_t sync_every = 1024;                        // records
+  std::uint64_t compact_bytes = std::uint64_t(64) << 20;  // journal size that triggers a snapshot
+};
+
+struct open_result {
+  std::uint64_t fh = 0;
+  bool keep_cache = false;  // the kernel may keep cached pages of this file
+  bool direct_io = false;   // bypass the page cache (files being written)
+};
+
+struct dir_entry {
+  std::string name;
+  ino_t ino = 0;
+  std::uint32_t mode = 0;
+};
+
+class filesystem {
+ public:
+  filesystem(store::journal& journal, content_store& content, fs_config cfg);
+  ~filesystem();  // shutdown()
+  filesystem(const filesystem&) = delete;
+  filesystem& operator=(const filesystem&) = delete;
+
+  // Startup: records the content store did not take, then the end of replay.
+  bool replay_record(std::span<const std::byte> record);
+  void replay_done();
+
+  // Called after a file's cached data or attributes changed outside a request (a commit
+  // finished or failed): the FUSE layer invalidates the kernel's cache. Set before serving.
+  void set_invalidate_hook(std::function<void(ino_t)> hook) { invalidate_ = std::move(hook); }
+
+  // Entries: each successful call that returns a stat counts one kernel lookup (see forget).
+  struct stat lookup(ino_t parent, std::string_view name);
+  void forget(ino_t ino, std::uint64_t n);
+  struct stat getattr(ino_t ino);
+  // size: truncate; fh: the handle of an ftruncate/fchmod, when the kernel gave one.
+  struct stat setattr(ino_t ino, const attr_change& change, std::optional<std::uint64_t> size,
+                      std::optional<std::uint64_t> fh);
+  std::string readlink(ino_t ino);
+  struct stat mknod(ino_t parent, std::string_view name, std::uint32_t mode, std::uint64_t rdev,
+                    std::uint32_t uid, std::uint32_t gid);
+  struct stat symlink(ino_t parent, std::string_view name, std::string_view target,
+                      std::uint32_t uid, std::uint32_t gid);
+  struct stat link(ino_t ino, ino_t new_parent, std::string_view new_name);
+  void unlink(ino_t parent, std::string_view name);
+  void rmdir(ino_t parent, std::string_view name);
+  void rename(ino_t parent, std::string_view name, ino_t new_parent, std::string_view new_name,
+              unsigned flags);
+
+  // Files.
+  open_result open(ino_t ino, int flags);
+  std::pair<struct stat, open_result> create(ino_t parent, std::string_view name,
+                                             std::uint32_t mode, int flags, std::uint32_t uid,
+                                             std::uint32_t gid);
+  std::size_t read(std::uint64_t fh, std::uint64_t offset, std::span<std::byte> out);
+  void write(std::uint64_t fh, std::uint64_t offset, std::span<const std::byte> data);
+  void flush(std::uint64_t fh);
+  void release(std::uint64_t fh);
+  void fsync(std::uint64_t fh);
+
+  // Directories: opendir takes a snapshot of the entries; readdir pages through it.
+  std::uint64_t opendir(ino_t ino);
+  std::vector<dir_entry> readdir(std::uint64_t fh, std::uint64_t offset, std::size_t max);
+  void releasedir(std::uint64_t fh);
+  void fsyncdir();
+  struct statvfs statfs();
+
+  // "user.ckptfs.info" is virtual: getxattr answers content_store::info() as JSON for a regular
+  // file; it is never listed and cannot be set.
+  static constexpr std::string_view info_xattr = "user.ckptfs.info";
+  void setxattr(ino_t ino, std::string_view name, std::string_view value, int flags);
+  std::string getxattr(ino_t ino, std::string_view name);
+  std::vector<std::string> listxattr(ino_t ino);
+  void removexattr(ino_t ino, std::string_view name);
+
+  // Finishes queued commits, syncs the journal, stops background threads. Idempotent.
+  void shutdown();
+
+  // For tests and tools: the committed version of a file.
+  content_ref content_of(ino_t ino);
+
+ private:
+  struct runtime {  // per inode, not persisted
+    std::uint64_t nlookup = 0;
+    std::uint32_t opens = 0;    // file and directory handles
+    std::uint32_t writers = 0;  // writable file handles
+    std::unique_ptr<write_buffer> buf;
+    bool loaded = false;    // buf holds the file's bytes (else reads go to the committed version)
+    bool dirty = false;     // buf differs from the committed version
+    bool pending = false;   // a commit (or a synchronous load/commit) is in progress
+    int error = 0;          // errno of the last failed commit, reported once
+    bool cache_ok = false;  // the kernel's cached pages match the committed version
+    timespec mtime{};       // of the last write into buf
+    std::string path;       // last known path (lineage matching)
+  };
+  struct handle {
+    ino_t ino = 0;
+    bool writable = false;
+    bool dir = false;
+    std::shared_ptr<const content_reader> reader;
+    content_ref reader_ref;
+    std::vector<dir_entry> entries;  // directories
+  };
+
+  using lock_t = std::unique_lock<std::mutex>;
+  void append(const nlohmann::json& record);  // mu_ held
+  struct stat stat_of(ino_t ino);             // mu_ held
+  struct stat entry_of(ino_t ino);            // mu_ held; counts a lookup
+  runtime& rt(ino_t ino) { return rt_[ino]; }
+  void wait_idle(lock_t& lk, ino_t ino);         // waits while the inode is pending
+  void load(lock_t& lk, ino_t ino);              // fills buf from the committed version
+  void maybe_drop(ino_t ino);                    // mu_ held: frees an inode nothing uses
+  void release_content(const content_ref& ref);  // mu_ held: unref after the next sync
+  std::string path_of(ino_t parent, std::string_view name) const;
+  handle& handle_at(std::uint64_t fh);
+  // Stores `buf` as the inode's new content and syncs; returns 0 or an errno. mu_ not held.
+  int commit(ino_t ino, const write_buffer& buf, const std::string& path, timespec mtime);
+  void sync_journal();
+  void maybe_compact();
+  void flusher();
+  static timespec now();
+
+  store::journal& journal_;
+  content_store& content_;
+  fs_config cfg_;
+  memory_budget budget_;
+  std::function<void(ino_t)> invalidate_;
+
+  std::mutex mu_;                    // namespace, runtime and handles
+  std::condition_variable idle_cv_;  // a pending inode became idle
+  namespace_tree tree_;
+  std::unordered_map<ino_t, runtime> rt_;
+  std::unordered_map<std::uint64_t, handle> handles_;
+  std::uint64_t next_fh_ = 1;
+  std::vector<content_ref> unref_after_sync_;
+  std::uint64_t records_since_sync_ = 0;
+
+  std::mutex sync_mu_;          // one journal sync at a time
+  std::shared_mutex put_gate_;  // puts (shared) vs compaction (exclusive)
+  std::mutex flusher_mu_;
+  std::condition_variable flusher_cv_;
+  bool stopping_ = false;
+  bool shut_down_ = false;
+  std::unique_ptr<worker_pool> workers_;
+  std::jthread flusher_;
+};
+
+}  // namespace ckpt::fs
