@@ -176,7 +176,7 @@ TEST_CASE("journal: a damaged header is refused, not truncated away", "[store]")
   CHECK(boost::filesystem::file_size(file) == size);
 }
 
-TEST_CASE("journal: synced records survive the process; unsynced ones are not promised",
+TEST_CASE("journal: synced records survive the process, unsynced ones are not promised",
           "[store]") {
   test::temp_dir tmp;
   const auto file = tmp.path() / "journal";

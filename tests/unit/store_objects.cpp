@@ -124,7 +124,7 @@ TEST_CASE("objects: concurrent puts from 4 threads", "[store]") {
   CHECK(s.list() == std::vector<object_id>(ids.begin(), ids.end()));
 }
 
-TEST_CASE("objects: ids continue after reopen; remove and list", "[store]") {
+TEST_CASE("objects: ids continue after reopen, remove and list", "[store]") {
   test::temp_dir tmp;
   const auto dir = tmp.path() / "objects";
   std::vector<object_id> ids;
@@ -149,8 +149,8 @@ TEST_CASE("objects: ids continue after reopen; remove and list", "[store]") {
     s.remove(ids.back());
   }
   {
-    // Removing the largest objects does not make the next store reuse their ids... except
-    // that ids only continue after the largest *present*: document what we promise.
+    // Ids continue after the largest id *present* (the contract): removed ids above it may
+    // be reused, those below never are.
     object_store s(dir);
     auto r = put_one(s, random_bytes(10, 98));
     CHECK(r.id > ids[ids.size() - 2]);
