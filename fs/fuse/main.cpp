@@ -177,15 +177,15 @@ int serve(const fuse::daemon_options& opt, const std::string& program, parent_li
       std::fprintf(f, "%d\n", int(::getpid()));
       std::fclose(f);
     }
-    log_info("mounted " + store.string() + " at " + mnt.string() + " (" + std::to_string(records) +
-             " journal records replayed)");
     if (parent.fd >= 0) {
       std::fprintf(stderr, "ckptfs: mounted %s at %s; logging to %s\n", store.c_str(), mnt.c_str(),
                    (store / "ckptfs.log").c_str());
       std::fflush(stderr);
       parent.ready((store / "ckptfs.log").string());
-      log_info("daemon running, pid " + std::to_string(::getpid()));
     }
+    log_info("mounted " + store.string() + " at " + mnt.string() + " (pid " +
+             std::to_string(::getpid()) + ", " + std::to_string(records) +
+             " journal records replayed)");
 
     std::unique_ptr<fuse_loop_config, loop_config_deleter> loop(fuse_loop_cfg_create());
     fuse_loop_cfg_set_clone_fd(loop.get(), 0);

@@ -280,6 +280,33 @@ void filesystem::shutdown() {
     shut_down_ = true;
   }
   workers_->drain();
+  // Files still open for writing when the mount went away (the kernel drops queued releases on
+  // unmount): store what they hold, like a release would have.
+  std::vector<ino_t> dirty;
+  {
+    std::lock_guard lk(mu_);
+    for (const auto& [ino, r] : rt_) {
+      const inode* n = tree_.find(ino);
+      if (r.buf && r.loaded && r.dirty && !r.pending && n && n->nlink > 0) dirty.push_back(ino);
+    }
+  }
+  for (ino_t ino : dirty) {
+    std::unique_ptr<write_buffer> buf;
+    std::string path;
+    timespec mtime{};
+    {
+      std::lock_guard lk(mu_);
+      runtime& r = rt(ino);
+      buf = std::move(r.buf);
+      r.loaded = r.dirty = false;
+      path = r.path;
+      mtime = r.mtime;
+    }
+    if (int err = commit(ino, *buf, path, mtime))
+      log_error("at unmount, " + path + " could not be stored: " + std::strerror(err));
+    else
+      log_info("at unmount, stored " + path + " (still open for writing)");
+  }
   {
     std::lock_guard lk(flusher_mu_);
     stopping_ = true;

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cstdio>
 #include <ctime>
 #include <string>
 
@@ -15,6 +16,9 @@ void log_line(std::string_view level, std::string_view message) {
   char stamp[40];
   std::size_t n = std::strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%S", &t);
   std::string line(stamp, n);
+  char ms[8];
+  std::snprintf(ms, sizeof ms, ".%03ld", now.tv_nsec / 1000000);
+  line += ms;
   line += "Z ckptfs[" + std::to_string(::getpid()) + "] ";
   line += level;
   line += ": ";

@@ -1,33 +1,41 @@
 """Shared by the mount tests and benchmarks: a mount that is always unmounted, and small helpers.
 
 Run under Debian's /usr/bin/python3 (torch, numpy)."""
+import atexit
 import contextlib
 import hashlib
 import os
 import subprocess
 import time
 
+# Mount points and daemons alive right now: unmounted and killed at interpreter exit even when a
+# test dies in a way that skips `finally` (sys.exit from a signal handler, an exception in
+# teardown). A leaked mount breaks the next run.
+_live = {}
+
+
+@atexit.register
+def _cleanup_live():
+    for mnt, proc in list(_live.items()):
+        subprocess.run(["fusermount3", "-uz", mnt], check=False, stderr=subprocess.DEVNULL)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    _live.clear()
+
 
 @contextlib.contextmanager
 def mounted(binary, store, mnt, *opts, timeout=20):
     """Runs `ckptfs STORE MNT -f [-o OPTS]` for the duration of the block; always unmounts and
     reaps the daemon, also when the block raises. Yields the daemon's Popen."""
-    os.makedirs(store, exist_ok=True)
-    os.makedirs(mnt, exist_ok=True)
-    args = [binary, store, mnt, "-f"] + (["-o", ",".join(opts)] if opts else [])
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = start(binary, store, mnt, *opts)
     try:
-        deadline = time.time() + timeout
-        while not os.path.ismount(mnt):
-            if proc.poll() is not None:
-                raise RuntimeError("ckptfs exited: " + proc.stdout.read().decode(errors="replace"))
-            if time.time() > deadline:
-                raise RuntimeError(f"ckptfs did not mount within {timeout} s")
-            time.sleep(0.05)
+        wait_mounted(mnt, proc, timeout)
         yield proc
     finally:
         if os.path.ismount(mnt):
-            subprocess.run(["fusermount3", "-u", mnt], check=False)
+            if subprocess.run(["fusermount3", "-u", mnt], check=False).returncode != 0:
+                subprocess.run(["fusermount3", "-uz", mnt], check=False)  # busy: detach
         try:
             proc.wait(timeout=120)
         except subprocess.TimeoutExpired:
@@ -35,6 +43,35 @@ def mounted(binary, store, mnt, *opts, timeout=20):
             proc.wait()
         if os.path.ismount(mnt):
             subprocess.run(["fusermount3", "-uz", mnt], check=False)
+        _live.pop(mnt, None)
+
+
+def start(binary, store, mnt, *opts):
+    """Starts `ckptfs STORE MNT -f` without waiting; its output goes to STORE.daemon.log (a pipe
+    nobody reads would fill up and stall the daemon). Registered for cleanup at exit."""
+    os.makedirs(store, exist_ok=True)
+    os.makedirs(mnt, exist_ok=True)
+    args = [binary, store, mnt, "-f"] + (["-o", ",".join(opts)] if opts else [])
+    with open(daemon_log(store), "ab") as log:
+        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+    _live[mnt] = proc
+    return proc
+
+
+def daemon_log(store):
+    return os.path.normpath(store) + ".daemon.log"
+
+
+def wait_mounted(mnt, proc, timeout=20):
+    """Waits until `mnt` is a mount point served by `proc` (a Popen)."""
+    deadline = time.time() + timeout
+    while not os.path.ismount(mnt):
+        if proc.poll() is not None:
+            with open(daemon_log(proc.args[1]), errors="replace") as f:
+                raise RuntimeError("ckptfs exited: " + f.read())
+        if time.time() > deadline:
+            raise RuntimeError(f"ckptfs did not mount within {timeout} s")
+        time.sleep(0.05)
 
 
 def sha256(path):
