@@ -122,6 +122,23 @@ void for_each_entry(int dir_fd, const std::string& dir, F&& f) {
   if (errno != 0) throw_errno(errno, "cannot read object directory " + dir);
 }
 
+// Renames `from` to `to` in `dfd` unless `to` exists (returns EEXIST then), else 0 or an errno.
+// renameat2(RENAME_NOREPLACE) where the filesystem has it (ext4, xfs, btrfs, tmpfs); else
+// link + unlink, which also fails atomically on an existing name; else (no hard links, e.g. some
+// FUSE or SMB mounts) a check followed by a plain rename.
+int rename_noreplace(int dfd, const std::string& from, const std::string& to) {
+  if (::renameat2(dfd, from.c_str(), dfd, to.c_str(), RENAME_NOREPLACE) == 0) return 0;
+  if (errno != EINVAL && errno != ENOSYS && errno != ENOTSUP) return errno;
+  if (::linkat(dfd, from.c_str(), dfd, to.c_str(), 0) == 0) {
+    ::unlinkat(dfd, from.c_str(), 0);
+    return 0;
+  }
+  if (errno != EPERM && errno != ENOTSUP && errno != ENOSYS) return errno;
+  struct stat st;
+  if (::fstatat(dfd, to.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) return EEXIST;
+  return ::renameat(dfd, from.c_str(), dfd, to.c_str()) == 0 ? 0 : errno;
+}
+
 }  // namespace
 
 struct object_store::impl {
@@ -194,11 +211,7 @@ object_store::object_store(boost::filesystem::path dir)
 }
 
 object_ref object_store::put(std::span<const std::span<const std::byte>> pieces) {
-  const object_id id = impl_->next_id.fetch_add(1);
-  const std::string name = object_name(id);
-  const std::string tmp = name + ".tmp";
   const int dfd = impl_->dir_fd.get();
-
   XXH3_state_t st;
   XXH3_64bits_reset(&st);
   std::uint64_t size = 0;
@@ -206,39 +219,57 @@ object_ref object_store::put(std::span<const std::span<const std::byte>> pieces)
     XXH3_64bits_update(&st, p.data(), p.size());
     size += p.size();
   }
-  const object_ref ref{id, size, XXH3_64bits_digest(&st)};
-  const auto header = make_header(id, size);
-  const auto footer = make_footer(id, size, ref.checksum);
-  std::vector<std::span<const std::byte>> segments;
-  segments.reserve(pieces.size() + 2);
-  segments.emplace_back(header);
-  for (auto p : pieces)
-    if (!p.empty()) segments.push_back(p);
-  segments.emplace_back(footer);
+  const std::uint64_t checksum = XXH3_64bits_digest(&st);
 
-  unique_fd fd(::openat(dfd, tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
-  if (!fd) throw_errno(errno, "cannot create object " + impl_->dir + "/" + tmp);
-  try {
-    write_and_datasync(fd.get(), segments, 0);
-    fd.reset();
-    if (::renameat(dfd, tmp.c_str(), dfd, name.c_str()) != 0)
-      throw_errno(errno, "cannot rename object " + tmp);
-  } catch (const io_error& e) {
-    ::unlinkat(dfd, tmp.c_str(), 0);
-    throw io_error(e.sys_errno(),
-                   "put object " + hex_id(id) + " into " + impl_->dir + ": " + e.what());
-  } catch (...) {
-    ::unlinkat(dfd, tmp.c_str(), 0);
-    throw;
+  // Normally the first id is free. It can be taken when another process writes into the same
+  // directory with its own counter (a fork()ed child shares the store lock): an existing object
+  // is never replaced; the put moves on to the next id instead.
+  for (;;) {
+    const object_id id = impl_->next_id.fetch_add(1);
+    const std::string name = object_name(id);
+    const std::string tmp = name + ".tmp";
+    struct stat existing;
+    if (::fstatat(dfd, name.c_str(), &existing, AT_SYMLINK_NOFOLLOW) == 0) continue;
+
+    const object_ref ref{id, size, checksum};
+    const auto header = make_header(id, size);
+    const auto footer = make_footer(id, size, checksum);
+    std::vector<std::span<const std::byte>> segments;
+    segments.reserve(pieces.size() + 2);
+    segments.emplace_back(header);
+    for (auto p : pieces)
+      if (!p.empty()) segments.push_back(p);
+    segments.emplace_back(footer);
+
+    unique_fd fd(::openat(dfd, tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
+    if (!fd && errno == EEXIST) continue;
+    if (!fd) throw_errno(errno, "cannot create object " + impl_->dir + "/" + tmp);
+    try {
+      write_and_datasync(fd.get(), segments, 0);
+      fd.reset();
+      const int rc = rename_noreplace(dfd, tmp, name);
+      if (rc == EEXIST) {
+        ::unlinkat(dfd, tmp.c_str(), 0);
+        continue;
+      }
+      if (rc != 0) throw_errno(rc, "cannot rename object " + tmp);
+    } catch (const io_error& e) {
+      ::unlinkat(dfd, tmp.c_str(), 0);
+      throw io_error(e.sys_errno(),
+                     "put object " + hex_id(id) + " into " + impl_->dir + ": " + e.what());
+    } catch (...) {
+      ::unlinkat(dfd, tmp.c_str(), 0);
+      throw;
+    }
+    // The name must be durable before anyone records a reference to it. If the directory fsync
+    // fails the object's fate is unknown: remove it and fail the put (the caller rewrites).
+    if (::fsync(dfd) != 0) {
+      int e = errno;
+      ::unlinkat(dfd, name.c_str(), 0);
+      throw_errno(e, "put object " + hex_id(id) + ": fsync of " + impl_->dir);
+    }
+    return ref;
   }
-  // The name must be durable before anyone records a reference to it. If the directory fsync
-  // fails the object's fate is unknown: remove it and fail the put (the caller rewrites).
-  if (::fsync(dfd) != 0) {
-    int e = errno;
-    ::unlinkat(dfd, name.c_str(), 0);
-    throw_errno(e, "put object " + hex_id(id) + ": fsync of " + impl_->dir);
-  }
-  return ref;
 }
 
 void object_store::read(object_id id, std::uint64_t offset, std::span<std::byte> out) const {

@@ -1,6 +1,9 @@
 // Object store (fs/store/object_store.hpp): round trips through the io_uring writer, concurrent
 // puts, id continuity, corruption detection (bit flips, truncation, damaged framing, missing
 // objects) and ENOSPC on a tiny tmpfs (no object left behind, earlier objects intact).
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 #include <cinttypes>
 #include <cstdio>
@@ -9,6 +12,7 @@
 
 #include "codec/error.hpp"
 #include "fs/store/object_store.hpp"
+#include "fs/store/uring.hpp"
 #include "store_test_util.hpp"
 
 using namespace ckpt;
@@ -254,4 +258,34 @@ TEST_CASE("objects: ENOSPC fails the put cleanly and keeps earlier objects", "[s
   auto small = random_bytes(1000, 21);
   auto r = put_one(s, small);
   CHECK(read_all(s, r) == small);
+}
+
+TEST_CASE("objects: a forked child gets its own ring (the parent's is shared memory)", "[store]") {
+  test::temp_dir tmp;
+  object_store s(tmp.path() / "objects");
+  auto a = random_bytes(5000, 30);
+  auto ra = put_one(s, a);  // this thread now has a ring
+  if (!ckpt::store::detail::uring_available())
+    WARN("io_uring unavailable here: puts use the pwritev fallback");
+  pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    int rc = 1;
+    try {
+      auto b = random_bytes(7000, 31);
+      auto rb = put_one(s, b);
+      rc = read_all(s, rb) == b ? 0 : 2;
+    } catch (...) {
+    }
+    ::_exit(rc);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  auto c = random_bytes(9000, 32);
+  auto rc = put_one(s, c);  // the parent's ring still works
+  CHECK(read_all(s, rc) == c);
+  CHECK(read_all(s, ra) == a);
+  CHECK(s.list().size() == 3);
 }
