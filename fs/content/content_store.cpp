@@ -367,17 +367,19 @@ content_ref content_store::put(std::string_view path, const format::source& src)
     if (checkpoint) {
       const std::uint64_t sig = lineage_signature(layout);
       const std::string key = lineage_path_key(path);
-      // Same signature; among those, the same path key wins, else the most recently extended.
-      const lineage_rec* best = nullptr;
+      // A path key that has a lineage continues it. A new path key whose content matches an
+      // existing lineage (a renamed run, temp files with random names) starts its own lineage,
+      // with the most recently extended matching head as its first base instead of a keyframe.
+      const lineage_rec* same_key = nullptr;
+      const lineage_rec* donor = nullptr;
       for (const auto& [lid, l] : m.lineages) {
         if (l.signature != sig) continue;
-        if (!best || (l.path_key == key) > (best->path_key == key) ||
-            ((l.path_key == key) == (best->path_key == key) && l.head > best->head))
-          best = &l;
+        if (l.path_key == key) same_key = &l;
+        if (!donor || l.head > donor->head) donor = &l;
       }
-      if (best) {
-        lineage_id = best->id;
-        encode_mu = best->encode_mu;
+      if (same_key) {
+        lineage_id = same_key->id;
+        encode_mu = same_key->encode_mu;
       } else {
         new_lineage = true;
         lineage_id = m.next_lineage++;
@@ -385,6 +387,10 @@ content_ref content_store::put(std::string_view path, const format::source& src)
         new_lin.signature = sig;
         new_lin.path_key = key;
         encode_mu = new_lin.encode_mu;
+        if (donor && m.versions.count(donor->head)) {
+          base_id = donor->head;
+          since = donor->since_keyframe;
+        }
       }
     }
   }
@@ -401,6 +407,34 @@ content_ref content_store::put(std::string_view path, const format::source& src)
   const bool keyframe =
       checkpoint && (m.opt.lossless || !base_id || since + 1 >= std::uint64_t(m.opt.keyframe_interval));
   if (keyframe) base_id = 0;
+  // Pin the base as a dependent from now on: another lineage's head (a forked lineage's base)
+  // may move on meanwhile and must not be reclaimed under us. Released if this put fails.
+  if (base_id) {
+    std::lock_guard lock(m.mu);
+    auto it = m.versions.find(base_id);
+    if (it == m.versions.end()) {
+      base_id = 0;
+    } else {
+      ++it->second.dependents;
+    }
+  }
+  struct unpin {
+    impl& m;
+    std::uint64_t base;
+    bool armed = true;
+    ~unpin() {
+      if (!armed || !base) return;
+      std::vector<std::uint64_t> doomed;
+      {
+        std::lock_guard lock(m.mu);
+        auto it = m.versions.find(base);
+        if (it == m.versions.end()) return;
+        --it->second.dependents;
+        m.collect(base, doomed);
+      }
+      m.remove_objects(doomed);
+    }
+  } base_pin{m, base_id};
 
   version_meta meta;
   meta.size = size;
@@ -551,7 +585,7 @@ content_ref content_store::put(std::string_view path, const format::source& src)
       m.lineages.emplace(lineage_id, std::move(new_lin));
     }
     m.journal.append(to_bytes(impl::version_json(r)));
-    if (base_id) ++m.versions.at(base_id).dependents;
+    base_pin.armed = false;  // the pin becomes the new version's dependency on its base
     std::uint64_t old_head = 0;
     if (lineage_id) {
       auto& l = m.lineages.at(lineage_id);

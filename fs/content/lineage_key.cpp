@@ -8,10 +8,11 @@
 namespace ckpt::fs {
 
 std::string lineage_path_key(std::string_view path) {
-  // Kept: digits after a rank/shard word ("rank_3", "mp_rank_03", "shard2", "tp-1"), "N-of-M"
-  // shard counters and DCP's "__R_S" file names. Everything else numeric is a step or an epoch.
+  // Kept: digits after a rank/shard word that starts a token ("rank_3", "mp_rank_03", "shard2",
+  // "tp-1"), "N-of-M" shard counters and DCP's "__R_S" file names. Everything else numeric is a
+  // step or an epoch ("step_500", "epoch=3", "checkpoint-500").
   static const std::regex keep(
-      R"((?:rank|shard|part|tp|pp|dp|ep|worker|node)[_-]?\d+|\d+-of-\d+|__\d+_\d+)",
+      R"((?:^|[^a-z])(?:rank|shard|part|tp|pp|dp|worker|node)[_-]?\d+|\d+-of-\d+|__\d+_\d+)",
       std::regex::icase);
   std::string out;
   std::string s(path);

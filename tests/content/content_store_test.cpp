@@ -247,3 +247,40 @@ TEST_CASE("checkpoint-wide buckets (the paper's scope) round-trip within the bou
     prev = out;
   }
 }
+
+#include "fs/content/lineage_key.hpp"
+
+TEST_CASE("path keys strip steps and keep ranks and shards", "[content]") {
+  using fs::lineage_path_key;
+  CHECK(lineage_path_key("run/step_500.pt") == "run/step_#.pt");
+  CHECK(lineage_path_key("run/step_500.pt") == lineage_path_key("run/step_7.pt"));
+  CHECK(lineage_path_key("out/checkpoint-500/optimizer.pt") == "out/checkpoint-#/optimizer.pt");
+  CHECK(lineage_path_key("lightning/epoch=3-step=500.ckpt") == "lightning/epoch=#-step=#.ckpt");
+  CHECK(lineage_path_key("ckpt/rank_3/step_40.pt") == "ckpt/rank_3/step_#.pt");
+  CHECK(lineage_path_key("ds/global_step10/mp_rank_03_model_states.pt") ==
+        "ds/global_step#/mp_rank_03_model_states.pt");
+  CHECK(lineage_path_key("hf/model-00001-of-00004.safetensors") ==
+        "hf/model-00001-of-00004.safetensors");
+  CHECK(lineage_path_key("dcp/step_9/__0_1.distcp") == "dcp/step_#/__0_1.distcp");
+  CHECK(lineage_path_key("ckpt/rank_3/x.pt") != lineage_path_key("ckpt/rank_4/x.pt"));
+  CHECK(lineage_path_key("run-pl/tmp.ckpt.part") == "run-pl/tmp.ckpt.part");
+}
+
+TEST_CASE("a new path with the content of an existing lineage forks it with a delta",
+          "[content]") {
+  temp_dir d;
+  opened s(d.path, {});
+  std::vector<float> a(20000, 0.25f);
+  const bytes f1 = safetensors({{"w", a}});
+  const auto r1 = s.content.put("run/step_1.safetensors", format::memory_source(f1));
+  a[3] += 0.5f;
+  const bytes f2 = safetensors({{"w", a}});
+  const auto r2 = s.content.put("elsewhere/last.safetensors", format::memory_source(f2));
+  const auto r3 = s.content.put("run/step_2.safetensors", format::memory_source(f2));
+  const auto i1 = s.content.info(r1), i2 = s.content.info(r2), i3 = s.content.info(r3);
+  CHECK(i2.lineage != i1.lineage);  // its own lineage...
+  CHECK(i2.kind == "delta");        // ...starting from the other one's head
+  CHECK(i2.base == r1.version);
+  CHECK(i3.lineage == i1.lineage);  // the original path continues its own chain
+  CHECK(i3.base == r1.version);
+}

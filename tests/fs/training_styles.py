@@ -8,16 +8,18 @@ frameworks use, and every version is loaded back with torch.load and checked (is
   replace   write run-pl/tmp.ckpt.part, then os.replace to run-pl/epoch=0-step=N.ckpt
   last      run-last/last.pt overwritten in place
 
-Checks, for every version of every style:
-  - integer tensors and small tensors (< 4 KiB, stored exact) are exact;
-  - every float element satisfies |u_read - u| <= |u - u_prev_read| where u_prev_read is what the
-    previous version of the same file lineage read back as (the closed-loop bound);
+Checks, for every version of every style (kind and base asked from the daemon with
+`ckptctl stat --json`):
+  - keyframes, integer tensors and small tensors (< 4 KiB, stored exact) are exact;
+  - in a delta, every float element satisfies |u_read - u| <= |u - u_base_read| where
+    u_base_read is what the version it was coded against read back as (the closed-loop bound);
+  - most versions are deltas (the test cannot pass by storing everything exactly);
   - tied weights still share one storage after torch.load;
   - non-checkpoint files (JSON) are byte-exact.
 Then: the same files read back with the same sha256 after unmount + remount and after other
 versions were deleted; and the store is >= 10x smaller than the logical bytes written.
 
-Usage: training_styles.py CKPTFS_BINARY   (as root; Debian's /usr/bin/python3)
+Usage: training_styles.py CKPTFS CKPTCTL   (as root; Debian's /usr/bin/python3)
 """
 import io
 import json
@@ -76,30 +78,46 @@ def flat_tensors(obj, prefix=""):
     return out
 
 
-def check_version(label, written, read_back, prev_read):
-    w, r = flat_tensors(written), flat_tensors(read_back)
-    assert w.keys() == r.keys(), f"{label}: tensor names differ"
-    p = flat_tensors(prev_read) if prev_read is not None else None
-    for name, u in w.items():
-        got = r[name]
-        assert got.dtype == u.dtype and got.shape == u.shape, f"{label}: {name} dtype/shape"
-        exact = (not u.is_floating_point()) or u.numel() * u.element_size() < SMALL or p is None
-        if exact:
-            assert torch.equal(got, u), f"{label}: {name} must be exact"
-            continue
-        prev = p[name]
-        err = (got.double() - u.double()).abs()
-        bound = (u.double() - prev.double()).abs()
-        bad = (err > bound).sum().item()
-        assert bad == 0, f"{label}: {name}: {bad} elements moved away from their target"
-    if isinstance(read_back, dict) and "fc2_alias" in read_back:
-        ra = read_back["fc2_alias"]
-        rb = read_back["model"]["fc2.weight"]
-        assert ra.data_ptr() == rb.data_ptr(), f"{label}: tied weights no longer share storage"
+def stat(ckptctl, path):
+    out = subprocess.run([ckptctl, "stat", "--json", path], check=True, capture_output=True)
+    return json.loads(out.stdout)
+
+
+class Checker:
+    """Remembers what every version read back as, and checks each new one against its base."""
+
+    def __init__(self, ckptctl):
+        self.ckptctl = ckptctl
+        self.reads = {}  # version id -> {name: tensor} as read back
+        self.kinds = {}
+
+    def check(self, label, path, written, read_back):
+        info = stat(self.ckptctl, path)
+        self.kinds[info["version"]] = info["kind"]
+        w, r = flat_tensors(written), flat_tensors(read_back)
+        assert w.keys() == r.keys(), f"{label}: tensor names differ"
+        base = self.reads.get(info["base"]) if info["kind"] == "delta" else None
+        assert info["kind"] != "delta" or base is not None, f"{label}: base {info['base']} unknown"
+        for name, u in w.items():
+            got = r[name]
+            assert got.dtype == u.dtype and got.shape == u.shape, f"{label}: {name} dtype/shape"
+            small = u.numel() * u.element_size() < SMALL
+            if base is None or not u.is_floating_point() or small:
+                assert torch.equal(got, u), f"{label}: {name} must be exact ({info['kind']})"
+                continue
+            err = (got.double() - u.double()).abs()
+            bound = (u.double() - base[name].double()).abs()
+            bad = (err > bound).sum().item()
+            assert bad == 0, f"{label}: {name}: {bad} elements moved away from their target"
+        if isinstance(read_back, dict) and "fc2_alias" in read_back:
+            ra, rb = read_back["fc2_alias"], read_back["model"]["fc2.weight"]
+            assert ra.data_ptr() == rb.data_ptr(), f"{label}: tied weights no longer share storage"
+        self.reads[info["version"]] = r
 
 
 def main():
-    binary = sys.argv[1]
+    binary, ckptctl = sys.argv[1], sys.argv[2]
+    checker = Checker(ckptctl)
     torch.manual_seed(0)
     torch.set_num_threads(2)
     x, y = load_digits(return_X_y=True)
@@ -118,8 +136,6 @@ def main():
             model = Net()
             opt = torch.optim.Adam(model.parameters(), lr=1e-3)
             gen = torch.Generator().manual_seed(1)
-            # lineage label -> what its previous version read back as
-            prev = {"flat": None, "hf-model": None, "hf-opt": None, "replace": None, "last": None}
             kept = {}  # path -> sha256 of what it reads as, for the remount check
             for step in range(1, STEPS + 1):
                 for _ in range(5):
@@ -136,9 +152,7 @@ def main():
                 p = os.path.join(mnt, "run", f"step_{step}.pt")
                 torch.save(state, p)
                 logical += os.path.getsize(p)
-                got = torch.load(p)
-                check_version(f"flat step {step}", written, got, prev["flat"])
-                prev["flat"] = got
+                checker.check(f"flat step {step}", p, written, torch.load(p))
                 kept[p] = sha256(p)
 
                 # hf: model and optimizer in separate files, json state, rmtree rotation
@@ -153,11 +167,9 @@ def main():
                     logical += os.path.getsize(os.path.join(d, name))
                 with open(os.path.join(d, "trainer_state.json"), "rb") as f:
                     assert f.read() == meta, "json must be byte-exact"
-                m = torch.load(os.path.join(d, "pytorch_model.bin"))
-                o = torch.load(os.path.join(d, "optimizer.pt"))
-                check_version(f"hf model step {step}", written["model"], m, prev["hf-model"])
-                check_version(f"hf optimizer step {step}", written["optimizer"], o, prev["hf-opt"])
-                prev["hf-model"], prev["hf-opt"] = m, o
+                for name, part in (("pytorch_model.bin", "model"), ("optimizer.pt", "optimizer")):
+                    f = os.path.join(d, name)
+                    checker.check(f"hf {part} step {step}", f, written[part], torch.load(f))
                 ckpts = sorted(os.listdir(os.path.join(mnt, "run-hf")), key=lambda s: int(s.split("-")[1]))
                 for old in ckpts[:-3]:
                     shutil.rmtree(os.path.join(mnt, "run-hf", old))
@@ -172,18 +184,14 @@ def main():
                 final = os.path.join(mnt, "run-pl", f"epoch=0-step={step}.ckpt")
                 os.replace(tmp, final)
                 logical += os.path.getsize(final)
-                got = torch.load(final)
-                check_version(f"replace step {step}", written, got, prev["replace"])
-                prev["replace"] = got
+                checker.check(f"replace step {step}", final, written, torch.load(final))
                 kept[final] = sha256(final)
 
                 # last: one name overwritten in place
                 last = os.path.join(mnt, "run-last", "last.pt")
                 torch.save(state, last)
                 logical += os.path.getsize(last)
-                got = torch.load(last)
-                check_version(f"last step {step}", written, got, prev["last"])
-                prev["last"] = got
+                checker.check(f"last step {step}", last, written, torch.load(last))
                 kept[last] = sha256(last)
 
             # Delete every other flat version: the others read the same bytes.
@@ -200,6 +208,10 @@ def main():
                 assert sha256(p) == h, f"{p} changed after remount"
             torch.load(os.path.join(mnt, "run-last", "last.pt"))
 
+        kinds = list(checker.kinds.values())
+        deltas = kinds.count("delta")
+        print(f"{len(kinds)} versions: {deltas} deltas, {kinds.count('keyframe')} keyframes")
+        assert deltas >= len(kinds) * 3 // 4, "most checkpoint versions must be deltas"
         stored = du(store) - first_store_bytes
         ratio = logical / max(stored, 1)
         print(f"logical {logical} bytes, store {stored} bytes, ratio {ratio:.1f}x")
