@@ -402,9 +402,11 @@ struct stat filesystem::setattr(ino_t ino, const attr_change& change,
   if (change.mode || change.uid || change.gid || change.atime || change.mtime || size) {
     attr_change c = change;
     runtime& r = rt(ino);
-    if (size && r.buf && r.loaded && !change.mtime) c.mtime = r.mtime;
-    append(tree_.set_attr(ino, c, now()));
-    if (change.mtime && r.buf && r.loaded) r.mtime = *change.mtime;
+    timespec t = now();
+    // Like ext4, a truncate marks the file modified even when the size does not change.
+    if (size && !change.mtime) c.mtime = t;
+    append(tree_.set_attr(ino, c, t));
+    if (c.mtime && r.buf && r.loaded) r.mtime = *c.mtime;
   }
   return stat_of(ino);
 }
