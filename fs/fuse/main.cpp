@@ -13,6 +13,7 @@
 
 #include <boost/filesystem.hpp>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -134,6 +135,9 @@ int serve(const fuse::daemon_options& opt, const std::string& program, parent_li
   cfg.store_dir = store.string();
   cfg.staging_dir = (store / "staging").string();
   cfg.buffer_bytes = opt.buffer_bytes;
+  // Tests: snapshot the journal early and often (default 64 MiB).
+  if (const char* c = std::getenv("CKPTFS_COMPACT_BYTES"))
+    cfg.compact_bytes = fuse::parse_size(c, "CKPTFS_COMPACT_BYTES");
   filesystem fsys(journal, content, cfg);
 
   std::uint64_t records = 0, unknown = 0;

@@ -622,7 +622,14 @@ void filesystem::release(std::uint64_t fh) {
       r.cache_ok = false;
       auto buf = std::shared_ptr<write_buffer>(std::move(r.buf));
       workers_->submit([this, ino, buf, path = r.path, mtime = r.mtime] {
-        int err = commit(ino, *buf, path, mtime);
+        bool linked;
+        {
+          std::lock_guard g(mu_);
+          const inode* n = tree_.find(ino);
+          linked = n && n->nlink > 0;
+        }
+        // Deleted while queued (rmtree of a fresh checkpoint): nothing to store.
+        int err = linked ? commit(ino, *buf, path, mtime) : 0;
         {
           std::lock_guard g(mu_);
           auto it = rt_.find(ino);
