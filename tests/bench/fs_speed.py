@@ -5,7 +5,7 @@ in one run (issue 4's speed and memory targets):
   - a state dict of SIZE_MIB of fp32 tensors (v1), then a second version with small changes (v2);
   - torch.save wall time (return of the call; and with os.fsync of the file);
   - torch.load of the latest version, warm and after remount (plain: after drop_caches);
-  - the daemon's peak RSS (VmHWM) over the run;
+  - the daemon's peak RSS (VmHWM) while saving v2 against v1 (reset before v2), and for v1;
   - bytes the store grew by for v2, against its logical size.
 
 Usage: fs_speed.py CKPTFS_BINARY [--size-mib 1024] [--bits 3] [--dir BASE] [--json]
@@ -23,7 +23,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fs"))
-from ckptfs_testlib import du, mounted, peak_rss  # noqa: E402
+from ckptfs_testlib import du, mounted, peak_rss, reset_peak_rss  # noqa: E402
 
 
 def state_dict(size_mib, seed):
@@ -85,17 +85,21 @@ def main():
         r["plain_load_cold"] = timed(lambda: torch.load(os.path.join(plain, "v2.pt")))
 
         with mounted(args.ckptfs, store, mnt, f"bits={args.bits}") as proc:
+            # One save at a time, each against the committed previous version (the issue's case).
             r["mount_save_v1"] = timed(lambda: save(v1, os.path.join(mnt, "v1.pt"), True))
+            r["daemon_peak_rss_v1"] = peak_rss(proc.pid)
+            reset_peak_rss(proc.pid)
             before = du(store)
-            r["mount_save_v2"] = timed(lambda: save(v2, os.path.join(mnt, "v2.pt"), False))
-            r["mount_save_fsync_v2"] = timed(lambda: save(v2, os.path.join(mnt, "v2b.pt"), True))
-            fd = os.open(os.path.join(mnt, "v2.pt"), os.O_RDONLY)
+            r["mount_save_fsync_v2"] = timed(lambda: save(v2, os.path.join(mnt, "v2.pt"), True))
+            r["store_v2_bytes"] = du(store) - before
+            r["daemon_peak_rss"] = peak_rss(proc.pid)
+            # close() does not wait for encoding: the return of torch.save alone.
+            r["mount_save_v2"] = timed(lambda: save(v2, os.path.join(mnt, "v2b.pt"), False))
+            fd = os.open(os.path.join(mnt, "v2b.pt"), os.O_RDONLY)
             os.fsync(fd)
             os.close(fd)
-            r["store_v2_bytes"] = (du(store) - before) // 2  # v2 and v2b are the same content
             r["mount_load_warm"] = timed(lambda: torch.load(os.path.join(mnt, "v2.pt")))
             r["mount_load_warm2"] = timed(lambda: torch.load(os.path.join(mnt, "v2.pt")))
-            r["daemon_peak_rss"] = peak_rss(proc.pid)
         drop_caches()
         with mounted(args.ckptfs, store, mnt, f"bits={args.bits}") as proc:
             r["mount_load_remount"] = timed(lambda: torch.load(os.path.join(mnt, "v2.pt")))
@@ -120,7 +124,7 @@ def main():
     print(f"  torch.save v2 + fsync:    {r['mount_save_fsync_v2']:.2f} vs {r['plain_save_fsync_v2']:.2f}  ({r['save_fsync_ratio']:.2f}x)")
     print(f"  torch.load warm:          {r['mount_load_warm2']:.2f} vs {r['plain_load_warm']:.2f}  ({r['load_warm_ratio']:.2f}x)")
     print(f"  torch.load after remount: {r['mount_load_remount']:.2f} vs {r['plain_load_cold']:.2f} (drop_caches)  ({r['load_cold_ratio']:.2f}x)")
-    print(f"  daemon peak RSS:          {r['daemon_peak_rss'] / 2**30:.2f} GiB (reader after remount {r['daemon_peak_rss_reader'] / 2**30:.2f} GiB)")
+    print(f"  daemon peak RSS, v2:      {r['daemon_peak_rss'] / 2**30:.2f} GiB (v1, a keyframe: {r['daemon_peak_rss_v1'] / 2**30:.2f} GiB; reader after remount: {r['daemon_peak_rss_reader'] / 2**30:.2f} GiB)")
     print(f"  store bytes for v2:       {r['store_v2_bytes']} of {r['logical_v2_bytes']} ({r['v2_ratio']:.1f}x)")
 
 

@@ -98,3 +98,9 @@ def peak_rss(pid):
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) * 1024
     return 0
+
+
+def reset_peak_rss(pid):
+    """Resets VmHWM to the current RSS (Linux clear_refs), to measure the peak of one phase."""
+    with open(f"/proc/{pid}/clear_refs", "w") as f:
+        f.write("5\n")
