@@ -537,20 +537,32 @@ std::pair<struct stat, open_result> filesystem::create(ino_t parent, std::string
 
 std::size_t filesystem::read(std::uint64_t fh, std::uint64_t offset, std::span<std::byte> out) {
   std::shared_ptr<const content_reader> reader;
+  content_ref ref;
   {
     lock_t lk(mu_);
     ino_t ino = handle_at(fh).ino;
     wait_idle(lk, ino);
     runtime& r = rt(ino);
     if (r.buf && r.loaded) return r.buf->read(offset, out);
-    const inode& n = tree_.get(ino);
+    ref = tree_.get(ino).content;
+    if (ref.size == 0) return 0;
     handle& h = handle_at(fh);
-    if (!h.reader || h.reader_ref != n.content) {
-      if (n.content.size == 0) return 0;
-      h.reader = content_.open(n.content);
-      h.reader_ref = n.content;
+    if (h.reader_ref != ref) {
+      // The handle pins the version it reads (a rewrite of the file in place must not remove
+      // data under a read in flight); the previous pin goes after the next journal sync.
+      content_.ref(ref);
+      release_content(h.reader_ref);
+      h.reader_ref = ref;
+      h.reader.reset();
     }
     reader = h.reader;
+  }
+  if (!reader) {
+    // Opening a version reads its metadata: not under the lock.
+    reader = content_.open(ref);
+    std::lock_guard lk(mu_);
+    auto it = handles_.find(fh);
+    if (it != handles_.end() && it->second.reader_ref == ref) it->second.reader = reader;
   }
   if (offset >= reader->size()) return 0;
   return reader->read(offset, out);
@@ -609,6 +621,7 @@ void filesystem::release(std::uint64_t fh) {
   wait_idle(lk, handle_at(fh).ino);  // a synchronous commit may be reading the buffer
   handle h = std::move(handle_at(fh));
   handles_.erase(fh);
+  release_content(h.reader_ref);  // the handle's pin (see read)
   ino_t ino = h.ino;
   runtime& r = rt(ino);
   --r.opens;
