@@ -1,6 +1,10 @@
 # Mount tests (issue 4): real clients through a real ckptfs mount, under Debian's /usr/bin/python3.
 # Each test mounts on a fresh temporary store and always unmounts (tests/fs/ckptfs_testlib.py).
 # They need /dev/fuse and root (faults.py skips its tmpfs part, with a reason, without root).
+# Unit tests of the namespace library (tests/unit/namespace_*.cpp, write_buffer.cpp).
+if(TARGET ckpt_namespace)
+  target_link_libraries(unit_tests PRIVATE ckpt_namespace)
+endif()
 if(NOT TARGET ckptfs)
   return()
 endif()

@@ -64,6 +64,12 @@ void filesystem::replay_done() {
   {
     std::lock_guard lk(mu_);
     live = tree_.replay_done();
+    if (tree_.records_replayed() == 0) {  // a new filesystem: its root was made now
+      timespec t = now();
+      attr_change c;
+      c.atime = c.mtime = t;
+      append(tree_.set_attr(root_ino, c, t));
+    }
   }
   content_.replay_done(live);
 }

@@ -44,9 +44,7 @@ namespace_tree::namespace_tree() {
   root.ino = root_ino;
   root.mode = S_IFDIR | 0755;
   root.nlink = 2;
-  root.parent = root_ino;
-  timespec_get(&root.mtime, TIME_UTC);
-  root.atime = root.ctime = root.mtime;
+  root.parent = root_ino;  // times 0: a new filesystem records its root's times (ns.attr)
   inodes_.emplace(root_ino, std::move(root));
 }
 
@@ -360,6 +358,7 @@ bool namespace_tree::replay(const json& record) {
   if (s.rfind("ns.", 0) != 0) return false;
   try {
     apply(record);
+    ++replayed_;
   } catch (const nlohmann::json::exception& e) {
     throw corrupt_error(std::string("journal: malformed namespace record: ") + e.what());
   } catch (const std::out_of_range& e) {

@@ -31,7 +31,9 @@ class namespace_tree {
  public:
   using json = nlohmann::json;
 
-  namespace_tree();  // an empty filesystem: the root directory only (mode 0755, owner 0:0)
+  // An empty filesystem: the root directory only (mode 0755, owner 0:0, times 0 until a record
+  // sets them).
+  namespace_tree();
 
   // Lookups. get() throws io_error(ENOENT) for an unknown inode.
   const inode& get(ino_t ino) const;
@@ -70,6 +72,7 @@ class namespace_tree {
   void snapshot(std::vector<json>& out) const;
 
   std::uint64_t inode_count() const { return inodes_.size(); }
+  std::uint64_t records_replayed() const { return replayed_; }
 
  private:
   void apply(const json& r);
@@ -79,6 +82,7 @@ class namespace_tree {
 
   std::unordered_map<ino_t, inode> inodes_;
   ino_t next_ino_ = root_ino + 1;
+  std::uint64_t replayed_ = 0;
 };
 
 // Name rules shared by every entry-creating call: non-empty, no '/', not "." or "..", <= 255 bytes.
