@@ -44,6 +44,32 @@ void do_readdir(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_in
   });
 }
 
+void do_readdirplus(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info* fi) {
+  guarded(req, "readdirplus", [&] {
+    std::vector<char> buf(size);
+    std::size_t used = 0;
+    auto entries = fs_of(req).readdirplus(fi->fh, std::uint64_t(off), size / 160 + 1);
+    std::size_t sent = 0;
+    for (; sent < entries.size(); ++sent) {
+      const auto& e = entries[sent];
+      fuse_entry_param p{};
+      if (e.counted) {
+        p = entry_param(req, e.st);
+      } else {
+        p.attr = e.st;  // "." and "..": no entry, no lookup
+      }
+      std::size_t n = fuse_add_direntry_plus(req, buf.data() + used, size - used,
+                                             e.entry.name.c_str(), &p, off_t(e.index + 1));
+      if (n > size - used) break;
+      used += n;
+    }
+    // Entries that did not fit were counted as lookups the kernel never saw.
+    for (std::size_t i = sent; i < entries.size(); ++i)
+      if (entries[i].counted) fs_of(req).forget(entries[i].entry.ino, 1);
+    fuse_reply_buf(req, buf.data(), used);
+  });
+}
+
 void do_releasedir(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
   guarded(req, "releasedir", [&] {
     fs_of(req).releasedir(fi->fh);
@@ -71,6 +97,7 @@ void add_dir_ops(fuse_lowlevel_ops& ops) {
   ops.init = do_init;
   ops.opendir = do_opendir;
   ops.readdir = do_readdir;
+  ops.readdirplus = do_readdirplus;
   ops.releasedir = do_releasedir;
   ops.fsyncdir = do_fsyncdir;
   ops.statfs = do_statfs;

@@ -737,6 +737,30 @@ std::vector<dir_entry> filesystem::readdir(std::uint64_t fh, std::uint64_t offse
   return out;
 }
 
+std::vector<filesystem::dir_entry_plus> filesystem::readdirplus(std::uint64_t fh,
+                                                                std::uint64_t offset,
+                                                                std::size_t max) {
+  lock_t lk(mu_);
+  std::vector<dir_entry_plus> out;
+  for (std::uint64_t i = offset; out.size() < max; ++i) {
+    const handle& h = handle_at(fh);
+    if (i >= h.entries.size()) break;
+    dir_entry e = h.entries[i];
+    if (e.name == "." || e.name == "..") {
+      dir_entry_plus p{e, i, {}, false};
+      p.st.st_ino = e.ino;
+      p.st.st_mode = e.mode;
+      out.push_back(p);
+      continue;
+    }
+    wait_idle(lk, e.ino);  // may unlock: the entry is re-checked below
+    const inode* n = tree_.find(e.ino);
+    if (!n || n->nlink == 0) continue;
+    out.push_back({e, i, entry_of(e.ino), true});
+  }
+  return out;
+}
+
 void filesystem::releasedir(std::uint64_t fh) {
   std::lock_guard lk(mu_);
   ino_t ino = handle_at(fh).ino;

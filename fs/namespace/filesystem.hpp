@@ -112,6 +112,17 @@ class filesystem {
   // Directories: opendir takes a snapshot of the entries; readdir pages through it.
   std::uint64_t opendir(ino_t ino);
   std::vector<dir_entry> readdir(std::uint64_t fh, std::uint64_t offset, std::size_t max);
+  // readdirplus: entries with their attributes (waiting for pending files, like lookup). Each
+  // returned entry other than "." and ".." counts one lookup; entries that vanished since
+  // opendir are skipped (their index is still consumed). The caller forgets the ones it could
+  // not send.
+  struct dir_entry_plus {
+    dir_entry entry;
+    std::uint64_t index = 0;  // position in the snapshot (the next offset is index + 1)
+    struct stat st {};
+    bool counted = false;  // a lookup was counted
+  };
+  std::vector<dir_entry_plus> readdirplus(std::uint64_t fh, std::uint64_t offset, std::size_t max);
   void releasedir(std::uint64_t fh);
   void fsyncdir();
   struct statvfs statfs();
