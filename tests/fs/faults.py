@@ -10,6 +10,7 @@
             deleting, the store works again.
   eio       one flipped byte in the object of one file: reading that file fails with EIO, other
             files read fine, the daemon keeps serving.
+  sigterm   SIGTERM right after a close: the daemon stores the file, exits 0, and it reads back.
   refusals  a second daemon on the same store exits 1 with a message naming the store; -o bits=9
             and a bad size exit 2 before mounting.
 
@@ -103,6 +104,26 @@ def test_crash(binary, tmp):
         log = f.read()
     assert " error: " not in log, "daemon logged errors:\n" + log
     print(f"crash: fsynced file identical after two kill -9; {n} files readable")
+
+
+def test_sigterm(binary, tmp):
+    store, mnt = f"{tmp}/term-store", f"{tmp}/term-mnt"
+    data = os.urandom(40 << 20)
+    proc = start(binary, store, mnt)
+    try:
+        wait_mounted(mnt, proc)
+        with open(f"{mnt}/closed.bin", "wb") as f:
+            f.write(data)
+        proc.send_signal(signal.SIGTERM)  # the commit of closed.bin may still be running
+        assert proc.wait(timeout=120) == 0, "SIGTERM: exit status not 0"
+    finally:
+        if proc.poll() is None:
+            kill9(proc, mnt)
+        _live.pop(mnt, None)
+    assert not os.path.ismount(mnt)
+    with mounted(binary, store, mnt):
+        assert sha(read(f"{mnt}/closed.bin")) == sha(data), "file closed before SIGTERM lost"
+    print("sigterm: pending file stored, exit 0")
 
 
 def test_enospc(binary, tmp):
@@ -223,7 +244,7 @@ def test_refusals(binary, tmp):
 
 def main():
     binary = sys.argv[1]
-    only = sys.argv[2:] or ["crash", "enospc", "eio", "refusals"]
+    only = sys.argv[2:] or ["crash", "sigterm", "enospc", "eio", "refusals"]
     tmp = tempfile.mkdtemp(prefix="ckptfs-faults-")
     try:
         for name in only:

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """./mount.sh from a fresh directory: default STORE and MOUNTPOINT, a file survives -u and a
-remount with options, -u returns only once the daemon has exited, bad options exit 2 with the
+remount with options and mounts through mount.fuse3 as fstab does (fuse.ckptfs, ckptfs#STORE), -u returns only once the daemon has exited, bad options exit 2 with the
 daemon's message, --help exits 0, -u of something that is not a ckptfs mount exits 1.
 
 Usage: mount_sh.py REPO_ROOT    (as root; builds through scripts/bootstrap.sh if needed)
@@ -47,6 +47,20 @@ def main():
             assert open(os.path.join(mnt, "hello.txt")).read() == "hello\n"
             r = run(script, "-u", mnt, cwd=tmp)
             assert r.returncode == 0, r.stdout + r.stderr
+
+            # fstab conventions: mount.fuse3 runs `ckptfs STORE MNT -o OPTS` from PATH, with
+            # the generic mount(8) options and the old `ckptfs#STORE` spelling.
+            env = dict(os.environ, PATH=os.path.join(os.path.dirname(script), "build", "bin") +
+                       ":" + os.environ["PATH"])
+            for source, opts in ((os.path.join(tmp, "ckpt-store"), ["-t", "fuse.ckptfs"]),
+                                 ("ckptfs#" + os.path.join(tmp, "ckpt-store"), [])):
+                r = subprocess.run(["mount.fuse3", source, mnt] + opts +
+                                   ["-o", "bits=2,noauto,nofail,defaults,rw,nosuid,nodev"],
+                                   capture_output=True, text=True, env=env, timeout=60)
+                assert r.returncode == 0, r.stderr
+                assert open(os.path.join(mnt, "hello.txt")).read() == "hello\n"
+                r = run(script, "-u", mnt, cwd=tmp)
+                assert r.returncode == 0, r.stdout + r.stderr
 
             r = run(script, "other-store", "other", "-o", "bits=9", cwd=tmp)
             assert r.returncode == 2 and "bits" in r.stderr, (r.returncode, r.stderr)
