@@ -13,6 +13,9 @@ void do_init(void*, fuse_conn_info* conn) {
   conn->max_write = 1 << 20;
   if (conn->capable & FUSE_CAP_ATOMIC_O_TRUNC) conn->want |= FUSE_CAP_ATOMIC_O_TRUNC;
   conn->want &= ~unsigned(FUSE_CAP_WRITEBACK_CACHE);
+  // The kernel clears setuid/setgid bits on write and truncate itself (a setattr we journal),
+  // instead of expecting the daemon to do it inside write.
+  conn->want &= ~unsigned(FUSE_CAP_HANDLE_KILLPRIV);
 }
 
 void do_opendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {

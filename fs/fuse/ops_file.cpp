@@ -44,8 +44,11 @@ void do_read(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info*
 void do_write(fuse_req_t req, fuse_ino_t, const char* data, size_t size, off_t off,
               fuse_file_info* fi) {
   guarded(req, "write", [&] {
+    // Files being written use direct I/O, where the kernel leaves clearing setuid/setgid on
+    // write to the server. Root stands in for CAP_FSETID.
     fs_of(req).write(fi->fh, std::uint64_t(off),
-                     std::span(reinterpret_cast<const std::byte*>(data), size));
+                     std::span(reinterpret_cast<const std::byte*>(data), size),
+                     fuse_req_ctx(req)->uid != 0);
     fuse_reply_write(req, size);
   });
 }

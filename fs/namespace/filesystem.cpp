@@ -574,7 +574,8 @@ std::size_t filesystem::read(std::uint64_t fh, std::uint64_t offset, std::span<s
   return reader->read(offset, out);
 }
 
-void filesystem::write(std::uint64_t fh, std::uint64_t offset, std::span<const std::byte> data) {
+void filesystem::write(std::uint64_t fh, std::uint64_t offset, std::span<const std::byte> data,
+                       bool kill_priv) {
   lock_t lk(mu_);
   ino_t ino = handle_at(fh).ino;
   if (!handle_at(fh).writable) fail(EBADF, "handle not open for writing");
@@ -584,6 +585,16 @@ void filesystem::write(std::uint64_t fh, std::uint64_t offset, std::span<const s
   r.buf->write(offset, data);
   r.dirty = true;
   r.mtime = now();
+  if (kill_priv) {
+    // A write by an unprivileged writer drops setuid, and setgid of a group-executable file.
+    std::uint32_t mode = tree_.get(ino).mode;
+    std::uint32_t drop = S_ISUID | ((mode & S_IXGRP) ? S_ISGID : 0);
+    if (mode & drop) {
+      attr_change c;
+      c.mode = mode & ~drop & 07777;
+      append(tree_.set_attr(ino, c, r.mtime));
+    }
+  }
 }
 
 void filesystem::flush(std::uint64_t fh) {

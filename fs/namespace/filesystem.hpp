@@ -104,7 +104,9 @@ class filesystem {
                                              std::uint32_t mode, int flags, std::uint32_t uid,
                                              std::uint32_t gid);
   std::size_t read(std::uint64_t fh, std::uint64_t offset, std::span<std::byte> out);
-  void write(std::uint64_t fh, std::uint64_t offset, std::span<const std::byte> data);
+  // kill_priv: the writer lacks CAP_FSETID, so setuid/setgid bits are cleared (as on ext4).
+  void write(std::uint64_t fh, std::uint64_t offset, std::span<const std::byte> data,
+             bool kill_priv = false);
   void flush(std::uint64_t fh);
   void release(std::uint64_t fh);
   void fsync(std::uint64_t fh);
