@@ -3,6 +3,10 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <condition_variable>
+#include <deque>
+#include <stop_token>
+#include <thread>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -94,8 +98,44 @@ struct content_store::impl {
 
   class reader;
 
+  // Read-ahead of reconstructed tensors: a reader that touches a tensor first queues the next
+  // ones in file order, so that object reads and decoding overlap with the kernel copying the
+  // current one out (torch.load reads a checkpoint front to back after remount).
+  std::mutex prefetch_mu;
+  std::condition_variable_any prefetch_cv;  // waits are stop_token-aware: no lost wakeup
+  std::deque<std::pair<std::uint64_t, std::size_t>> prefetch_queue;
+  std::jthread prefetcher;  // last member: stopped and joined before everything it uses
+
   impl(store::object_store& o, store::journal& j, content_options op)
-      : objects(o), journal(j), opt(op), cache(op.cache_bytes) {}
+      : objects(o), journal(j), opt(op), cache(op.cache_bytes) {
+    prefetcher = std::jthread([this](std::stop_token stop) { prefetch_loop(stop); });
+  }
+
+  void prefetch(std::uint64_t v, std::size_t tensor) {
+    {
+      std::lock_guard lock(prefetch_mu);
+      if (prefetch_queue.size() >= 8) return;  // a reader far behind: do not pile up work
+      prefetch_queue.emplace_back(v, tensor);
+    }
+    prefetch_cv.notify_one();
+  }
+
+  void prefetch_loop(std::stop_token stop) {
+    for (;;) {
+      std::pair<std::uint64_t, std::size_t> job;
+      {
+        std::unique_lock lock(prefetch_mu);
+        if (!prefetch_cv.wait(lock, stop, [&] { return !prefetch_queue.empty(); })) return;
+        job = prefetch_queue.front();
+        prefetch_queue.pop_front();
+      }
+      try {
+        tensor_recon(job.first, job.second);
+      } catch (...) {
+        // The reader's own request reports the error; a version may also have been reclaimed.
+      }
+    }
+  }
 
   version_rec get(std::uint64_t v) const {
     std::lock_guard lock(mu);
@@ -616,10 +656,18 @@ class content_store::impl::reader final : public content_reader {
     format::source original(m.size, [this](std::uint64_t off, std::span<std::byte> out) {
       store_.read_exact(version_, *meta_->meta, off, out);
     });
+    for (const auto& f : m.tensors) order_.push_back(f.tensor);
+    std::sort(order_.begin(), order_.end());
     served_.emplace(m.layout, original, replaced,
                     [this](std::size_t t, std::uint64_t off, std::span<std::byte> out) {
+                      const bool first_touch = !store_.cache.get({version_, k_tensor, t});
                       const auto r = store_.tensor_recon(version_, t);
                       std::memcpy(out.data(), r->data.data() + off, out.size());
+                      if (first_touch) {
+                        auto next = std::upper_bound(order_.begin(), order_.end(), t);
+                        for (int k = 0; k < 2 && next != order_.end(); ++k, ++next)
+                          store_.prefetch(version_, *next);
+                      }
                     });
     for (const auto& [member, crc] : m.member_crcs) served_->set_member_crc(member, crc);
   }
@@ -639,6 +687,7 @@ class content_store::impl::reader final : public content_reader {
   std::uint64_t version_;
   std::shared_ptr<const cache_item> meta_;
   std::optional<format::served_file> served_;
+  std::vector<std::size_t> order_;  // compressed tensors in file order
 };
 
 namespace {
