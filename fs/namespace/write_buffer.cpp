@@ -35,6 +35,7 @@ write_buffer::write_buffer(memory_budget& budget, std::string staging_dir)
     : budget_(budget), staging_dir_(std::move(staging_dir)) {}
 
 write_buffer::~write_buffer() {
+  for (auto& c : chunks_) budget_.recycle(std::move(c.mem));
   budget_.give(taken_);
   if (fd_ >= 0) ::close(fd_);
 }
@@ -51,16 +52,18 @@ void write_buffer::spill() {
   try {
     if (::ftruncate(fd_, off_t(size_)) != 0) throw_errno(errno, "staging file truncate");
     for (std::size_t i = 0; i < chunks_.size(); ++i) {
-      if (!chunks_[i]) continue;
+      if (!chunks_[i].mem) continue;
       std::uint64_t off = std::uint64_t(i) * chunk_bytes;
-      std::size_t n = std::size_t(std::min<std::uint64_t>(chunk_bytes, size_ - off));
-      pwrite_all(fd_, chunks_[i].get(), n, off);
+      std::size_t n =
+          std::size_t(std::min<std::uint64_t>(chunks_[i].filled, size_ > off ? size_ - off : 0));
+      pwrite_all(fd_, chunks_[i].mem.data(), n, off);  // the rest of the file is sparse zeros
     }
   } catch (...) {
     ::close(fd_);
     fd_ = -1;
     throw;
   }
+  for (auto& c : chunks_) budget_.recycle(std::move(c.mem));
   chunks_.clear();
   chunks_.shrink_to_fit();
   budget_.give(taken_);
@@ -69,13 +72,19 @@ void write_buffer::spill() {
 
 void write_buffer::ensure_chunk(std::size_t index) {
   if (index >= chunks_.size()) chunks_.resize(index + 1);
-  if (chunks_[index]) return;
+  if (chunks_[index].mem) return;
   if (!budget_.try_take(chunk_bytes)) {
     spill();
     return;
   }
+  try {
+    chunks_[index].mem = budget_.take_chunk();
+  } catch (...) {
+    budget_.give(chunk_bytes);
+    throw;
+  }
+  chunks_[index].filled = 0;
   taken_ += chunk_bytes;
-  chunks_[index] = std::make_unique<std::byte[]>(chunk_bytes);  // zero-filled
 }
 
 void write_buffer::write(std::uint64_t offset, std::span<const std::byte> data) {
@@ -90,7 +99,10 @@ void write_buffer::write(std::uint64_t offset, std::span<const std::byte> data) 
       if (fd_ >= 0) break;
       std::size_t in = std::size_t(off % chunk_bytes);
       std::size_t n = std::min(chunk_bytes - in, data.size() - pos);
-      std::memcpy(chunks_[idx].get() + in, data.data() + pos, n);
+      chunk& c = chunks_[idx];
+      if (in > c.filled) std::memset(c.mem.data() + c.filled, 0, in - c.filled);  // a gap
+      std::memcpy(c.mem.data() + in, data.data() + pos, n);
+      c.filled = std::max(c.filled, in + n);
       pos += n;
     }
     if (fd_ < 0) {
@@ -128,10 +140,11 @@ std::size_t write_buffer::read(std::uint64_t offset, std::span<std::byte> out) c
     std::size_t idx = std::size_t(off / chunk_bytes);
     std::size_t in = std::size_t(off % chunk_bytes);
     std::size_t n = std::min(chunk_bytes - in, total - pos);
-    if (idx < chunks_.size() && chunks_[idx])
-      std::memcpy(out.data() + pos, chunks_[idx].get() + in, n);
-    else
-      std::memset(out.data() + pos, 0, n);
+    std::size_t have = 0;  // bytes of data (the rest of the range reads as zeros)
+    if (idx < chunks_.size() && chunks_[idx].mem && chunks_[idx].filled > in)
+      have = std::min(n, chunks_[idx].filled - in);
+    if (have) std::memcpy(out.data() + pos, chunks_[idx].mem.data() + in, have);
+    if (have < n) std::memset(out.data() + pos + have, 0, n - have);
     pos += n;
   }
   return total;
@@ -144,19 +157,20 @@ void write_buffer::truncate(std::uint64_t size) {
     return;
   }
   if (size < size_) {
-    // Free whole chunks past the end and zero the tail of the last one, so that growing the file
-    // again reads zeros there.
+    // Free whole chunks past the end and cut the last one's data at the new end, so that
+    // growing the file again reads zeros there.
     std::size_t keep = std::size_t((size + chunk_bytes - 1) / chunk_bytes);
     for (std::size_t i = keep; i < chunks_.size(); ++i) {
-      if (chunks_[i]) {
+      if (chunks_[i].mem) {
+        budget_.recycle(std::move(chunks_[i].mem));
         budget_.give(chunk_bytes);
         taken_ -= chunk_bytes;
       }
     }
     if (chunks_.size() > keep) chunks_.resize(keep);
     std::size_t in = std::size_t(size % chunk_bytes);
-    if (in && keep && chunks_.size() >= keep && chunks_[keep - 1])
-      std::memset(chunks_[keep - 1].get() + in, 0, chunk_bytes - in);
+    if (in && keep && chunks_.size() >= keep)
+      chunks_[keep - 1].filled = std::min(chunks_[keep - 1].filled, in);
   }
   size_ = size;
 }

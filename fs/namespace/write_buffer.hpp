@@ -3,6 +3,9 @@
 // taken from a shared memory_budget (holes cost nothing); when the budget is exhausted the whole
 // buffer moves to an anonymous staging file (O_TMPFILE in STORE/staging, so a crash leaves
 // nothing behind) and stays there. Not thread-safe: the owner serialises access.
+//
+// A chunk's bytes past its `filled` mark read as zeros without being cleared (recycled chunks
+// hold old data), so sequential writes never memset: only a gap a write skips is zeroed.
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -17,7 +20,7 @@ namespace ckpt::fs {
 
 class write_buffer {
  public:
-  static constexpr std::size_t chunk_bytes = std::size_t(1) << 20;
+  static constexpr std::size_t chunk_bytes = chunk_memory::bytes;
 
   write_buffer(memory_budget& budget, std::string staging_dir);
   ~write_buffer();
@@ -42,9 +45,13 @@ class write_buffer {
 
   memory_budget& budget_;
   std::string staging_dir_;
-  std::vector<std::unique_ptr<std::byte[]>> chunks_;  // null = hole (reads as zeros)
-  std::uint64_t taken_ = 0;                           // bytes taken from the budget
-  int fd_ = -1;                                       // staging file once spilled
+  struct chunk {
+    chunk_memory mem;        // empty = a hole (reads as zeros)
+    std::size_t filled = 0;  // bytes [0, filled) are data; the rest reads as zeros
+  };
+  std::vector<chunk> chunks_;
+  std::uint64_t taken_ = 0;  // bytes taken from the budget
+  int fd_ = -1;              // staging file once spilled
   std::uint64_t size_ = 0;
 };
 
