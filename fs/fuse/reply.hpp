@@ -33,6 +33,8 @@ inline bool expected_errno(int err) {
     case ENAMETOOLONG:
     case EXDEV:
     case EBADF:
+    case ENOTSUP:
+    case E2BIG:
     case ENXIO:
       return true;
     default:
