@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include "codec/error.hpp"
@@ -606,6 +607,7 @@ void filesystem::flush(std::uint64_t fh) {
 int filesystem::commit(ino_t ino, const write_buffer& buf, const std::string& path,
                        timespec mtime) {
   content_ref fresh;
+  const auto start = std::chrono::steady_clock::now();
   try {
     std::shared_lock gate(put_gate_);
     if (buf.size() != 0) fresh = content_.put(path, buf.source());
@@ -629,6 +631,13 @@ int filesystem::commit(ino_t ino, const write_buffer& buf, const std::string& pa
   } catch (const std::exception& e) {
     log_error("journal sync after storing " + path + ": " + e.what());
     return errno_of(e);
+  }
+  if (buf.size() >= (std::uint64_t(16) << 20)) {  // big files only: one line per checkpoint
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    char line[96];
+    std::snprintf(line, sizeof line, " (%.1f MiB) in %.2f s, version %llu",
+                  double(buf.size()) / (1 << 20), secs, (unsigned long long)fresh.version);
+    log_info("stored " + path + line);
   }
   return 0;
 }
