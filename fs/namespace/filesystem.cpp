@@ -809,6 +809,11 @@ struct statvfs filesystem::statfs() {
 void filesystem::setxattr(ino_t ino, std::string_view name, std::string_view value, int flags) {
   std::lock_guard lk(mu_);
   if (name == info_xattr) fail(EPERM, "user.ckptfs.info is read-only");
+  if (name == drop_caches_xattr) {  // a command, not an attribute
+    content_.drop_caches();
+    log_info("content caches dropped (setxattr " + std::string(drop_caches_xattr) + ")");
+    return;
+  }
   // No ACLs: storing system.posix_acl_* would show permissions nothing enforces.
   if (name.starts_with("system.")) fail(ENOTSUP, "system.* attributes are not supported");
   append(tree_.set_xattr(ino, name, value, flags, now()));

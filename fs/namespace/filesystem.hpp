@@ -132,6 +132,9 @@ class filesystem {
   // "user.ckptfs.info" is virtual: getxattr answers content_store::info() as JSON for a regular
   // file; it is never listed and cannot be set.
   static constexpr std::string_view info_xattr = "user.ckptfs.info";
+  // Setting "user.ckptfs.drop_caches" (any value, on any file of the mount) empties the content
+  // store's caches of reconstructed checkpoints and decoded data; nothing is stored.
+  static constexpr std::string_view drop_caches_xattr = "user.ckptfs.drop_caches";
   void setxattr(ino_t ino, std::string_view name, std::string_view value, int flags);
   std::string getxattr(ino_t ino, std::string_view name);
   std::vector<std::string> listxattr(ino_t ino);

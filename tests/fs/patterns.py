@@ -8,7 +8,8 @@
   the buffer= budget (spills to the staging file).
 
 Mounted with -o lossless, so every file must read back exactly (lossy deltas are tested by
-training_styles.py). Every file is checked right after close and again after unmount + remount.
+training_styles.py). Every file is checked right after close, after the caches are emptied, and after unmount +
+remount.
 Usage: patterns.py CKPTFS_BINARY    (as root; Debian's /usr/bin/python3)
 """
 import hashlib
@@ -169,6 +170,12 @@ def main():
             numpy_patterns(mnt)
             torch_patterns(mnt)
             posix_patterns(mnt)
+            for rel in expected:
+                check(mnt, rel)
+            # Emptied caches (daemon and kernel): the same bytes again.
+            os.setxattr(mnt, "user.ckptfs.drop_caches", b"1")
+            with open("/proc/sys/vm/drop_caches", "w") as f:
+                f.write("3\n")
             for rel in expected:
                 check(mnt, rel)
         with mounted(binary, store, mnt, "buffer=4M", "lossless"):
