@@ -8,8 +8,8 @@
   the buffer= budget (spills to the staging file).
 
 Mounted with -o lossless, so every file must read back exactly (lossy deltas are tested by
-training_styles.py). Every file is checked right after close, after the caches are emptied, and after unmount +
-remount.
+training_styles.py). Every file is checked right after close, after the caches are emptied,
+and after unmount + remount.
 Usage: patterns.py CKPTFS_BINARY    (as root; Debian's /usr/bin/python3)
 """
 import hashlib
