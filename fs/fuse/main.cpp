@@ -138,6 +138,7 @@ int serve(const fuse::daemon_options& opt, const std::string& program, parent_li
   // Tests: snapshot the journal early and often (default 64 MiB).
   if (const char* c = std::getenv("CKPTFS_COMPACT_BYTES"))
     cfg.compact_bytes = fuse::parse_size(c, "CKPTFS_COMPACT_BYTES");
+  fuse::context ctx;  // outlives fsys: its commit workers call the invalidation hook
   filesystem fsys(journal, content, cfg);
 
   std::uint64_t records = 0, unknown = 0;
@@ -150,7 +151,6 @@ int serve(const fuse::daemon_options& opt, const std::string& program, parent_li
   if (unknown)
     log_error("journal: " + std::to_string(unknown) + " records of unknown type ignored");
 
-  fuse::context ctx;
   ctx.fs = &fsys;
 
   std::vector<std::string> fargs{program};
