@@ -6,6 +6,7 @@ import contextlib
 import hashlib
 import os
 import subprocess
+import sys
 import time
 
 # Mount points and daemons alive right now: unmounted and killed at interpreter exit even when a
@@ -46,9 +47,23 @@ def mounted(binary, store, mnt, *opts, timeout=20):
         _live.pop(mnt, None)
 
 
+SKIP = 77  # ctest SKIP_RETURN_CODE of the mount tests
+
+
+def require_fuse():
+    """Exits with SKIP (and the reason) where no mount is possible: no /dev/fuse, or not root."""
+    if not os.access("/dev/fuse", os.R_OK | os.W_OK):
+        print("SKIPPED: /dev/fuse is not available")
+        sys.exit(SKIP)
+    if os.geteuid() != 0:
+        print("SKIPPED: the mount tests run as root")
+        sys.exit(SKIP)
+
+
 def start(binary, store, mnt, *opts):
     """Starts `ckptfs STORE MNT -f` without waiting; its output goes to STORE.daemon.log (a pipe
     nobody reads would fill up and stall the daemon). Registered for cleanup at exit."""
+    require_fuse()
     os.makedirs(store, exist_ok=True)
     os.makedirs(mnt, exist_ok=True)
     args = [binary, store, mnt, "-f"] + (["-o", ",".join(opts)] if opts else [])

@@ -17,6 +17,9 @@ def run(*args, cwd):
 
 
 def main():
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from ckptfs_testlib import require_fuse
+    require_fuse()
     script = os.path.join(os.path.abspath(sys.argv[1]), "mount.sh")
     with tempfile.TemporaryDirectory(prefix="ckptfs-mountsh-") as tmp:
         mnt = os.path.join(tmp, "ckpt")
