@@ -77,6 +77,12 @@ void filesystem::replay_done() {
 
 // ---- helpers (mu_ held unless stated) ----
 
+void filesystem::journal_ok() const {
+  // A mutation applies to the tree before its record is appended: refuse it up front rather than
+  // change the namespace with a record the journal would drop.
+  if (journal_failed_) fail(EIO, "the journal failed to sync; changes resume once it is rewritten");
+}
+
 void filesystem::append(const nlohmann::json& record) {
   auto bytes = nlohmann::json::to_cbor(record);
   journal_.append(std::as_bytes(std::span(bytes)));
@@ -219,6 +225,7 @@ void filesystem::sync_journal() {
   try {
     journal_.sync();
   } catch (...) {
+    journal_failed_ = true;   // the flusher rewrites the journal from memory
     std::lock_guard lk(mu_);  // keep them: never release data whose unnaming is not durable
     unref_after_sync_.insert(unref_after_sync_.end(), unrefs.begin(), unrefs.end());
     throw;
@@ -232,10 +239,10 @@ void filesystem::sync_journal() {
   }
 }
 
-void filesystem::maybe_compact() {
-  if (journal_.size_bytes() < cfg_.compact_bytes) return;
+bool filesystem::maybe_compact(bool force) {
+  if (!force && journal_.size_bytes() < cfg_.compact_bytes) return false;
   std::unique_lock gate(put_gate_, std::try_to_lock);  // never while a put is between records
-  if (!gate.owns_lock()) return;
+  if (!gate.owns_lock()) return false;
   std::lock_guard s(sync_mu_);
   std::vector<content_ref> unrefs;
   {
@@ -257,6 +264,7 @@ void filesystem::maybe_compact() {
     records_since_sync_ = 0;
   }
   for (const auto& r : unrefs) content_.unref(r);
+  return true;
 }
 
 void filesystem::flusher() {
@@ -271,10 +279,19 @@ void filesystem::flusher() {
         std::lock_guard g(mu_);
         dirty = records_since_sync_ != 0 || !unref_after_sync_.empty();
       }
-      if (dirty) sync_journal();
-      maybe_compact();
+      if (journal_failed_) {
+        // A failed sync poisons the journal; a snapshot of the state in memory, written to a
+        // new file, makes it usable again (retried every interval while it fails).
+        if (maybe_compact(true)) {
+          journal_failed_ = false;
+          log_info("journal rewritten from memory after a failed sync");
+        }
+      } else {
+        if (dirty) sync_journal();
+        maybe_compact(false);
+      }
     } catch (const std::exception& e) {
-      log_error(std::string("journal sync: ") + e.what());
+      log_error(std::string("journal: ") + e.what());
     }
     lk.lock();
   }
@@ -384,6 +401,7 @@ struct stat filesystem::setattr(ino_t ino, const attr_change& change,
       content_ref old = n.content;
       if (*size == 0) {
         timespec t = now();
+        journal_ok();
         append(tree_.set_content(ino, content_ref{}, t, t));
         release_content(old);
         r.cache_ok = false;
@@ -412,6 +430,7 @@ struct stat filesystem::setattr(ino_t ino, const attr_change& change,
     timespec t = now();
     // Like ext4, a truncate marks the file modified even when the size does not change.
     if (size && !change.mtime) c.mtime = t;
+    journal_ok();
     append(tree_.set_attr(ino, c, t));
     if (c.mtime && r.buf && r.loaded) r.mtime = *c.mtime;
   }
@@ -439,6 +458,7 @@ struct stat filesystem::mknod(ino_t parent, std::string_view name, std::uint32_t
     gid = p.gid;
     if (S_ISDIR(mode)) mode |= S_ISGID;
   }
+  journal_ok();
   auto rec = tree_.make_node(parent, name, mode, rdev, uid, gid, {}, now());
   append(rec);
   ino_t ino = rec.at("i");
@@ -450,6 +470,7 @@ struct stat filesystem::symlink(ino_t parent, std::string_view name, std::string
                                 std::uint32_t uid, std::uint32_t gid) {
   std::lock_guard lk(mu_);
   if (target.empty() || target.size() >= 4096) fail(ENAMETOOLONG, "bad symlink target");
+  journal_ok();
   auto rec = tree_.make_node(parent, name, S_IFLNK | 0777, 0, uid, gid, target, now());
   append(rec);
   return entry_of(rec.at("i"));
@@ -457,6 +478,7 @@ struct stat filesystem::symlink(ino_t parent, std::string_view name, std::string
 
 struct stat filesystem::link(ino_t ino, ino_t new_parent, std::string_view new_name) {
   std::lock_guard lk(mu_);
+  journal_ok();
   append(tree_.link(ino, new_parent, new_name, now()));
   return entry_of(ino);
 }
@@ -464,6 +486,7 @@ struct stat filesystem::link(ino_t ino, ino_t new_parent, std::string_view new_n
 void filesystem::unlink(ino_t parent, std::string_view name) {
   std::lock_guard lk(mu_);
   ino_t c = tree_.child(parent, name);
+  journal_ok();
   append(tree_.remove(parent, name, false, now()));
   maybe_drop(c);
 }
@@ -471,6 +494,7 @@ void filesystem::unlink(ino_t parent, std::string_view name) {
 void filesystem::rmdir(ino_t parent, std::string_view name) {
   std::lock_guard lk(mu_);
   ino_t c = tree_.child(parent, name);
+  journal_ok();
   append(tree_.remove(parent, name, true, now()));
   maybe_drop(c);
 }
@@ -480,6 +504,7 @@ void filesystem::rename(ino_t parent, std::string_view name, ino_t new_parent,
   std::lock_guard lk(mu_);
   ino_t src = tree_.child(parent, name);
   ino_t dst = tree_.child(new_parent, new_name);
+  journal_ok();
   append(tree_.rename(parent, name, new_parent, new_name, flags, now()));
   if (dst && dst != src) maybe_drop(dst);
   if (src && rt_.count(src)) rt_[src].path = path_of(new_parent, new_name);
@@ -525,6 +550,7 @@ std::pair<struct stat, open_result> filesystem::create(ino_t parent, std::string
   lock_t lk(mu_);
   const inode& p = tree_.get(parent);
   if (p.mode & S_ISGID) gid = p.gid;
+  journal_ok();
   auto rec = tree_.make_node(parent, name, S_IFREG | (mode & 07777), 0, uid, gid, {}, now());
   append(rec);
   ino_t ino = rec.at("i");
@@ -593,6 +619,7 @@ void filesystem::write(std::uint64_t fh, std::uint64_t offset, std::span<const s
     if (mode & drop) {
       attr_change c;
       c.mode = mode & ~drop & 07777;
+      journal_ok();
       append(tree_.set_attr(ino, c, r.mtime));
     }
   }
@@ -607,6 +634,7 @@ void filesystem::flush(std::uint64_t fh) {
 int filesystem::commit(ino_t ino, const write_buffer& buf, const std::string& path,
                        timespec mtime) {
   content_ref fresh;
+  bool named = false;  // the inode points at `fresh`
   const auto start = std::chrono::steady_clock::now();
   try {
     std::shared_lock gate(put_gate_);
@@ -617,11 +645,18 @@ int filesystem::commit(ino_t ino, const write_buffer& buf, const std::string& pa
       release_content(fresh);  // unlinked meanwhile: nobody can see this version
     } else {
       content_ref old = n->content;
-      append(tree_.set_content(ino, fresh, mtime, now()));
+      journal_ok();
+      auto rec = tree_.set_content(ino, fresh, mtime, now());
+      named = true;
       release_content(old);
+      append(rec);
     }
   } catch (const std::exception& e) {
     int err = errno_of(e);
+    if (!named) {  // stored but never named: give the version back
+      std::lock_guard lk(mu_);
+      release_content(fresh);
+    }
     log_error("storing " + path + " (" + std::to_string(buf.size()) +
               " bytes) failed, the file keeps its previous content: " + e.what());
     return err;
@@ -816,6 +851,7 @@ void filesystem::setxattr(ino_t ino, std::string_view name, std::string_view val
   }
   // No ACLs: storing system.posix_acl_* would show permissions nothing enforces.
   if (name.starts_with("system.")) fail(ENOTSUP, "system.* attributes are not supported");
+  journal_ok();
   append(tree_.set_xattr(ino, name, value, flags, now()));
 }
 
@@ -849,6 +885,7 @@ std::vector<std::string> filesystem::listxattr(ino_t ino) {
 
 void filesystem::removexattr(ino_t ino, std::string_view name) {
   std::lock_guard lk(mu_);
+  journal_ok();
   append(tree_.remove_xattr(ino, name, now()));
 }
 

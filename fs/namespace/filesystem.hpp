@@ -20,6 +20,7 @@
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -170,6 +171,7 @@ class filesystem {
   };
 
   using lock_t = std::unique_lock<std::mutex>;
+  void journal_ok() const;                    // throws EIO while the journal is poisoned
   void append(const nlohmann::json& record);  // mu_ held
   struct stat stat_of(ino_t ino);             // mu_ held
   struct stat entry_of(ino_t ino);            // mu_ held; counts a lookup
@@ -183,7 +185,9 @@ class filesystem {
   // Stores `buf` as the inode's new content and syncs; returns 0 or an errno. mu_ not held.
   int commit(ino_t ino, const write_buffer& buf, const std::string& path, timespec mtime);
   void sync_journal();
-  void maybe_compact();
+  // Writes a snapshot into a new journal when it grew past compact_bytes (or `force`); false if
+  // it did not (small enough, or a put is in flight).
+  bool maybe_compact(bool force);
   void flusher();
   static timespec now();
 
@@ -206,6 +210,7 @@ class filesystem {
   std::shared_mutex put_gate_;  // puts (shared) vs compaction (exclusive)
   std::mutex flusher_mu_;
   std::condition_variable flusher_cv_;
+  std::atomic<bool> journal_failed_{false};  // a sync failed; not yet rewritten
   bool stopping_ = false;
   bool shut_down_ = false;
   std::unique_ptr<worker_pool> workers_;

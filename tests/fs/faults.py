@@ -8,7 +8,9 @@
   enospc    a store on an 8 MiB tmpfs (needs root; skipped with a reason otherwise): writes that
             spill past buffer= fail with ENOSPC; a file that cannot be stored fails fsync with
             ENOSPC, and its next close reports it; earlier files still read back; after
-            deleting, the store works again.
+            deleting, the store works again. A full disk under the journal: fsyncdir fails,
+            further changes fail with EIO (none half-applied), and they work again once there is
+            room (the daemon rewrites the journal from memory).
   eio       one flipped byte in the object of one file: reading that file fails with EIO, other
             files read fine, the daemon keeps serving.
   sigterm   SIGTERM right after a close: the daemon stores the file, exits 0, and it reads back.
@@ -198,13 +200,42 @@ def test_enospc(binary, tmp):
                 except OSError as e:
                     assert e.errno == errno.ENOSPC and attempt < 49, repr(e)
                     time.sleep(0.1)
+        # A full disk under the journal: fsyncdir fails, later changes fail with EIO (never
+        # half-applied), and once there is room again the daemon rewrites the journal and
+        # changes work again.
+        with mounted(binary, store, mnt):
+            with open(f"{store}/filler", "wb") as f:
+                try:
+                    while True:
+                        f.write(bytes(1 << 16))
+                except OSError:
+                    pass
+            for i in range(300):  # journal records, buffered in memory
+                os.mkdir(f"{mnt}/dir{i}")
+            dfd = os.open(mnt, os.O_RDONLY)
+            expect_errno(errno.ENOSPC, os.fsync, dfd)
+            expect_errno(errno.EIO, os.mkdir, f"{mnt}/refused")
+            assert not os.path.exists(f"{mnt}/refused")
+            os.unlink(f"{store}/filler")
+            for attempt in range(50):
+                try:
+                    os.mkdir(f"{mnt}/recovered")
+                    break
+                except OSError as e:
+                    assert e.errno == errno.EIO and attempt < 49, repr(e)
+                    time.sleep(0.1)
+            os.fsync(dfd)
+            os.close(dfd)
         with mounted(binary, store, mnt):
             for name, data in early.items():
                 assert read(f"{mnt}/{name}") == data, f"{name} changed after remount"
             assert read(f"{mnt}/after") == b"ok"
+            assert os.path.isdir(f"{mnt}/recovered") and os.path.isdir(f"{mnt}/dir299")
+            assert not os.path.exists(f"{mnt}/refused")
     finally:
         subprocess.run(["umount", "-l", store], check=False)
-    print("enospc: ENOSPC from write, fsync and the next close; earlier files intact")
+    print("enospc: ENOSPC from write, fsync and the next close; earlier files intact; a full "
+          "journal refuses changes (EIO) and recovers once there is room")
 
 
 def test_eio(binary, tmp):
