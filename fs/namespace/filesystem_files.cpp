@@ -1,0 +1,280 @@
+// fs::filesystem, part 3: file data. Opens, reads (from the write buffer or the committed
+// version), writes into the buffer, and the commit of a finished file at its last release or at
+// fsync (content_store::put, one record, journal sync, then the old version is released).
+#include "fs/namespace/filesystem.hpp"
+
+#include <fcntl.h>
+#include <sys/statvfs.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "codec/error.hpp"
+#include "fs/namespace/fail.hpp"
+#include "fs/namespace/log.hpp"
+
+namespace ckpt::fs {
+
+// ---- files ----
+
+open_result filesystem::open(ino_t ino, int flags) {
+  lock_t lk(mu_);
+  wait_idle(lk, ino);
+  const inode& n = tree_.get(ino);
+  if (n.is_dir()) fail(EISDIR, "open of a directory");
+  if (!n.is_reg()) fail(ENXIO, "special files are not served");
+  bool writable = (flags & O_ACCMODE) != O_RDONLY;
+  runtime& r = rt(ino);
+  open_result res;
+  if (writable) {
+    if (!r.buf) {
+      r.buf = std::make_unique<write_buffer>(budget_, cfg_.staging_dir);
+      r.loaded = n.content.size == 0;
+    }
+    if (flags & O_TRUNC) {
+      if (r.loaded ? r.buf->size() != 0 : n.content.size != 0) r.dirty = true;
+      r.buf->truncate(0);
+      r.loaded = true;
+      r.mtime = now();
+    }
+    ++r.writers;
+    res.direct_io = true;
+  } else {
+    res.keep_cache = r.cache_ok && !r.buf;
+    if (!r.buf) r.cache_ok = true;
+  }
+  ++r.opens;
+  res.fh = next_fh_++;
+  handles_[res.fh] = handle{ino, writable, false, nullptr, {}, {}};
+  return res;
+}
+
+std::pair<struct stat, open_result> filesystem::create(ino_t parent, std::string_view name,
+                                                       std::uint32_t mode, int flags,
+                                                       std::uint32_t uid, std::uint32_t gid) {
+  lock_t lk(mu_);
+  const inode& p = tree_.get(parent);
+  if (p.mode & S_ISGID) gid = p.gid;
+  journal_ok();
+  auto rec = tree_.make_node(parent, name, S_IFREG | (mode & 07777), 0, uid, gid, {}, now());
+  append(rec);
+  ino_t ino = rec.at("i");
+  runtime& r = rt(ino);
+  r.path = path_of(parent, name);
+  r.buf = std::make_unique<write_buffer>(budget_, cfg_.staging_dir);
+  r.loaded = true;
+  bool writable = (flags & O_ACCMODE) != O_RDONLY;
+  if (writable) ++r.writers;
+  ++r.opens;
+  open_result res;
+  res.direct_io = writable;
+  res.fh = next_fh_++;
+  handles_[res.fh] = handle{ino, writable, false, nullptr, {}, {}};
+  return {entry_of(ino), res};
+}
+
+std::size_t filesystem::read(std::uint64_t fh, std::uint64_t offset, std::span<std::byte> out) {
+  std::shared_ptr<const content_reader> reader;
+  content_ref ref;
+  {
+    lock_t lk(mu_);
+    ino_t ino = handle_at(fh).ino;
+    wait_idle(lk, ino);
+    runtime& r = rt(ino);
+    if (r.buf && r.loaded) return r.buf->read(offset, out);
+    ref = tree_.get(ino).content;
+    if (ref.size == 0) return 0;
+    handle& h = handle_at(fh);
+    if (h.reader_ref != ref) {
+      // The handle pins the version it reads (a rewrite of the file in place must not remove
+      // data under a read in flight); the previous pin goes after the next journal sync.
+      content_.ref(ref);
+      release_content(h.reader_ref);
+      h.reader_ref = ref;
+      h.reader.reset();
+    }
+    reader = h.reader;
+  }
+  if (!reader) {
+    // Opening a version reads its metadata: not under the lock.
+    reader = content_.open(ref);
+    std::lock_guard lk(mu_);
+    auto it = handles_.find(fh);
+    if (it != handles_.end() && it->second.reader_ref == ref) it->second.reader = reader;
+  }
+  if (offset >= reader->size()) return 0;
+  return reader->read(offset, out);
+}
+
+void filesystem::write(std::uint64_t fh, std::uint64_t offset, std::span<const std::byte> data,
+                       bool kill_priv) {
+  lock_t lk(mu_);
+  ino_t ino = handle_at(fh).ino;
+  if (!handle_at(fh).writable) fail(EBADF, "handle not open for writing");
+  wait_idle(lk, ino);
+  load(lk, ino);
+  runtime& r = rt(ino);
+  r.buf->write(offset, data);
+  r.dirty = true;
+  r.mtime = now();
+  if (kill_priv) {
+    // A write by an unprivileged writer drops setuid, and setgid of a group-executable file.
+    std::uint32_t mode = tree_.get(ino).mode;
+    std::uint32_t drop = S_ISUID | ((mode & S_IXGRP) ? S_ISGID : 0);
+    if (mode & drop) {
+      attr_change c;
+      c.mode = mode & ~drop & 07777;
+      journal_ok();
+      append(tree_.set_attr(ino, c, r.mtime));
+    }
+  }
+}
+
+void filesystem::flush(std::uint64_t fh) {
+  std::lock_guard lk(mu_);
+  runtime& r = rt(handle_at(fh).ino);
+  if (int err = std::exchange(r.error, 0)) fail(err, "an earlier commit of this file failed");
+}
+
+int filesystem::commit(ino_t ino, const write_buffer& buf, const std::string& path,
+                       timespec mtime) {
+  content_ref fresh;
+  bool named = false;  // the inode points at `fresh`
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    std::shared_lock gate(put_gate_);
+    if (buf.size() != 0) fresh = content_.put(path, buf.source());
+    std::lock_guard lk(mu_);
+    const inode* n = tree_.find(ino);
+    if (!n || n->nlink == 0) {
+      release_content(fresh);  // unlinked meanwhile: nobody can see this version
+    } else {
+      content_ref old = n->content;
+      journal_ok();
+      auto rec = tree_.set_content(ino, fresh, mtime, now());
+      named = true;
+      release_content(old);
+      append(rec);
+    }
+  } catch (const std::exception& e) {
+    int err = errno_of(e);
+    if (!named) {  // stored but never named: give the version back
+      std::lock_guard lk(mu_);
+      release_content(fresh);
+    }
+    log_error("storing " + path + " (" + std::to_string(buf.size()) +
+              " bytes) failed, the file keeps its previous content: " + e.what());
+    return err;
+  }
+  try {
+    sync_journal();
+  } catch (const std::exception& e) {
+    log_error("journal sync after storing " + path + ": " + e.what());
+    return errno_of(e);
+  }
+  if (buf.size() >= (std::uint64_t(16) << 20)) {  // big files only: one line per checkpoint
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    char line[96];
+    std::snprintf(line, sizeof line, " (%.1f MiB) in %.2f s, version %llu",
+                  double(buf.size()) / (1 << 20), secs, (unsigned long long)fresh.version);
+    log_info("stored " + path + line);
+  }
+  return 0;
+}
+
+void filesystem::release(std::uint64_t fh) {
+  lock_t lk(mu_);
+  wait_idle(lk, handle_at(fh).ino);  // a synchronous commit may be reading the buffer
+  handle h = std::move(handle_at(fh));
+  handles_.erase(fh);
+  release_content(h.reader_ref);  // the handle's pin (see read)
+  ino_t ino = h.ino;
+  runtime& r = rt(ino);
+  --r.opens;
+  if (h.writable && --r.writers == 0) {
+    const inode* n = tree_.find(ino);
+    if (r.dirty && r.loaded && n && n->nlink > 0) {
+      // Hand the buffer to a worker: close() does not wait for encoding.
+      r.pending = true;
+      r.dirty = false;
+      r.loaded = false;
+      r.cache_ok = false;
+      auto buf = std::shared_ptr<write_buffer>(std::move(r.buf));
+      workers_->submit([this, ino, buf, path = r.path, mtime = r.mtime] {
+        bool linked;
+        {
+          std::lock_guard g(mu_);
+          const inode* n = tree_.find(ino);
+          linked = n && n->nlink > 0;
+        }
+        // Deleted while queued (rmtree of a fresh checkpoint): nothing to store.
+        int err = linked ? commit(ino, *buf, path, mtime) : 0;
+        {
+          std::lock_guard g(mu_);
+          auto it = rt_.find(ino);
+          if (it != rt_.end()) {
+            it->second.pending = false;
+            if (err) it->second.error = err;
+          }
+          maybe_drop(ino);
+        }
+        idle_cv_.notify_all();
+        if (invalidate_) invalidate_(ino);
+      });
+      return;
+    }
+    if (n && n->nlink > 0) {
+      r.buf.reset();
+      r.loaded = false;
+      r.dirty = false;
+    }
+  }
+  if (r.opens == 0 && r.buf && (!tree_.find(ino) || tree_.find(ino)->nlink == 0)) r.buf.reset();
+  maybe_drop(ino);
+}
+
+void filesystem::fsync(std::uint64_t fh) {
+  lock_t lk(mu_);
+  ino_t ino = handle_at(fh).ino;
+  wait_idle(lk, ino);
+  runtime& r = rt(ino);
+  if (r.buf && r.loaded && r.dirty) {
+    const inode* n = tree_.find(ino);
+    if (n && n->nlink > 0) {
+      // Commit now; afterwards the handle continues over the committed version.
+      r.pending = true;
+      r.dirty = false;
+      std::string path = r.path;
+      timespec mtime = r.mtime;
+      write_buffer* buf = r.buf.get();
+      lk.unlock();
+      int err = commit(ino, *buf, path, mtime);
+      lk.lock();
+      runtime& r2 = rt(ino);
+      r2.pending = false;
+      r2.cache_ok = false;
+      if (err) {
+        r2.dirty = true;  // still ours to store at release
+      } else {
+        r2.buf = std::make_unique<write_buffer>(budget_, cfg_.staging_dir);
+        r2.loaded = tree_.get(ino).content.size == 0;
+      }
+      idle_cv_.notify_all();
+      if (err) fail(err, "fsync: storing the file failed");
+      return;
+    }
+  }
+  if (int err = std::exchange(r.error, 0)) fail(err, "an earlier commit of this file failed");
+  lk.unlock();
+  sync_journal();
+}
+
+content_ref filesystem::content_of(ino_t ino) {
+  lock_t lk(mu_);
+  wait_idle(lk, ino);
+  return tree_.get(ino).content;
+}
+
+}  // namespace ckpt::fs
