@@ -29,6 +29,24 @@ void pwrite_all(int fd, const std::byte* p, std::size_t n, std::uint64_t off) {
   }
 }
 
+// Reads [off, off + n); bytes past the end of the (sparse) file read as zeros.
+void pread_zeros(int fd, std::byte* p, std::size_t n, std::uint64_t off) {
+  while (n) {
+    ssize_t r = ::pread(fd, p, n, off_t(off));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      throw_errno(errno, "staging file read");
+    }
+    if (r == 0) {
+      std::memset(p, 0, n);
+      return;
+    }
+    p += r;
+    n -= std::size_t(r);
+    off += std::uint64_t(r);
+  }
+}
+
 }  // namespace
 
 write_buffer::write_buffer(memory_budget& budget, std::string staging_dir)
@@ -40,7 +58,7 @@ write_buffer::~write_buffer() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-void write_buffer::spill() {
+void write_buffer::open_staging() {
   int fd = ::open(staging_dir_.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
   if (fd < 0) {  // filesystems without O_TMPFILE: create and unlink at once
     std::string tmpl = staging_dir_ + "/buf.XXXXXX";
@@ -49,115 +67,73 @@ void write_buffer::spill() {
     ::unlink(tmpl.c_str());
   }
   fd_ = fd;
-  try {
-    if (::ftruncate(fd_, off_t(size_)) != 0) throw_errno(errno, "staging file truncate");
-    for (std::size_t i = 0; i < chunks_.size(); ++i) {
-      if (!chunks_[i].mem) continue;
-      std::uint64_t off = std::uint64_t(i) * chunk_bytes;
-      std::size_t n =
-          std::size_t(std::min<std::uint64_t>(chunks_[i].filled, size_ > off ? size_ - off : 0));
-      pwrite_all(fd_, chunks_[i].mem.data(), n, off);  // the rest of the file is sparse zeros
-    }
-  } catch (...) {
-    ::close(fd_);
-    fd_ = -1;
-    throw;
-  }
-  for (auto& c : chunks_) budget_.recycle(std::move(c.mem));
-  chunks_.clear();
-  chunks_.shrink_to_fit();
-  budget_.give(taken_);
-  taken_ = 0;
 }
 
-void write_buffer::ensure_chunk(std::size_t index) {
+write_buffer::chunk& write_buffer::place(std::size_t index) {
   if (index >= chunks_.size()) chunks_.resize(index + 1);
-  if (chunks_[index].mem) return;
-  if (!budget_.try_take(chunk_bytes)) {
-    spill();
-    return;
+  chunk& c = chunks_[index];
+  if (c.mem || c.in_file) return c;
+  if (budget_.try_take(chunk_bytes)) {
+    try {
+      c.mem = budget_.take_chunk();
+    } catch (...) {
+      budget_.give(chunk_bytes);
+      throw;
+    }
+    c.filled = 0;
+    taken_ += chunk_bytes;
+  } else {
+    if (fd_ < 0) open_staging();
+    c.in_file = true;  // the file reads zeros there until written
   }
-  try {
-    chunks_[index].mem = budget_.take_chunk();
-  } catch (...) {
-    budget_.give(chunk_bytes);
-    throw;
-  }
-  chunks_[index].filled = 0;
-  taken_ += chunk_bytes;
+  return c;
 }
 
 void write_buffer::write(std::uint64_t offset, std::span<const std::byte> data) {
-  if (data.empty()) return;
-  std::uint64_t end = offset + data.size();
-  if (fd_ < 0) {
-    std::size_t pos = 0;
-    while (pos < data.size() && fd_ < 0) {
-      std::uint64_t off = offset + pos;
-      std::size_t idx = std::size_t(off / chunk_bytes);
-      ensure_chunk(idx);
-      if (fd_ >= 0) break;
-      std::size_t in = std::size_t(off % chunk_bytes);
-      std::size_t n = std::min(chunk_bytes - in, data.size() - pos);
-      chunk& c = chunks_[idx];
+  std::size_t pos = 0;
+  while (pos < data.size()) {
+    std::uint64_t off = offset + pos;
+    std::size_t in = std::size_t(off % chunk_bytes);
+    std::size_t n = std::min(chunk_bytes - in, data.size() - pos);
+    chunk& c = place(std::size_t(off / chunk_bytes));
+    if (c.mem) {
       if (in > c.filled) std::memset(c.mem.data() + c.filled, 0, in - c.filled);  // a gap
       std::memcpy(c.mem.data() + in, data.data() + pos, n);
       c.filled = std::max(c.filled, in + n);
-      pos += n;
+    } else {
+      pwrite_all(fd_, data.data() + pos, n, off);
     }
-    if (fd_ < 0) {
-      size_ = std::max(size_, end);
-      return;
-    }
-    // Spilled half-way: the rest (and, harmlessly, the part already copied) goes to the file.
+    pos += n;
+    size_ = std::max(size_, off + n);  // what was written counts even if a later piece fails
   }
-  pwrite_all(fd_, data.data(), data.size(), offset);
-  size_ = std::max(size_, end);
 }
 
 std::size_t write_buffer::read(std::uint64_t offset, std::span<std::byte> out) const {
   if (offset >= size_) return 0;
   std::size_t total = std::size_t(std::min<std::uint64_t>(out.size(), size_ - offset));
-  if (fd_ >= 0) {
-    std::size_t done = 0;
-    while (done < total) {
-      ssize_t r = ::pread(fd_, out.data() + done, total - done, off_t(offset + done));
-      if (r < 0) {
-        if (errno == EINTR) continue;
-        throw_errno(errno, "staging file read");
-      }
-      if (r == 0) {  // a sparse tail: zeros
-        std::memset(out.data() + done, 0, total - done);
-        break;
-      }
-      done += std::size_t(r);
-    }
-    return total;
-  }
   std::size_t pos = 0;
   while (pos < total) {
     std::uint64_t off = offset + pos;
     std::size_t idx = std::size_t(off / chunk_bytes);
     std::size_t in = std::size_t(off % chunk_bytes);
     std::size_t n = std::min(chunk_bytes - in, total - pos);
-    std::size_t have = 0;  // bytes of data (the rest of the range reads as zeros)
-    if (idx < chunks_.size() && chunks_[idx].mem && chunks_[idx].filled > in)
-      have = std::min(n, chunks_[idx].filled - in);
-    if (have) std::memcpy(out.data() + pos, chunks_[idx].mem.data() + in, have);
-    if (have < n) std::memset(out.data() + pos + have, 0, n - have);
+    const chunk* c = idx < chunks_.size() ? &chunks_[idx] : nullptr;
+    if (c && c->in_file) {
+      pread_zeros(fd_, out.data() + pos, n, off);
+    } else {
+      std::size_t have = 0;  // bytes of data (the rest of the range reads as zeros)
+      if (c && c->mem && c->filled > in) have = std::min(n, c->filled - in);
+      if (have) std::memcpy(out.data() + pos, c->mem.data() + in, have);
+      if (have < n) std::memset(out.data() + pos + have, 0, n - have);
+    }
     pos += n;
   }
   return total;
 }
 
 void write_buffer::truncate(std::uint64_t size) {
-  if (fd_ >= 0) {
-    if (::ftruncate(fd_, off_t(size)) != 0) throw_errno(errno, "staging file truncate");
-    size_ = size;
-    return;
-  }
   if (size < size_) {
-    // Free whole chunks past the end and cut the last one's data at the new end, so that
+    // Drop whole chunks past the end and cut the last one's data at the new end, so that
     // growing the file again reads zeros there.
     std::size_t keep = std::size_t((size + chunk_bytes - 1) / chunk_bytes);
     for (std::size_t i = keep; i < chunks_.size(); ++i) {
@@ -171,6 +147,7 @@ void write_buffer::truncate(std::uint64_t size) {
     std::size_t in = std::size_t(size % chunk_bytes);
     if (in && keep && chunks_.size() >= keep)
       chunks_[keep - 1].filled = std::min(chunks_[keep - 1].filled, in);
+    if (fd_ >= 0 && ::ftruncate(fd_, off_t(size)) != 0) throw_errno(errno, "staging file truncate");
   }
   size_ = size;
 }

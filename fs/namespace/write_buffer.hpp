@@ -1,11 +1,13 @@
 #pragma once
-// The bytes of a file being written: writes at any offset, reads, truncate. Held in 1 MiB chunks
-// taken from a shared memory_budget (holes cost nothing); when the budget is exhausted the whole
-// buffer moves to an anonymous staging file (O_TMPFILE in STORE/staging, so a crash leaves
-// nothing behind) and stays there. Not thread-safe: the owner serialises access.
+// The bytes of a file being written: writes at any offset, reads, truncate. Held in 1 MiB chunks.
+// A chunk lives in memory while the shared memory_budget has room; chunks written when it has
+// none go to an anonymous staging file (O_TMPFILE in STORE/staging, so a crash leaves nothing
+// behind), at their own offsets. Chunks already in memory stay there: a file a little larger than
+// the budget costs a little disk I/O, not a copy of everything. Holes cost nothing. Not
+// thread-safe: the owner serialises access.
 //
-// A chunk's bytes past its `filled` mark read as zeros without being cleared (recycled chunks
-// hold old data), so sequential writes never memset: only a gap a write skips is zeroed.
+// A memory chunk's bytes past its `filled` mark read as zeros without being cleared (recycled
+// chunks hold old data), so sequential writes never memset: only a gap a write skips is zeroed.
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -28,7 +30,7 @@ class write_buffer {
   write_buffer& operator=(const write_buffer&) = delete;
 
   std::uint64_t size() const { return size_; }
-  bool spilled() const { return fd_ >= 0; }
+  bool spilled() const { return fd_ >= 0; }  // some chunks are in the staging file
 
   // Throws ckpt::io_error (e.g. ENOSPC from the staging file).
   void write(std::uint64_t offset, std::span<const std::byte> data);
@@ -40,18 +42,19 @@ class write_buffer {
   format::source source() const;
 
  private:
-  void spill();
-  void ensure_chunk(std::size_t index);
+  struct chunk {
+    chunk_memory mem;        // in memory (else in the staging file, or a hole)
+    std::size_t filled = 0;  // memory chunks: bytes [0, filled) are data, the rest reads as zeros
+    bool in_file = false;    // lives in the staging file at its own offset
+  };
+  chunk& place(std::size_t index);  // gives an untouched chunk memory, or a place in the file
+  void open_staging();
 
   memory_budget& budget_;
   std::string staging_dir_;
-  struct chunk {
-    chunk_memory mem;        // empty = a hole (reads as zeros)
-    std::size_t filled = 0;  // bytes [0, filled) are data; the rest reads as zeros
-  };
   std::vector<chunk> chunks_;
   std::uint64_t taken_ = 0;  // bytes taken from the budget
-  int fd_ = -1;              // staging file once spilled
+  int fd_ = -1;              // the staging file, once a chunk needed it
   std::uint64_t size_ = 0;
 };
 
