@@ -46,11 +46,28 @@ struct cache_key_hash {
   }
 };
 
+// A byte buffer that is never zero-filled: decode targets and object reads overwrite every byte,
+// and zeroing (and faulting in) a gigabyte first cost as much as decoding it.
+class byte_buffer {
+ public:
+  byte_buffer() = default;
+  explicit byte_buffer(std::size_t n) : p_(std::make_unique_for_overwrite<std::byte[]>(n)), n_(n) {}
+  std::byte* data() { return p_.get(); }
+  const std::byte* data() const { return p_.get(); }
+  std::size_t size() const { return n_; }
+  operator std::span<std::byte>() { return {p_.get(), n_}; }
+  operator std::span<const std::byte>() const { return {p_.get(), n_}; }
+
+ private:
+  std::unique_ptr<std::byte[]> p_;
+  std::size_t n_ = 0;
+};
+
 // What the cache holds: parsed metadata (with where the data area starts) or decoded bytes.
 struct cache_item {
   std::shared_ptr<const version_meta> meta;
   std::uint64_t data_base = 0;
-  bytes data;
+  byte_buffer data;
 };
 
 bytes to_bytes(const json& j) {
@@ -59,7 +76,17 @@ bytes to_bytes(const json& j) {
           reinterpret_cast<const std::byte*>(v.data() + v.size())};
 }
 
-std::span<const std::byte> as_span(const bytes& b) { return b; }
+// The encoded data area of a version, as separately allocated chunks (one per exact region or
+// tensor frame): growing one vector to the size of a keyframe would transiently need twice that.
+// The object store writes the chunks as pieces without copying them.
+struct data_area {
+  std::vector<bytes> chunks;
+  std::uint64_t size = 0;
+  void add(bytes&& b) {
+    size += b.size();
+    chunks.push_back(std::move(b));
+  }
+};
 
 }  // namespace
 
@@ -172,8 +199,8 @@ struct content_store::impl {
     });
   }
 
-  bytes read_data(std::uint64_t v, const cache_item& m, std::uint64_t at, std::uint64_t len) {
-    bytes out(len);
+  byte_buffer read_data(std::uint64_t v, const cache_item& m, std::uint64_t at, std::uint64_t len) {
+    byte_buffer out(len);
     objects.read(get(v).obj.id, m.data_base + at, out);
     return out;
   }
@@ -185,10 +212,10 @@ struct content_store::impl {
       const std::uint64_t begin = r.blocks.at(block);
       const std::uint64_t end = block + 1 < r.blocks.size() ? r.blocks[block + 1] : r.encoded_bytes;
       if (end < begin) throw corrupt_error("content: block index");
-      const bytes enc = read_data(v, *m, r.data_at + begin, end - begin);
+      const byte_buffer enc = read_data(v, *m, r.data_at + begin, end - begin);
       const std::uint64_t first = std::uint64_t(block) * r.block_bytes;
       auto item = std::make_shared<cache_item>();
-      item->data.resize(std::min<std::uint64_t>(r.block_bytes, r.length - first));
+      item->data = byte_buffer(std::min<std::uint64_t>(r.block_bytes, r.length - first));
       codec::decode(enc, {}, item->data);
       return std::pair{std::shared_ptr<const cache_item>(item), std::uint64_t(item->data.size())};
     });
@@ -228,9 +255,9 @@ struct content_store::impl {
                             [&](const tensor_frame& x) { return x.tensor == t; });
       if (f == frames.end()) throw corrupt_error("content: tensor has no frame");
       const auto& info = m->meta->layout.tensors.at(t);
-      const bytes enc = read_data(v, *m, f->data_at, f->encoded_bytes);
+      const byte_buffer enc = read_data(v, *m, f->data_at, f->encoded_bytes);
       auto item = std::make_shared<cache_item>();
-      item->data.resize(info.length);
+      item->data = byte_buffer(info.length);
       if (f->mode == tensor_mode::delta) {
         const auto base = tensor_recon(get(v).base, f->base_tensor);
         if (base->data.size() != info.length) throw corrupt_error("content: base size mismatch");
@@ -306,13 +333,14 @@ struct content_store::impl {
 
   // --- writing -------------------------------------------------------------------------------
 
-  // Appends the exact coding of src[offset, offset + length) to `data` as a region.
+  // Appends the exact coding of src[offset, offset + length) to `area` as a region.
   static exact_region put_exact_region(const format::source& src, std::uint64_t offset,
-                                       std::uint64_t length, bytes& data) {
+                                       std::uint64_t length, data_area& area) {
+    bytes data;
     exact_region r;
     r.offset = offset;
     r.length = length;
-    r.data_at = data.size();
+    r.data_at = area.size;
     r.block_bytes = std::uint32_t(kExactBlock);
     bytes chunk;
     for (std::uint64_t at = 0; at < length; at += kExactChunk) {
@@ -322,11 +350,12 @@ struct content_store::impl {
       std::size_t pos = data.size();
       codec::encode_exact_into(codec::dtype::bytes, chunk, data, kExactBlock);
       while (pos < data.size()) {
-        r.blocks.push_back(pos - r.data_at);
+        r.blocks.push_back(pos);
         pos += codec::read_block_header(std::span(data).subspan(pos)).total_size();
       }
     }
-    r.encoded_bytes = data.size() - r.data_at;
+    r.encoded_bytes = data.size();
+    area.add(std::move(data));
     return r;
   }
 };
@@ -478,7 +507,7 @@ content_ref content_store::put(std::string_view path, const format::source& src)
 
   version_meta meta;
   meta.size = size;
-  bytes data;
+  data_area data;
   std::vector<std::shared_ptr<const cache_item>> recons(layout.tensors.size());
   if (!checkpoint) {
     meta.kind = version_kind::exact;
@@ -546,11 +575,13 @@ content_ref content_store::put(std::string_view path, const format::source& src)
     }
     for (const auto& j : jobs) {
       const auto& t = layout.tensors[j.tensor];
-      bytes cur = src.read(t.offset, t.length);
+      byte_buffer cur(t.length);
+      src.read(t.offset, cur);
       tensor_frame f;
       f.tensor = j.tensor;
       f.type = j.type;
-      f.data_at = data.size();
+      f.data_at = data.size;
+      bytes frame;
       auto recon = std::make_shared<cache_item>();
       if (j.base_tensor) {
         const auto base = m.tensor_recon(base_id, *j.base_tensor);
@@ -561,17 +592,18 @@ content_ref content_store::put(std::string_view path, const format::source& src)
                                                  m.opt.bits, m.opt.rep);
         f.mode = tensor_mode::delta;
         f.base_tensor = *j.base_tensor;
-        recon->data.resize(cur.size());
-        codec::encode_delta_into(in, table, {m.opt.bits, 0, m.opt.rep}, recon->data, data);
+        recon->data = byte_buffer(cur.size());
+        codec::encode_delta_into(in, table, {m.opt.bits, 0, m.opt.rep}, recon->data, frame);
         // The superseded base is the likeliest eviction victim; readers of the old version
         // decode it again from its own chain.
         m.cache.erase({base_id, k_tensor, *j.base_tensor});
       } else {
         f.mode = tensor_mode::lossless;
-        codec::encode_exact_into(j.type, cur, data);
+        codec::encode_exact_into(j.type, cur, frame);
         recon->data = std::move(cur);
       }
-      f.encoded_bytes = data.size() - f.data_at;
+      f.encoded_bytes = frame.size();
+      data.add(std::move(frame));
       meta.tensors.push_back(f);
       recons[j.tensor] = recon;
     }
@@ -603,8 +635,10 @@ content_ref content_store::put(std::string_view path, const format::source& src)
   std::memcpy(prefix + 4, &fmt, 4);
   std::memcpy(prefix + 8, &meta_len, 8);
   std::memcpy(prefix + 16, &meta_sum, 8);
-  const std::span<const std::byte> pieces[] = {prefix, meta_bytes, data};
+  std::vector<std::span<const std::byte>> pieces{prefix, meta_bytes};
+  for (const auto& c : data.chunks) pieces.emplace_back(c);
   const store::object_ref obj = m.objects.put(pieces);
+  data = {};
 
   version_rec r;
   r.id = id;
