@@ -169,8 +169,9 @@ int serve(const fuse::daemon_options& opt, const std::string& program, parent_li
   fuse_opt_free_args(&args);
   if (!se) throw fuse::usage_error("FUSE refused the mount options: " + o);
   ctx.session = se.get();
+  ctx.notifier.emplace(se.get());
   fsys.set_invalidate_hook([&ctx](ino_t ino) {
-    if (ctx.serving.load()) fuse_lowlevel_notify_inval_inode(ctx.session, ino, 0, 0);
+    if (ctx.serving.load()) ctx.notifier->post(ino);
   });
 
   int rc = 0;
@@ -197,6 +198,7 @@ int serve(const fuse::daemon_options& opt, const std::string& program, parent_li
     ctx.serving = true;
     rc = fuse_session_loop_mt(se.get(), loop.get());
     ctx.serving = false;
+    ctx.notifier->stop();
     log_info("unmounting: finishing pending files");
     // ~mounted_session unmounts; pending commits finish below either way.
     bf::remove(pid_file);

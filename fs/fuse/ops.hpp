@@ -4,6 +4,9 @@
 #include <fuse_lowlevel.h>
 
 #include <atomic>
+#include <optional>
+
+#include "fs/fuse/inval_notifier.hpp"
 
 #include "fs/namespace/filesystem.hpp"
 
@@ -15,6 +18,7 @@ struct context {
   fuse_session* session = nullptr;
   double timeout = 86400.0;  // entry and attribute cache: every change goes through us
   std::atomic<bool> serving{false};
+  std::optional<inval_notifier> notifier;  // commits post invalidations here, never block on them
 };
 
 inline context& ctx(fuse_req_t req) {

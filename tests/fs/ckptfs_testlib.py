@@ -7,6 +7,7 @@ import hashlib
 import os
 import subprocess
 import sys
+import threading
 import time
 
 # Mount points and daemons alive right now: unmounted and killed at interpreter exit even when a
@@ -23,6 +24,60 @@ def _cleanup_live():
             proc.kill()
             proc.wait()
     _live.clear()
+
+
+def _abort_connection(mnt):
+    """Aborts the FUSE connection of `mnt` (releases clients blocked on a hung daemon). Finds
+    the device in mountinfo: a stat of a hung mount would hang too."""
+    if not os.path.isdir("/sys/fs/fuse/connections") or not os.listdir("/sys/fs/fuse/connections"):
+        subprocess.run(["mount", "-t", "fusectl", "none", "/sys/fs/fuse/connections"],
+                       check=False, stderr=subprocess.DEVNULL)
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            if fields[4] == os.path.abspath(mnt):
+                minor = fields[2].split(":")[1]
+                try:
+                    with open(f"/sys/fs/fuse/connections/{minor}/abort", "w") as a:
+                        a.write("1\n")
+                except OSError:
+                    pass
+
+
+def _watchdog_fire(seconds):
+    """A test that hangs must fail by itself before ctest kills it (SIGKILL skips every cleanup
+    and leaks the mount): record where each daemon is stuck, abort, unmount, exit non-zero."""
+    print(f"WATCHDOG: test still running after {seconds} s; dumping daemon stacks and aborting",
+          flush=True)
+    for mnt, proc in list(_live.items()):
+        if proc.poll() is None:
+            with open(daemon_log(proc.args[1]), "ab") as log:
+                try:
+                    subprocess.run(["gdb", "-p", str(proc.pid), "-batch", "-ex",
+                                    "thread apply all bt 20"], stdout=log,
+                                   stderr=subprocess.STDOUT, check=False, timeout=60)
+                except (OSError, subprocess.TimeoutExpired) as e:
+                    log.write(f"no stacks: {e}\n".encode())
+            with open(daemon_log(proc.args[1]), errors="replace") as f:
+                print(f.read()[-20000:], flush=True)
+        _abort_connection(mnt)
+        if proc.poll() is None:
+            proc.kill()
+        subprocess.run(["fusermount3", "-uz", mnt], check=False, stderr=subprocess.DEVNULL)
+    os._exit(1)
+
+
+_watchdog = None
+
+
+def _arm_watchdog():
+    """Once per test process; CKPTFS_TEST_DEADLINE seconds (default 250, below ctest's 300)."""
+    global _watchdog
+    if _watchdog is None:
+        seconds = float(os.environ.get("CKPTFS_TEST_DEADLINE", "250"))
+        _watchdog = threading.Timer(seconds, _watchdog_fire, args=(seconds,))
+        _watchdog.daemon = True
+        _watchdog.start()
 
 
 @contextlib.contextmanager
@@ -64,6 +119,7 @@ def start(binary, store, mnt, *opts):
     """Starts `ckptfs STORE MNT -f` without waiting; its output goes to STORE.daemon.log (a pipe
     nobody reads would fill up and stall the daemon). Registered for cleanup at exit."""
     require_fuse()
+    _arm_watchdog()
     os.makedirs(store, exist_ok=True)
     os.makedirs(mnt, exist_ok=True)
     args = [binary, store, mnt, "-f"] + (["-o", ",".join(opts)] if opts else [])
