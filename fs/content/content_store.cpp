@@ -249,24 +249,53 @@ struct content_store::impl {
   // the chain back to its keyframe when the cache no longer has the base.
   std::shared_ptr<const cache_item> tensor_recon(std::uint64_t v, std::size_t t) {
     return cache.get_or_load({v, k_tensor, t}, [&] {
-      auto m = meta_of(v);
-      const auto& frames = m->meta->tensors;
-      auto f = std::find_if(frames.begin(), frames.end(),
-                            [&](const tensor_frame& x) { return x.tensor == t; });
-      if (f == frames.end()) throw corrupt_error("content: tensor has no frame");
-      const auto& info = m->meta->layout.tensors.at(t);
-      const byte_buffer enc = read_data(v, *m, f->data_at, f->encoded_bytes);
       auto item = std::make_shared<cache_item>();
-      item->data = byte_buffer(info.length);
-      if (f->mode == tensor_mode::delta) {
-        const auto base = tensor_recon(get(v).base, f->base_tensor);
-        if (base->data.size() != info.length) throw corrupt_error("content: base size mismatch");
-        codec::decode(enc, base->data, item->data);
-      } else {
-        codec::decode(enc, {}, item->data);
-      }
-      return std::pair{std::shared_ptr<const cache_item>(item), std::uint64_t(info.length)};
+      item->data = materialize(v, t);
+      const std::uint64_t bytes = item->data.size();
+      return std::pair{std::shared_ptr<const cache_item>(item), bytes};
     });
+  }
+
+  // The reconstruction of tensor t of version v in a buffer the caller owns. A chain whose base is
+  // not cached is decoded into one buffer, every delta applied in place (each element is read
+  // and written at the same index), instead of a fresh buffer per link: fresh pages cost the
+  // kernel more to fault in and zero than the decoding itself.
+  byte_buffer materialize(std::uint64_t v, std::size_t t) {
+    if (auto c = cache.get({v, k_tensor, t})) {
+      byte_buffer copy(c->data.size());
+      std::memcpy(copy.data(), c->data.data(), copy.size());
+      return copy;
+    }
+    auto m = meta_of(v);
+    const auto& frames = m->meta->tensors;
+    auto f = std::find_if(frames.begin(), frames.end(),
+                          [&](const tensor_frame& x) { return x.tensor == t; });
+    if (f == frames.end()) throw corrupt_error("content: tensor has no frame");
+    const std::uint64_t length = m->meta->layout.tensors.at(t).length;
+    byte_buffer out;
+    std::shared_ptr<const cache_item> cached_base;
+    if (f->mode == tensor_mode::delta) {
+      const std::uint64_t base_id = get(v).base;
+      cached_base = cache.get({base_id, k_tensor, f->base_tensor});
+      out = cached_base ? byte_buffer(length) : materialize(base_id, f->base_tensor);
+      if ((cached_base ? cached_base->data.size() : out.size()) != length)
+        throw corrupt_error("content: base size mismatch");
+    } else {
+      out = byte_buffer(length);
+    }
+    // Read the frame only now: the recursion above reuses the same per-thread scratch.
+    thread_local byte_buffer scratch;
+    if (scratch.size() < f->encoded_bytes) scratch = byte_buffer(f->encoded_bytes);
+    const std::span<std::byte> enc(scratch.data(), f->encoded_bytes);
+    objects.read(get(v).obj.id, m->data_base + f->data_at, enc);
+    if (f->mode == tensor_mode::delta) {
+      codec::decode(enc, cached_base ? std::span<const std::byte>(cached_base->data)
+                                     : std::span<const std::byte>(out),
+                    out);
+    } else {
+      codec::decode(enc, {}, out);
+    }
+    return out;
   }
 
   // --- reclaiming ----------------------------------------------------------------------------
