@@ -121,6 +121,7 @@ struct content_store::impl {
   std::map<std::uint64_t, version_rec> versions;
   std::map<std::uint64_t, lineage_rec> lineages;
   std::uint64_t next_version = 1, next_lineage = 1;
+  std::uint64_t max_object = 0;  // largest object id any replayed record names
   cache::lru_cache<cache_key, cache_item, cache_key_hash> cache;
 
   class reader;
@@ -352,6 +353,7 @@ struct content_store::impl {
     r.path = j.at("p").get<std::string>();
     r.since_keyframe = j.at("q").get<std::uint64_t>();
     next_version = std::max(next_version, r.id + 1);
+    max_object = std::max(max_object, r.obj.id);
     if (r.lineage) {
       auto& l = lineages[r.lineage];
       l.head = r.id;
@@ -429,6 +431,9 @@ bool content_store::apply(std::span<const std::byte> record) {
 }
 
 void content_store::replay_done(std::span<const content_ref> live) {
+  // Records of reclaimed versions stay in the journal until it is compacted, and their objects
+  // are removed again at every replay: their ids must never name a new object.
+  impl_->objects.reserve_through(impl_->max_object);
   std::vector<std::uint64_t> doomed;
   {
     std::lock_guard lock(impl_->mu);

@@ -315,6 +315,12 @@ void object_store::remove(object_id id) {
     throw_errno(errno, "cannot remove object " + impl_->dir + "/" + name);
 }
 
+void object_store::reserve_through(object_id id) {
+  object_id cur = impl_->next_id.load();
+  while (cur <= id && !impl_->next_id.compare_exchange_weak(cur, id + 1)) {
+  }
+}
+
 std::vector<object_id> object_store::list() const {
   std::vector<object_id> ids;
   for_each_entry(impl_->dir_fd.get(), impl_->dir, [&](const char* name) {

@@ -47,6 +47,11 @@ class object_store {
   // Recomputes the payload checksum; throws corrupt_error on mismatch.
   void verify(const object_ref& ref) const;
 
+  // Never hand out ids <= `id` again. The journal may still name removed objects (a version
+  // reclaimed after the last compaction); if their ids were reused, replaying that record could
+  // reclaim the new object. The content store calls this with the largest id its records name.
+  void reserve_through(object_id id);
+
   void remove(object_id id);                     // missing is not an error
   std::vector<object_id> list() const;           // every object present, ascending
   std::uint64_t disk_bytes(object_id id) const;  // on-disk size incl. framing (0 if missing)

@@ -284,3 +284,27 @@ TEST_CASE("a new path with the content of an existing lineage forks it with a de
   CHECK(i3.lineage == i1.lineage);  // the original path continues its own chain
   CHECK(i3.base == r1.version);
 }
+
+TEST_CASE("object ids are not reused after reclaimed versions (their records outlive them)",
+          "[content]") {
+  // Open 1: a file is stored, then deleted: its object is removed, its record stays.
+  temp_dir d;
+  const bytes a(50000, std::byte(1)), b(60000, std::byte(2));
+  {
+    opened s(d.path, {});
+    const auto ra = s.content.put("a", format::memory_source(a));
+    s.journal.sync();
+    s.content.unref(ra);
+    REQUIRE(s.objects.list().empty());
+  }
+  // Open 2: no object is left on disk; the next object must not take the old id.
+  fs::content_ref rb;
+  {
+    opened s(d.path, {});
+    rb = s.content.put("b", format::memory_source(b));
+    s.journal.sync();
+  }
+  // Open 3: replay reclaims the deleted version again; b must survive it.
+  opened s(d.path, {}, {rb});
+  REQUIRE(read_all(s.content, rb) == b);
+}
