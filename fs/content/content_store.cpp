@@ -13,6 +13,7 @@
 #include <optional>
 #include <nlohmann/json.hpp>
 #include <unordered_map>
+#include <utility>
 
 #include "cache/lru_cache.hpp"
 #include "codec/block.hpp"
@@ -122,6 +123,7 @@ struct content_store::impl {
   std::map<std::uint64_t, lineage_rec> lineages;
   std::uint64_t next_version = 1, next_lineage = 1;
   std::uint64_t max_object = 0;  // largest object id any replayed record names
+  std::vector<std::uint64_t> unneeded;  // objects to remove once the records are durable
   cache::lru_cache<cache_key, cache_item, cache_key_hash> cache;
 
   class reader;
@@ -460,13 +462,12 @@ content_ref content_store::put(std::string_view path, const format::source& src)
   bool checkpoint = false;
   for (const auto& t : layout.tensors) checkpoint |= t.compress;
 
-  std::uint64_t id, lineage_id = 0, base_id = 0, since = 0;
+  std::uint64_t id = 0, lineage_id = 0, base_id = 0, since = 0;
   bool new_lineage = false;
   std::shared_ptr<std::mutex> encode_mu;
   lineage_rec new_lin;
   {
     std::lock_guard lock(m.mu);
-    id = m.next_version++;
     if (checkpoint) {
       const std::uint64_t sig = lineage_signature(layout);
       const std::string key = lineage_path_key(path);
@@ -675,7 +676,6 @@ content_ref content_store::put(std::string_view path, const format::source& src)
   data = {};
 
   version_rec r;
-  r.id = id;
   r.obj = obj;
   r.size = size;
   r.kind = meta.kind;
@@ -685,9 +685,12 @@ content_ref content_store::put(std::string_view path, const format::source& src)
   r.path = std::string(path);
   r.since_keyframe = keyframe ? 0 : since + 1;
   r.refs = 1;
-  std::vector<std::uint64_t> doomed;
   {
     std::lock_guard lock(m.mu);
+    // The id is taken here, under the lineage's encode lock: within a lineage, ids follow
+    // completion order, which is what replay (and a compacted snapshot) takes the head from.
+    id = m.next_version++;
+    r.id = id;
     if (new_lineage) {
       m.journal.append(to_bytes(impl::lineage_json(new_lin)));
       m.lineages.emplace(lineage_id, std::move(new_lin));
@@ -702,9 +705,9 @@ content_ref content_store::put(std::string_view path, const format::source& src)
       l.since_keyframe = r.since_keyframe;
     }
     m.versions.emplace(id, std::move(r));
-    if (old_head) m.collect(old_head, doomed);
+    // A superseded head that nothing else needs goes only after this record is durable.
+    if (old_head) m.collect(old_head, m.unneeded);
   }
-  m.remove_objects(doomed);
   // The reconstructions are the next version's bases and the likely next reads.
   for (std::size_t i = 0; i < recons.size(); ++i)
     if (recons[i]) m.cache.put({id, k_tensor, i}, recons[i], recons[i]->data.size());
@@ -771,6 +774,15 @@ class empty_reader final : public content_reader {
 std::shared_ptr<const content_reader> content_store::open(const content_ref& ref) {
   if (ref.version == 0) return std::make_shared<empty_reader>();
   return std::make_shared<impl::reader>(*impl_, ref.version, impl_->meta_of(ref.version));
+}
+
+std::vector<std::uint64_t> content_store::take_unneeded_objects() {
+  std::lock_guard lock(impl_->mu);
+  return std::exchange(impl_->unneeded, {});
+}
+
+void content_store::remove_objects(const std::vector<std::uint64_t>& ids) {
+  impl_->remove_objects(ids);
 }
 
 void content_store::ref(const content_ref& ref) {

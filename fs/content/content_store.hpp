@@ -88,6 +88,13 @@ class content_store {
 
   std::shared_ptr<const content_reader> open(const content_ref& ref);
 
+  // Objects that a record appended by put() made unnecessary (the superseded lineage head). They
+  // may only go once that record is durable: the caller takes them before journal::sync() and
+  // hands them to remove_objects() after it succeeded (or after compact()). On a failed sync they
+  // are left in place (garbage, never a dangling reference).
+  std::vector<std::uint64_t> take_unneeded_objects();
+  void remove_objects(const std::vector<std::uint64_t>& ids);
+
   void ref(const content_ref& ref);
   void unref(const content_ref& ref);  // may reclaim space (after the caller's journal sync)
 

@@ -4,7 +4,7 @@
 // the same file; if the thread that finished a commit made it, a read waiting for that file's
 // next commit (queued behind it in the commit pool) would never be answered: a deadlock seen
 // with six processes rewriting and reading the same five files. Here commits only queue the
-// inode; duplicates are coalesced. post() after stop() is a no-op.
+// inode; duplicates are coalesced. post() after close() is a no-op.
 #ifndef FUSE_USE_VERSION
 #define FUSE_USE_VERSION 314
 #endif
@@ -23,7 +23,10 @@ class inval_notifier {
  public:
   explicit inval_notifier(fuse_session* se)
       : se_(se), thread_([this](std::stop_token stop) { run(stop); }) {}
-  ~inval_notifier() { stop(); }
+  ~inval_notifier() {
+    close();
+    join();
+  }
   inval_notifier(const inval_notifier&) = delete;
   inval_notifier& operator=(const inval_notifier&) = delete;
 
@@ -36,13 +39,18 @@ class inval_notifier {
     cv_.notify_one();
   }
 
-  // Call once the session loop has ended and before the session is destroyed.
-  void stop() {
+  // Shutdown is two steps. close() when the session loop has ended: no new kernel call starts
+  // (the device fd is about to be closed; a later call could write into a reused fd number).
+  // join() after the unmount closed the device: a call blocked in the kernel on a page lock of
+  // a read that will never be answered returns once the connection is gone.
+  void close() {
     {
       std::lock_guard lk(mu_);
       stopped_ = true;
     }
     thread_.request_stop();
+  }
+  void join() {
     if (thread_.joinable()) thread_.join();
   }
 
@@ -56,6 +64,7 @@ class inval_notifier {
         ino = queue_.front();
         queue_.pop_front();
         queued_.erase(ino);
+        if (stopped_) return;
       }
       // -ENOENT (the kernel forgot the inode) and -ENOTCONN (unmounting) are harmless.
       fuse_lowlevel_notify_inval_inode(se_, ino, 0, 0);

@@ -198,11 +198,12 @@ int serve(const fuse::daemon_options& opt, const std::string& program, parent_li
     ctx.serving = true;
     rc = fuse_session_loop_mt(se.get(), loop.get());
     ctx.serving = false;
-    ctx.notifier->stop();
+    ctx.notifier->close();
     log_info("unmounting: finishing pending files");
     // ~mounted_session unmounts; pending commits finish below either way.
     bf::remove(pid_file);
   }
+  ctx.notifier->join();  // after the unmount: a call stuck in the kernel has returned
   fsys.shutdown();
   log_info("clean exit");
   return rc < 0 ? 1 : 0;

@@ -211,6 +211,8 @@ void filesystem::sync_journal() {
     unrefs.swap(unref_after_sync_);
     records_since_sync_ = 0;
   }
+  // Taken before the sync: their records were appended before it, so it makes them durable.
+  const auto unneeded = content_.take_unneeded_objects();
   try {
     journal_.sync();
   } catch (...) {
@@ -219,6 +221,7 @@ void filesystem::sync_journal() {
     unref_after_sync_.insert(unref_after_sync_.end(), unrefs.begin(), unrefs.end());
     throw;
   }
+  content_.remove_objects(unneeded);
   for (const auto& r : unrefs) {
     try {
       content_.unref(r);
@@ -236,6 +239,7 @@ bool filesystem::maybe_compact(bool force) {
   std::vector<content_ref> unrefs;
   {
     std::lock_guard lk(mu_);
+    const auto unneeded = content_.take_unneeded_objects();
     std::vector<std::vector<std::byte>> records;
     content_.snapshot(records);
     std::vector<nlohmann::json> ns;
@@ -247,6 +251,7 @@ bool filesystem::maybe_compact(bool force) {
     }
     std::uint64_t before = journal_.size_bytes();
     journal_.compact(records);
+    content_.remove_objects(unneeded);
     log_info("journal compacted: " + std::to_string(before) + " -> " +
              std::to_string(journal_.size_bytes()) + " bytes");
     unrefs.swap(unref_after_sync_);

@@ -196,21 +196,24 @@ void filesystem::release(std::uint64_t fh) {
   if (h.writable && --r.writers == 0) {
     const inode* n = tree_.find(ino);
     if (r.dirty && r.loaded && n && n->nlink > 0) {
-      // Hand the buffer to a worker: close() does not wait for encoding.
-      r.pending = true;
-      r.dirty = false;
-      r.loaded = false;
-      r.cache_ok = false;
+      // Hand the buffer to a worker: close() does not wait for encoding. Everything that can
+      // throw (allocations) happens before `pending` is set, and the job clears it whatever
+      // happens inside: a `pending` left set would make every wait for this file hang.
       auto buf = std::shared_ptr<write_buffer>(std::move(r.buf));
-      workers_->submit([this, ino, buf, path = r.path, mtime = r.mtime] {
-        bool linked;
-        {
-          std::lock_guard g(mu_);
-          const inode* n = tree_.find(ino);
-          linked = n && n->nlink > 0;
+      auto job = [this, ino, buf, path = r.path, mtime = r.mtime] {
+        int err = 0;
+        try {
+          bool linked;
+          {
+            std::lock_guard g(mu_);
+            const inode* n = tree_.find(ino);
+            linked = n && n->nlink > 0;
+          }
+          // Deleted while queued (rmtree of a fresh checkpoint): nothing to store.
+          err = linked ? commit(ino, *buf, path, mtime) : 0;
+        } catch (...) {
+          err = EIO;
         }
-        // Deleted while queued (rmtree of a fresh checkpoint): nothing to store.
-        int err = linked ? commit(ino, *buf, path, mtime) : 0;
         {
           std::lock_guard g(mu_);
           auto it = rt_.find(ino);
@@ -218,11 +221,28 @@ void filesystem::release(std::uint64_t fh) {
             it->second.pending = false;
             if (err) it->second.error = err;
           }
-          maybe_drop(ino);
+          try {
+            maybe_drop(ino);
+          } catch (...) {
+          }
         }
         idle_cv_.notify_all();
-        if (invalidate_) invalidate_(ino);
-      });
+        try {
+          if (invalidate_) invalidate_(ino);
+        } catch (...) {
+        }
+      };
+      r.pending = true;
+      r.dirty = false;
+      r.loaded = false;
+      r.cache_ok = false;
+      try {
+        workers_->submit(job);
+      } catch (...) {
+        // Could not queue it (out of memory): store it now, on this thread, without mu_.
+        lk.unlock();
+        job();
+      }
       return;
     }
     if (n && n->nlink > 0) {
