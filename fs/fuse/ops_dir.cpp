@@ -20,9 +20,12 @@ void do_init(void*, fuse_conn_info* conn) {
 
 void do_opendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   guarded(req, "opendir", [&] {
-    fi->fh = fs_of(req).opendir(ino);
+    filesystem& fsys = fs_of(req);  // the request is freed by the reply
+    fi->fh = fsys.opendir(ino);
     fi->cache_readdir = 0;
-    if (fuse_reply_open(req, fi) == -ENOENT) fs_of(req).releasedir(fi->fh);
+    const std::uint64_t fh = fi->fh;
+    if (fuse_reply_open(req, fi) == -ENOENT)
+      after_reply("opendir", [&] { fsys.releasedir(fh); });
   });
 }
 

@@ -15,20 +15,25 @@ void set_open_flags(fuse_file_info* fi, const open_result& r) {
 
 void do_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   guarded(req, "open", [&] {
-    open_result r = fs_of(req).open(ino, fi->flags);
+    filesystem& fsys = fs_of(req);  // the request is freed by the reply
+    open_result r = fsys.open(ino, fi->flags);
     set_open_flags(fi, r);
-    if (fuse_reply_open(req, fi) == -ENOENT) fs_of(req).release(r.fh);  // interrupted open
+    if (fuse_reply_open(req, fi) == -ENOENT)  // interrupted open
+      after_reply("open", [&] { fsys.release(r.fh); });
   });
 }
 
 void do_create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
                fuse_file_info* fi) {
   guarded(req, "create", [&] {
+    filesystem& fsys = fs_of(req);  // the request is freed by the reply
     const fuse_ctx* c = fuse_req_ctx(req);
-    auto [st, r] = fs_of(req).create(parent, name, mode, fi->flags, c->uid, c->gid);
+    auto [st, r] = fsys.create(parent, name, mode, fi->flags, c->uid, c->gid);
     set_open_flags(fi, r);
     fuse_entry_param e = entry_param(req, st);
-    if (fuse_reply_create(req, &e, fi) == -ENOENT) fs_of(req).release(r.fh);
+    const std::uint64_t fh = r.fh;
+    if (fuse_reply_create(req, &e, fi) == -ENOENT)
+      after_reply("create", [&] { fsys.release(fh); });
   });
 }
 

@@ -48,6 +48,19 @@ inline void reply_error(fuse_req_t req, const char* op, int err, const char* wha
   fuse_reply_err(req, err);
 }
 
+// Work after the reply (the request is gone): it must not throw into guarded(), which would
+// reply a second time to a freed request. Failures are logged.
+template <class Cleanup>
+void after_reply(const char* op, Cleanup&& cleanup) noexcept {
+  try {
+    cleanup();
+  } catch (const std::exception& e) {
+    log_error(std::string(op) + ": cleanup after the reply: " + e.what());
+  } catch (...) {
+    log_error(std::string(op) + ": cleanup after the reply failed");
+  }
+}
+
 template <class Body>
 void guarded(fuse_req_t req, const char* op, Body&& body) noexcept {
   try {
