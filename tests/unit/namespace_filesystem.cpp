@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "codec/error.hpp"
+#include "namespace_test_util.hpp"
 #include "fs/content/content_store.hpp"
 #include "fs/namespace/filesystem.hpp"
 #include "fs/store/journal.hpp"
@@ -82,14 +83,7 @@ ino_t write_file(filesystem& fs, ino_t dir, const std::string& name, const std::
   return st.st_ino;
 }
 
-int errno_of(auto&& fn) {
-  try {
-    fn();
-  } catch (const ckpt::io_error& e) {
-    return e.sys_errno();
-  }
-  return 0;
-}
+using ckpt::test::errno_of;
 
 }  // namespace
 

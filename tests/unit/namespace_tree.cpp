@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "codec/error.hpp"
+#include "namespace_test_util.hpp"
 #include "fs/namespace/namespace_tree.hpp"
 
 using ckpt::fs::attr_change;
@@ -21,14 +22,7 @@ namespace {
 
 timespec t0{1000, 5};
 
-int errno_of(auto&& fn) {
-  try {
-    fn();
-  } catch (const ckpt::io_error& e) {
-    return e.sys_errno();
-  }
-  return 0;
-}
+using ckpt::test::errno_of;
 
 std::uint64_t mk(namespace_tree& t, std::uint64_t parent, const std::string& name, bool dir) {
   auto r = t.make_node(parent, name, dir ? (S_IFDIR | 0755) : (S_IFREG | 0644), 0, 0, 0, {}, t0);
