@@ -3,6 +3,8 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <array>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <stop_token>
@@ -101,6 +103,7 @@ struct version_rec {
   std::uint64_t base = 0;
   std::string path;
   std::uint64_t since_keyframe = 0;
+  std::int64_t created_ns = 0;   // CLOCK_REALTIME when it was stored
   std::uint64_t refs = 0;        // names pointing at it
   std::uint64_t dependents = 0;  // live versions whose base it is
 };
@@ -336,7 +339,8 @@ struct content_store::impl {
   static json version_json(const version_rec& r) {
     return {{"t", "c.v"},         {"v", r.id},      {"o", r.obj.id},   {"os", r.obj.size},
             {"oc", r.obj.checksum}, {"z", r.size},  {"k", int(r.kind)}, {"f", r.format},
-            {"l", r.lineage},     {"b", r.base},    {"p", r.path},     {"q", r.since_keyframe}};
+            {"l", r.lineage},     {"b", r.base},    {"p", r.path},     {"q", r.since_keyframe},
+            {"ct", r.created_ns}};
   }
   static json lineage_json(const lineage_rec& l) {
     return {{"t", "c.l"}, {"l", l.id}, {"s", l.signature}, {"pk", l.path_key}};
@@ -354,6 +358,7 @@ struct content_store::impl {
     r.base = j.at("b").get<std::uint64_t>();
     r.path = j.at("p").get<std::string>();
     r.since_keyframe = j.at("q").get<std::uint64_t>();
+    r.created_ns = j.value("ct", std::int64_t(0));
     next_version = std::max(next_version, r.id + 1);
     max_object = std::max(max_object, r.obj.id);
     if (r.lineage) {
@@ -542,6 +547,9 @@ content_ref content_store::put(std::string_view path, const format::source& src)
 
   version_meta meta;
   meta.size = size;
+  meta.created_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                        std::chrono::system_clock::now().time_since_epoch())
+                        .count();
   data_area data;
   std::vector<std::shared_ptr<const cache_item>> recons(layout.tensors.size());
   if (!checkpoint) {
@@ -551,6 +559,14 @@ content_ref content_store::put(std::string_view path, const format::source& src)
   } else {
     meta.kind = keyframe ? version_kind::keyframe : version_kind::delta;
     meta.bits = keyframe ? 0 : m.opt.bits;
+    if (!keyframe) {
+      meta.coding.bits = m.opt.bits;
+      meta.coding.group = m.opt.paper_coding ? 1 : codec::default_group(m.opt.bits);
+      meta.coding.rep = std::string(codec::name(m.opt.rep));
+      meta.coding.scope = m.opt.scope == codec::bucket_scope::tensor ? "tensor" : "checkpoint";
+      meta.coding.coder = m.opt.paper_coding ? "paper" : "grouped";
+      meta.coding.exact_optimizer = m.opt.exact_optimizer;
+    }
     // Exact regions: maximal runs of segments that are not compressed tensors.
     std::uint64_t run_start = 0, run_len = 0;
     for (const auto& s : layout.segments) {
@@ -586,7 +602,7 @@ content_ref content_store::put(std::string_view path, const format::source& src)
       const auto& t = layout.tensors[i];
       if (!t.compress) continue;
       job j{i, *format::codec_dtype(t.type), std::nullopt};
-      if (base_meta) {
+      if (base_meta && !(m.opt.exact_optimizer && is_optimizer_state(t.name))) {
         if (auto b = base_by_name.find(t.name); b != base_by_name.end()) {
           const auto& bt = base_meta->meta->layout.tensors[b->second];
           if (bt.type == t.type && bt.length == t.length) j.base_tensor = b->second;
@@ -628,7 +644,10 @@ content_ref content_store::put(std::string_view path, const format::source& src)
         f.mode = tensor_mode::delta;
         f.base_tensor = *j.base_tensor;
         recon->data = byte_buffer(cur.size());
-        codec::encode_delta_into(in, table, {m.opt.bits, 0, m.opt.rep}, recon->data, frame);
+        const codec::lossy_params params{
+            m.opt.bits, meta.coding.group, m.opt.rep,
+            m.opt.paper_coding ? codec::entropy_policy::huffman_only : codec::entropy_policy::best};
+        codec::encode_delta_into(in, table, params, recon->data, frame);
         // The superseded base is the likeliest eviction victim; readers of the old version
         // decode it again from its own chain.
         m.cache.erase({base_id, k_tensor, *j.base_tensor});
@@ -638,6 +657,7 @@ content_ref content_store::put(std::string_view path, const format::source& src)
         recon->data = std::move(cur);
       }
       f.encoded_bytes = frame.size();
+      f.digest = XXH3_64bits(recon->data.data(), recon->data.size());
       data.add(std::move(frame));
       meta.tensors.push_back(f);
       recons[j.tensor] = recon;
@@ -684,6 +704,7 @@ content_ref content_store::put(std::string_view path, const format::source& src)
   r.base = base_id;
   r.path = std::string(path);
   r.since_keyframe = keyframe ? 0 : since + 1;
+  r.created_ns = meta.created_ns;
   r.refs = 1;
   {
     std::lock_guard lock(m.mu);
@@ -828,6 +849,24 @@ void content_store::snapshot(std::vector<std::vector<std::byte>>& out) const {
   std::lock_guard lock(impl_->mu);
   for (const auto& [id, l] : impl_->lineages) out.push_back(to_bytes(impl::lineage_json(l)));
   for (const auto& [id, r] : impl_->versions) out.push_back(to_bytes(impl::version_json(r)));
+}
+
+bool is_optimizer_state(std::string_view name) noexcept {
+  static constexpr std::array<std::string_view, 7> buffers = {
+      "exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer", "square_avg", "acc_delta",
+      "exp_inf"};
+  static constexpr std::array<std::string_view, 5> roots = {
+      "optimizer", "optim", "optimizer_state", "optimizer_states", "optimizer_state_dict"};
+  const auto dot = name.find('.');
+  const std::string_view first = name.substr(0, dot);
+  for (auto r : roots)
+    if (first == r) return true;
+  const auto last_dot = name.rfind('.');
+  const std::string_view last =
+      last_dot == std::string_view::npos ? name : name.substr(last_dot + 1);
+  for (auto b : buffers)
+    if (last == b) return true;
+  return false;
 }
 
 std::string to_json(const version_info& i) {

@@ -34,7 +34,18 @@ struct content_options {
   std::uint64_t cache_bytes = std::uint64_t(2) << 30;  // reconstructed states and decoded data
   codec::representative rep = codec::representative::mean;
   codec::bucket_scope scope = codec::bucket_scope::tensor;
+  // paper: LC-Checkpoint's coder (one Huffman code word per symbol); grouped: our symbol groups
+  // with the best entropy coder per block.
+  bool paper_coding = false;
+  // Optimizer state (Adam's exp_avg/exp_avg_sq, momentum buffers; see is_optimizer_state) is
+  // stored losslessly in every version instead of as a lossy delta.
+  bool exact_optimizer = false;
 };
+
+// True for tensors whose dict key path names optimizer state: a last component such as exp_avg,
+// exp_avg_sq, max_exp_avg_sq, momentum_buffer, square_avg, acc_delta, or a path under an
+// "optimizer"/"optim"/"optimizer_state" key.
+bool is_optimizer_state(std::string_view tensor_name) noexcept;
 
 // A stored file version. version 0 is the empty file (no object, size 0).
 struct content_ref {

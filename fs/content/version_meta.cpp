@@ -70,10 +70,14 @@ std::vector<std::byte> encode_meta(const version_meta& m) {
   json tensors = json::array();
   for (const auto& t : m.tensors)
     tensors.push_back({{"i", t.tensor}, {"y", int(t.type)}, {"m", int(t.mode)},
-                       {"bt", t.base_tensor}, {"at", t.data_at}, {"e", t.encoded_bytes}});
+                       {"bt", t.base_tensor}, {"at", t.data_at}, {"e", t.encoded_bytes},
+                       {"d", t.digest}});
   const json j{{"size", m.size},       {"kind", int(m.kind)}, {"layout", layout_to_json(m.layout)},
                {"exact", exact},       {"tensors", tensors},  {"crcs", m.member_crcs},
-               {"bits", m.bits}};
+               {"bits", m.bits},       {"ct", m.created_ns},
+               {"cp",
+                {{"b", m.coding.bits}, {"g", m.coding.group}, {"r", m.coding.rep},
+                 {"s", m.coding.scope}, {"c", m.coding.coder}, {"xo", m.coding.exact_optimizer}}}};
   const auto bytes = json::to_cbor(j);
   return {reinterpret_cast<const std::byte*>(bytes.data()),
           reinterpret_cast<const std::byte*>(bytes.data() + bytes.size())};
@@ -95,9 +99,19 @@ version_meta decode_meta(std::span<const std::byte> cbor) {
     for (const auto& t : j.at("tensors"))
       m.tensors.push_back({t.at("i").get<std::size_t>(), codec::dtype(t.at("y").get<int>()),
                            tensor_mode(t.at("m").get<int>()), t.at("bt").get<std::size_t>(),
-                           t.at("at").get<std::uint64_t>(), t.at("e").get<std::uint64_t>()});
+                           t.at("at").get<std::uint64_t>(), t.at("e").get<std::uint64_t>(),
+                           t.value("d", std::uint64_t(0))});
     m.member_crcs = j.at("crcs").get<std::vector<std::pair<std::size_t, std::uint32_t>>>();
     m.bits = j.at("bits").get<int>();
+    m.created_ns = j.value("ct", std::int64_t(0));
+    if (auto cp = j.find("cp"); cp != j.end()) {
+      m.coding.bits = cp->at("b").get<int>();
+      m.coding.group = cp->at("g").get<int>();
+      m.coding.rep = cp->at("r").get<std::string>();
+      m.coding.scope = cp->at("s").get<std::string>();
+      m.coding.coder = cp->at("c").get<std::string>();
+      m.coding.exact_optimizer = cp->at("xo").get<bool>();
+    }
     if (m.layout.file_size != m.size) throw corrupt_error("content: layout size mismatch");
     for (const auto& t : m.tensors)
       if (t.tensor >= m.layout.tensors.size()) throw corrupt_error("content: tensor index");

@@ -38,6 +38,19 @@ struct tensor_frame {
   std::size_t base_tensor = 0;  // index into the base version's layout.tensors (delta only)
   std::uint64_t data_at = 0;
   std::uint64_t encoded_bytes = 0;
+  // XXH3-64 of the reconstructed payload (what a reader gets), checked by `ckptctl verify
+  // --deep`. 0 = not recorded.
+  std::uint64_t digest = 0;
+};
+
+// The lossy coding parameters a delta version was written with (for stat and the docs).
+struct coding_params {
+  int bits = 0;       // 0 for versions without lossy frames
+  int group = 0;      // symbols per entropy-coded group (1 = paper)
+  std::string rep;    // "mean" / "midrange"
+  std::string scope;  // "tensor" / "checkpoint"
+  std::string coder;  // "grouped" / "paper"
+  bool exact_optimizer = false;
 };
 
 enum class version_kind : std::uint8_t { exact = 0, keyframe = 1, delta = 2 };
@@ -51,6 +64,8 @@ struct version_meta {
   std::vector<tensor_frame> tensors;
   std::vector<std::pair<std::size_t, std::uint32_t>> member_crcs;  // served CRC per rewritten member
   int bits = 0;  // lossy parameters, for stat
+  coding_params coding;
+  std::int64_t created_ns = 0;  // CLOCK_REALTIME when the version was stored
 };
 
 std::vector<std::byte> encode_meta(const version_meta& m);

@@ -3,6 +3,7 @@
 #include <cctype>
 #include <charconv>
 #include <cmath>
+#include <initializer_list>
 
 namespace ckpt::fs::fuse {
 namespace {
@@ -35,6 +36,19 @@ int parse_int(std::string_view text, std::string_view option, int lo, int hi) {
   return v;
 }
 
+// Index of `text` among `choices`, or usage_error listing them.
+int choose(std::string_view text, std::string_view option,
+           std::initializer_list<std::string_view> choices) {
+  int i = 0;
+  std::string list;
+  for (auto c : choices) {
+    if (c == text) return i;
+    list += (i++ ? ", " : "") + std::string(c);
+  }
+  throw usage_error("invalid value '" + std::string(text) + "' for -o " + std::string(option) +
+                    " (expected one of: " + list + ")");
+}
+
 bool dropped_mount_option(std::string_view o) {
   return o == "defaults" || o == "auto" || o == "noauto" || o == "nofail" || o == "_netdev" ||
          o == "user" || o == "users" || o == "nouser" || o.rfind("x-", 0) == 0 ||
@@ -59,6 +73,21 @@ void take_option(daemon_options& d, const std::string& o) {
   } else if (key == "keyframe_interval") {
     need_value();
     d.content.keyframe_interval = parse_int(val, key, 1, 1000000);
+  } else if (key == "coding") {
+    need_value();
+    d.content.paper_coding = choose(val, key, {"grouped", "paper"}) == 1;
+  } else if (key == "rep") {
+    need_value();
+    d.content.rep = choose(val, key, {"mean", "midrange"}) == 1 ? codec::representative::midrange
+                                                               : codec::representative::mean;
+  } else if (key == "scope") {
+    need_value();
+    d.content.scope = choose(val, key, {"tensor", "checkpoint"}) == 1
+                          ? codec::bucket_scope::checkpoint
+                          : codec::bucket_scope::tensor;
+  } else if (key == "optimizer") {
+    need_value();
+    d.content.exact_optimizer = choose(val, key, {"lossy", "exact"}) == 1;
   } else if (key == "cache") {
     need_value();
     d.content.cache_bytes = parse_size(val, key);
@@ -160,6 +189,12 @@ std::string usage_text(std::string_view program) {
          "  -o bits=N              bits per changed element, 1..4 (default 3)\n"
          "  -o lossless            store every checkpoint exactly (lossless float coding)\n"
          "  -o keyframe_interval=N every N-th version of a checkpoint is a keyframe (default 20)\n"
+         "  -o coding=MODE         grouped (default): symbol groups, best entropy coder per block;\n"
+         "                         paper: LC-Checkpoint's one Huffman code word per element\n"
+         "  -o rep=R               bucket representative: mean (default) or midrange ((max+min)/2)\n"
+         "  -o scope=S             buckets per tensor (default) or per checkpoint (the paper's)\n"
+         "  -o optimizer=M         lossy (default): optimizer state is coded like weights;\n"
+         "                         exact: Adam moments, momentum buffers... stored losslessly\n"
          "  -o cache=SIZE          memory for reconstructed checkpoints (default 2G)\n"
          "  -o buffer=SIZE         memory for files being written; more spills to STORE/staging\n"
          "                         (default 1G)\n"
