@@ -80,6 +80,12 @@ class filesystem {
   // Called after a file's cached data or attributes changed outside a request (a commit
   // finished or failed): the FUSE layer invalidates the kernel's cache. Set before serving.
   void set_invalidate_hook(std::function<void(ino_t)> hook) { invalidate_ = std::move(hook); }
+  // Called after a name was removed outside a request (ckptctl rm/prune through the control
+  // socket): the FUSE layer tells the kernel to drop the dentry (fuse_lowlevel_notify_delete),
+  // so the listing changes at once. Set before serving.
+  void set_entry_removed_hook(std::function<void(ino_t parent, ino_t child, std::string_view name)> hook) {
+    entry_removed_ = std::move(hook);
+  }
 
   // Entries: each successful call that returns a stat counts one kernel lookup (see forget).
   struct stat lookup(ino_t parent, std::string_view name);
@@ -136,6 +142,9 @@ class filesystem {
   // Setting "user.ckptfs.drop_caches" (any value, on any file of the mount) empties the content
   // store's caches of reconstructed checkpoints and decoded data; nothing is stored.
   static constexpr std::string_view drop_caches_xattr = "user.ckptfs.drop_caches";
+  // "user.ckptfs.store" is virtual and read-only: the absolute store directory (ckptctl finds the
+  // daemon's control socket, STORE/control.sock, through it). Never listed.
+  static constexpr std::string_view store_xattr = "user.ckptfs.store";
   void setxattr(ino_t ino, std::string_view name, std::string_view value, int flags);
   std::string getxattr(ino_t ino, std::string_view name);
   std::vector<std::string> listxattr(ino_t ino);
@@ -196,6 +205,7 @@ class filesystem {
   fs_config cfg_;
   memory_budget budget_;
   std::function<void(ino_t)> invalidate_;
+  std::function<void(ino_t, ino_t, std::string_view)> entry_removed_;
 
   std::mutex mu_;                    // namespace, runtime and handles
   std::condition_variable idle_cv_;  // a pending inode became idle

@@ -265,6 +265,7 @@ struct statvfs filesystem::statfs() {
 void filesystem::setxattr(ino_t ino, std::string_view name, std::string_view value, int flags) {
   std::lock_guard lk(mu_);
   if (name == info_xattr) fail(EPERM, "user.ckptfs.info is read-only");
+  if (name == store_xattr) fail(EPERM, "user.ckptfs.store is read-only");
   if (name == drop_caches_xattr) {  // a command, not an attribute
     content_.drop_caches();
     log_info("content caches dropped (setxattr " + std::string(drop_caches_xattr) + ")");
@@ -290,6 +291,10 @@ std::string filesystem::getxattr(ino_t ino, std::string_view name) {
       return to_json(empty);
     }
     return to_json(content_.info(n.content));
+  }
+  if (name == store_xattr) {
+    tree_.get(ino);  // ENOENT for a stale inode
+    return cfg_.store_dir;
   }
   const inode& n = tree_.get(ino);
   auto it = n.xattrs.find(std::string(name));
