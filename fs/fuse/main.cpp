@@ -1,6 +1,6 @@
-// ckptfs: the daemon. Parses the command line, takes the store lock, opens the object store and
-// the journal, replays, mounts, serves, and on unmount or SIGTERM finishes pending commits and
-// syncs the journal before exiting 0.
+// ckptfs: the daemon. Parses the command line, opens the store (admin::store_session: lock, object
+// store, journal, replay), mounts, serves, answers ckptctl on STORE/control.sock, and on unmount
+// or SIGTERM finishes pending commits and syncs the journal before exiting 0.
 //
 // Background mode: the process forks *first* (so every thread is created in the daemon); the
 // parent relays the daemon's stderr until the mount is up (or the daemon failed) and exits with
@@ -16,18 +16,19 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "codec/error.hpp"
+#include "fs/admin/admin_service.hpp"
+#include "fs/admin/control_server.hpp"
+#include "fs/admin/store_session.hpp"
 #include "fs/content/content_store.hpp"
 #include "fs/fuse/ops.hpp"
 #include "fs/fuse/options.hpp"
 #include "fs/fuse/reply.hpp"
 #include "fs/namespace/filesystem.hpp"
 #include "fs/namespace/log.hpp"
-#include "fs/store/journal.hpp"
-#include "fs/store/object_store.hpp"
-#include "fs/store/store_lock.hpp"
 
 #ifndef CKPTFS_VERSION
 #define CKPTFS_VERSION "0.1.0"
@@ -123,33 +124,20 @@ class mounted_session {
 int serve(const fuse::daemon_options& opt, const std::string& program, parent_link& parent) {
   const bf::path store = bf::absolute(opt.store);
   const bf::path mnt = bf::absolute(opt.mountpoint);
-  bf::create_directories(store / "objects");
-  bf::create_directories(store / "staging");
 
-  store::store_lock lock(store);
-  store::object_store objects(store / "objects");
-  store::journal journal(store / "journal");
-  content_store content(objects, journal, opt.content);
-
-  fs_config cfg;
-  cfg.store_dir = store.string();
-  cfg.staging_dir = (store / "staging").string();
-  cfg.buffer_bytes = opt.buffer_bytes;
+  admin::store_session_options so;
+  so.content = opt.content;
+  so.buffer_bytes = opt.buffer_bytes;
+  so.create = true;
   // Tests: snapshot the journal early and often (default 64 MiB).
   if (const char* c = std::getenv("CKPTFS_COMPACT_BYTES"))
-    cfg.compact_bytes = fuse::parse_size(c, "CKPTFS_COMPACT_BYTES");
-  fuse::context ctx;  // outlives fsys: its commit workers call the invalidation hook
-  filesystem fsys(journal, content, cfg);
-
-  std::uint64_t records = 0, unknown = 0;
-  journal.replay([&](std::span<const std::byte> rec) {
-    ++records;
-    if (content.apply(rec)) return;
-    if (!fsys.replay_record(rec)) ++unknown;
-  });
-  fsys.replay_done();
-  if (unknown)
-    log_error("journal: " + std::to_string(unknown) + " records of unknown type ignored");
+    so.compact_bytes = fuse::parse_size(c, "CKPTFS_COMPACT_BYTES");
+  fuse::context ctx;  // outlives the session's filesystem: its commit workers call the hooks
+  // Lock, object store, journal, content store, filesystem, journal replay.
+  admin::store_session session(store, so);
+  filesystem& fsys = session.fs();
+  const std::uint64_t records = session.replayed_records();
+  admin::admin_service admin(fsys, session.content(), session.objects());
 
   ctx.fs = &fsys;
 
@@ -173,14 +161,39 @@ int serve(const fuse::daemon_options& opt, const std::string& program, parent_li
   fsys.set_invalidate_hook([&ctx](ino_t ino) {
     if (ctx.serving.load()) ctx.notifier->post(ino);
   });
+  // ckptctl rm/prune remove names on a control-socket thread, possibly under the filesystem's
+  // lock: only queue here (inval_notifier.hpp says why a direct kernel call could deadlock).
+  fsys.set_entry_removed_hook([&ctx](ino_t dir, ino_t child, std::string_view name) {
+    if (ctx.serving.load()) ctx.notifier->post_delete(dir, child, name);
+  });
 
   int rc = 0;
   {
+    // Declared before the mount, so destroyed after the unmount: a request still running then
+    // (a long verify) finishes against the filesystem, which lives until shutdown() below.
+    std::optional<admin::control_server> control;
     mounted_session mounted(se.get(), mnt.string());
     const std::string pid_file = (store / "ckptfs.pid").string();
     if (FILE* f = std::fopen(pid_file.c_str(), "w")) {
       std::fprintf(f, "%d\n", int(::getpid()));
       std::fclose(f);
+    }
+    // The control socket (docs/management.md). Without it the mount still works; only the live
+    // mode of ckptctl does not.
+    try {
+      admin::control_server::options copt;
+      // Answer rm/prune only once the kernel has dropped the removed names (ctx.serving is
+      // still true while requests run; after close() flush returns at once).
+      copt.before_reply = [&ctx] { ctx.notifier->flush(); };
+      control.emplace(
+          admin::control_socket_path(store.string()),
+          [&admin](const nlohmann::json& req, const admin::progress_fn& progress) {
+            return admin.handle(req, progress);
+          },
+          std::move(copt));
+    } catch (const std::exception& e) {
+      log_error(std::string("control socket: ") + e.what() +
+                "; ckptctl can manage this store only offline");
     }
     if (parent.fd >= 0) {
       std::fprintf(stderr, "ckptfs: mounted %s at %s; logging to %s\n", store.c_str(), mnt.c_str(),
@@ -198,6 +211,7 @@ int serve(const fuse::daemon_options& opt, const std::string& program, parent_li
     ctx.serving = true;
     rc = fuse_session_loop_mt(se.get(), loop.get());
     ctx.serving = false;
+    if (control) control->stop_accepting();  // the socket goes before the mount does
     ctx.notifier->close();
     log_info("unmounting: finishing pending files");
     // ~mounted_session unmounts; pending commits finish below either way.

@@ -1,0 +1,66 @@
+// Opening a store like the daemon does (store_session.hpp).
+#include "fs/admin/store_session.hpp"
+
+#include <boost/filesystem/operations.hpp>
+#include <cerrno>
+
+#include "codec/error.hpp"
+#include "fs/namespace/log.hpp"
+
+namespace bf = boost::filesystem;
+
+namespace ckpt::fs::admin {
+
+bool is_store_dir(const bf::path& dir) {
+  boost::system::error_code ec;
+  return bf::is_regular_file(dir / "journal", ec) && bf::is_directory(dir / "objects", ec);
+}
+
+store_session::store_session(const bf::path& store_dir, const store_session_options& opt)
+    : dir_(bf::absolute(store_dir)) {
+  if (!opt.create && !is_store_dir(dir_))
+    throw io_error(ENOENT, dir_.string() + " is not a ckptfs store (no journal and objects/)");
+  bf::create_directories(dir_ / "objects");
+  bf::create_directories(dir_ / "staging");
+
+  try {
+    lock_.emplace(dir_);
+  } catch (const io_error& e) {
+    if (e.sys_errno() != EWOULDBLOCK) throw;
+    // store_lock's message names the store and the holder's pid; say what to do about it.
+    throw io_error(EWOULDBLOCK, std::string(e.what()) +
+                                    "; while it runs, manage the store through a path inside "
+                                    "its mount instead of the store directory");
+  }
+  objects_.emplace(dir_ / "objects");
+  journal_.emplace(dir_ / "journal");
+  content_.emplace(*objects_, *journal_, opt.content);
+
+  fs_config cfg;
+  cfg.store_dir = dir_.string();
+  cfg.staging_dir = (dir_ / "staging").string();
+  cfg.buffer_bytes = opt.buffer_bytes;
+  if (opt.compact_bytes) cfg.compact_bytes = *opt.compact_bytes;
+  fs_.emplace(*journal_, *content_, cfg);
+
+  journal_->replay([&](std::span<const std::byte> rec) {
+    ++records_;
+    if (content_->apply(rec)) return;
+    if (!fs_->replay_record(rec)) ++unknown_;
+  });
+  fs_->replay_done();
+  if (unknown_)
+    log_error("journal: " + std::to_string(unknown_) + " records of unknown type ignored");
+}
+
+store_session::~store_session() {
+  if (fs_) {
+    try {
+      fs_->shutdown();
+    } catch (const std::exception& e) {
+      log_error(std::string("closing the store: ") + e.what());
+    }
+  }
+}
+
+}  // namespace ckpt::fs::admin

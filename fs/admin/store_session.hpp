@@ -1,0 +1,69 @@
+#pragma once
+// A store opened the way the daemon opens it, for whoever needs the whole stack without FUSE:
+// the daemon itself (fs/fuse/main.cpp) and ckptctl's offline mode. Construction takes the store
+// lock, opens the object store and the journal, builds the content store and the filesystem, and
+// replays the journal (content records to the content store, the rest to the namespace); the
+// destructor finishes pending commits and syncs the journal (filesystem::shutdown) before the
+// lock goes.
+//
+// Store layout used here: STORE/lock, STORE/journal, STORE/objects/, STORE/staging/.
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include <boost/filesystem/path.hpp>
+
+#include "fs/content/content_store.hpp"
+#include "fs/namespace/filesystem.hpp"
+#include "fs/store/journal.hpp"
+#include "fs/store/object_store.hpp"
+#include "fs/store/store_lock.hpp"
+
+namespace ckpt::fs::admin {
+
+struct store_session_options {
+  content_options content;
+  std::uint64_t buffer_bytes = std::uint64_t(1) << 30;  // fs_config::buffer_bytes
+  std::optional<std::uint64_t> compact_bytes;           // fs_config::compact_bytes if set
+  // true (the daemon): a missing store directory is created. false (tools): the directory must
+  // already be a store (is_store_dir), else ckpt::io_error(ENOENT) — a typo must not create an
+  // empty store.
+  bool create = true;
+};
+
+// True when `dir` looks like a ckptfs store: it has a `journal` file and an `objects/` directory.
+bool is_store_dir(const boost::filesystem::path& dir);
+
+class store_session {
+ public:
+  // Throws ckpt::io_error(EWOULDBLOCK) when a daemon (or another tool) holds the store: the
+  // message names the holder's pid and says to go through the mount instead. Other errors as
+  // thrown by the store (a damaged journal: ckpt::corrupt_error).
+  store_session(const boost::filesystem::path& store_dir, const store_session_options& opt);
+  ~store_session();  // fs().shutdown(): pending commits finished, journal synced
+  store_session(const store_session&) = delete;
+  store_session& operator=(const store_session&) = delete;
+
+  const boost::filesystem::path& store_dir() const { return dir_; }
+  filesystem& fs() { return *fs_; }
+  content_store& content() { return *content_; }
+  store::object_store& objects() { return *objects_; }
+  store::journal& journal() { return *journal_; }
+
+  // Replay statistics, for the daemon's log.
+  std::uint64_t replayed_records() const { return records_; }
+  std::uint64_t unknown_records() const { return unknown_; }
+
+ private:
+  boost::filesystem::path dir_;
+  // Construction order is dependency order; members are destroyed in reverse (the filesystem
+  // before the content store it commits into, the lock last).
+  std::optional<store::store_lock> lock_;
+  std::optional<store::object_store> objects_;
+  std::optional<store::journal> journal_;
+  std::optional<content_store> content_;
+  std::optional<filesystem> fs_;
+  std::uint64_t records_ = 0, unknown_ = 0;
+};
+
+}  // namespace ckpt::fs::admin
