@@ -11,5 +11,12 @@ inline int exit_status = 0;
 void add_bench_command(CLI::App& app);
 void add_inspect_command(CLI::App& app);
 void add_stat_command(CLI::App& app);
+// Store management (docs/management.md): live through a mount's daemon, or offline on a store.
+void add_ls_command(CLI::App& app);
+void add_rm_command(CLI::App& app);
+void add_prune_command(CLI::App& app);
+void add_verify_command(CLI::App& app);
+void add_export_command(CLI::App& app);
+void add_gc_command(CLI::App& app);
 
 }  // namespace ckpt::tools

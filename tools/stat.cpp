@@ -1,78 +1,104 @@
-// `ckptctl stat FILE`: how one file inside a ckptfs mount is stored. The daemon answers the
-// virtual extended attribute "user.ckptfs.info" (never listed by listxattr) with a JSON object;
-// this command formats it.
-#include <sys/xattr.h>
-
-#include <cerrno>
+// `ckptctl stat FILE [--store STORE] [--json]`: how one file (one version) is stored: format,
+// lineage, kind (exact / keyframe / delta) and base, sizes and ratio, completion time, the codec
+// parameters it was coded with, and every tensor with its mode and stored size. Asked from the
+// store's admin service (live through the daemon's control socket, or offline).
 #include <cstdio>
-#include <cstring>
-#include <iostream>
-#include <nlohmann/json.hpp>
+#include <memory>
 #include <string>
-#include <vector>
 
-#include "codec/error.hpp"
 #include "tools/commands.hpp"
+#include "tools/ctl_store.hpp"
 
 namespace ckpt::tools {
 namespace {
 
-constexpr const char* kInfoXattr = "user.ckptfs.info";
+struct stat_options {
+  std::string path;
+  std::string store;
+  bool json = false;
+};
 
-std::string human(double bytes) {
-  const char* unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (bytes >= 1024 && u < 4) bytes /= 1024, ++u;
-  char buf[32];
-  std::snprintf(buf, sizeof buf, u ? "%.1f %s" : "%.0f %s", bytes, unit[u]);
-  return buf;
+std::string scalar_text(const nlohmann::json& v) {
+  if (v.is_string()) return v.get<std::string>();
+  return v.dump();
 }
 
-nlohmann::json read_info(const std::string& path) {
-  std::vector<char> buf(4096);
-  for (;;) {
-    const ssize_t n = ::getxattr(path.c_str(), kInfoXattr, buf.data(), buf.size());
-    if (n >= 0) return nlohmann::json::parse(buf.begin(), buf.begin() + n);
-    if (errno == ERANGE) {
-      buf.resize(buf.size() * 4);
-      continue;
-    }
-    if (errno == ENODATA || errno == ENOTSUP)
-      throw error(errc::invalid, path + ": not a file inside a ckptfs mount");
-    throw io_error(errno, path + ": " + std::strerror(errno));
+void print_text(const std::string& arg, const nlohmann::json& info) {
+  const double logical = info.value("logical_bytes", 0.0), stored = info.value("stored_bytes", 0.0);
+  std::printf("file:     %s\n", arg.c_str());
+  const auto& paths = info.value("paths", nlohmann::json::array());
+  if (paths.size() > 1) {
+    std::string s;
+    for (const auto& p : paths) s += (s.empty() ? "" : ", ") + p.get<std::string>();
+    std::printf("names:    %s\n", s.c_str());
+  }
+  std::printf("format:   %s\n", info.value("format", "?").c_str());
+  const std::string kind = info.value("kind", "?");
+  if (kind == "delta")
+    std::printf("kind:     delta (base version %llu)\n",
+                static_cast<unsigned long long>(info.value("base", std::uint64_t(0))));
+  else
+    std::printf("kind:     %s\n", kind.c_str());
+  if (info.value("lineage", std::uint64_t(0)))
+    std::printf("lineage:  %llu\n",
+                static_cast<unsigned long long>(info.value("lineage", std::uint64_t(0))));
+  std::printf("version:  %llu\n",
+              static_cast<unsigned long long>(info.value("version", std::uint64_t(0))));
+  std::printf("created:  %s\n", time_text(info.value("created", 0.0)).c_str());
+  std::printf("logical:  %s\n", human_bytes(logical).c_str());
+  if (info.contains("exact_stored_bytes") && kind != "exact")
+    std::printf("stored:   %s (exact parts %s)\n", human_bytes(stored).c_str(),
+                human_bytes(info.value("exact_stored_bytes", 0.0)).c_str());
+  else
+    std::printf("stored:   %s\n", human_bytes(stored).c_str());
+  if (stored > 0) std::printf("ratio:    %s\n", ratio_text(logical, stored).c_str());
+  if (auto c = info.find("coding"); c != info.end() && c->is_object() && !c->empty()) {
+    std::string s;
+    for (const auto& [k, v] : c->items()) s += (s.empty() ? "" : " ") + k + "=" + scalar_text(v);
+    std::printf("coding:   %s\n", s.c_str());
+  }
+  const auto& tensors = info.value("tensors", nlohmann::json::array());
+  if (!tensors.empty()) {
+    std::printf("tensors:  %zu\n", tensors.size());
+    text_table t({"NAME", "DTYPE", "ELEMENTS", "MODE", "STORED"},
+                 {false, false, true, false, true});
+    for (const auto& x : tensors)
+      t.add({x.value("name", "?"), x.value("dtype", "?"),
+             std::to_string(x.value("elements", std::uint64_t(0))), x.value("mode", "?"),
+             human_bytes(x.value("stored_bytes", 0.0))});
+    std::fputs(t.render().c_str(), stdout);
   }
 }
 
 }  // namespace
 
 void add_stat_command(CLI::App& app) {
-  auto* cmd = app.add_subcommand("stat", "How one file inside a ckptfs mount is stored");
-  auto path = std::make_shared<std::string>();
-  auto json = std::make_shared<bool>(false);
-  cmd->add_option("FILE", *path, "A file inside a mounted ckptfs")->required();
-  cmd->add_flag("--json", *json, "Print one JSON object");
-  cmd->callback([path, json] {
-    auto info = read_info(*path);
-    const double logical = info.value("logical_bytes", 0.0), stored = info.value("stored_bytes", 0.0);
+  auto o = std::make_shared<stat_options>();
+  auto* cmd = app.add_subcommand("stat", "Show how one file is stored.");
+  cmd->footer(
+      "Format, lineage, kind (exact / keyframe / delta) and base version, logical and "
+      "stored size and ratio, completion time, the codec parameters it was coded with "
+      "(bits, group, representative, bucket scope, coder, exact optimizer state) and every "
+      "tensor with its dtype, element count, mode (delta / lossless) and stored size.\n");
+  cmd->add_option("FILE", o->path, "A file inside a ckptfs mount (or, with --store, in a store)")
+      ->required();
+  cmd->add_option("--store", o->store,
+                  "Work offline on this store directory (no daemon may hold it); FILE is then "
+                  "relative to the store's root, as the mount would show it");
+  cmd->add_flag("--json", o->json, "Print the result as one JSON object (sizes in bytes)");
+  cmd->callback([o] {
+    const target_path t = resolve_path(o->path, o->store, path_use::file);
+    store_client client(t.where);
+    progress_bar bar;
+    nlohmann::json info = client.call({{"op", "stat"}, {"path", t.rel}}, bar);
+    const double logical = info.value("logical_bytes", 0.0),
+                 stored = info.value("stored_bytes", 0.0);
     info["ratio"] = stored > 0 ? logical / stored : 0.0;
-    if (*json) {
-      std::cout << info.dump() << "\n";
-      return;
-    }
-    std::printf("file:     %s\n", path->c_str());
-    std::printf("format:   %s\n", info.value("format", "?").c_str());
-    const std::string kind = info.value("kind", "?");
-    if (kind == "delta")
-      std::printf("kind:     delta (base version %llu)\n",
-                  static_cast<unsigned long long>(info.value("base", 0ull)));
+    if (o->json)
+      print_json(info);
     else
-      std::printf("kind:     %s\n", kind.c_str());
-    if (info.value("lineage", 0ull))
-      std::printf("lineage:  %llu\n", static_cast<unsigned long long>(info.value("lineage", 0ull)));
-    std::printf("version:  %llu\n", static_cast<unsigned long long>(info.value("version", 0ull)));
-    std::printf("logical:  %s\n", human(logical).c_str());
-    std::printf("stored:   %s\n", human(stored).c_str());
-    if (stored > 0) std::printf("ratio:    %.1fx\n", logical / stored);
+      print_text(o->path, info);
+    exit_status = 0;
   });
 }
 
