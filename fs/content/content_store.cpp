@@ -12,6 +12,8 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <set>
+#include <shared_mutex>
 #include <optional>
 #include <nlohmann/json.hpp>
 #include <unordered_map>
@@ -91,6 +93,23 @@ struct data_area {
   }
 };
 
+// Writes a content object: prefix | meta | data area (durable when it returns).
+store::object_ref write_object(store::object_store& objects, const version_meta& meta,
+                               const data_area& data) {
+  const bytes meta_bytes = encode_meta(meta);
+  std::byte prefix[content_prefix_size];
+  const std::uint32_t magic = content_magic, fmt = content_format_version;
+  const std::uint64_t meta_len = meta_bytes.size();
+  const std::uint64_t meta_sum = XXH3_64bits(meta_bytes.data(), meta_bytes.size());
+  std::memcpy(prefix, &magic, 4);
+  std::memcpy(prefix + 4, &fmt, 4);
+  std::memcpy(prefix + 8, &meta_len, 8);
+  std::memcpy(prefix + 16, &meta_sum, 8);
+  std::vector<std::span<const std::byte>> pieces{prefix, meta_bytes};
+  for (const auto& c : data.chunks) pieces.emplace_back(c);
+  return objects.put(pieces);
+}
+
 }  // namespace
 
 struct version_rec {
@@ -127,6 +146,10 @@ struct content_store::impl {
   std::uint64_t next_version = 1, next_lineage = 1;
   std::uint64_t max_object = 0;  // largest object id any replayed record names
   std::vector<std::uint64_t> unneeded;  // objects to remove once the records are durable
+  std::vector<std::uint64_t> replaced;  // replay: objects of rewritten versions (rekey)
+  // Shared by every writer between its object's write and its record's append (put, rekey);
+  // exclusive for garbage collection, which must not take a fresh object for garbage.
+  std::shared_mutex object_gate;
   cache::lru_cache<cache_key, cache_item, cache_key_hash> cache;
 
   class reader;
@@ -363,9 +386,13 @@ struct content_store::impl {
     max_object = std::max(max_object, r.obj.id);
     if (r.lineage) {
       auto& l = lineages[r.lineage];
-      l.head = r.id;
-      l.since_keyframe = r.since_keyframe;
+      if (r.id >= l.head) {  // a rewritten older version (rekey) does not move the head back
+        l.head = r.id;
+        l.since_keyframe = r.since_keyframe;
+      }
     }
+    if (auto old = versions.find(r.id); old != versions.end() && old->second.obj.id != r.obj.id)
+      replaced.push_back(old->second.obj.id);
     versions[r.id] = std::move(r);
   }
 
@@ -455,6 +482,12 @@ void content_store::replay_done(std::span<const content_ref> live) {
     std::vector<std::uint64_t> ids;
     for (auto& [id, r] : vs) ids.push_back(id);
     for (auto it = ids.rbegin(); it != ids.rend(); ++it) impl_->collect(*it, doomed);
+    // A rewritten version's old object: its new record is durable (we just replayed it).
+    std::set<std::uint64_t> in_use;
+    for (const auto& [id, r] : vs) in_use.insert(r.obj.id);
+    for (auto o : impl_->replaced)
+      if (!in_use.count(o)) doomed.push_back(o);
+    impl_->replaced.clear();
   }
   impl_->remove_objects(doomed);
 }
@@ -680,19 +713,8 @@ content_ref content_store::put(std::string_view path, const format::source& src)
     meta.layout = std::move(layout);
   }
 
-  // Object: prefix | meta | data.
-  const bytes meta_bytes = encode_meta(meta);
-  std::byte prefix[content_prefix_size];
-  const std::uint32_t magic = content_magic, fmt = content_format_version;
-  const std::uint64_t meta_len = meta_bytes.size();
-  const std::uint64_t meta_sum = XXH3_64bits(meta_bytes.data(), meta_bytes.size());
-  std::memcpy(prefix, &magic, 4);
-  std::memcpy(prefix + 4, &fmt, 4);
-  std::memcpy(prefix + 8, &meta_len, 8);
-  std::memcpy(prefix + 16, &meta_sum, 8);
-  std::vector<std::span<const std::byte>> pieces{prefix, meta_bytes};
-  for (const auto& c : data.chunks) pieces.emplace_back(c);
-  const store::object_ref obj = m.objects.put(pieces);
+  std::shared_lock object_gate(m.object_gate);  // until the record names the object
+  const store::object_ref obj = write_object(m.objects, meta, data);
   data = {};
 
   version_rec r;
@@ -842,6 +864,9 @@ version_info content_store::info(const content_ref& ref) const {
   i.logical_bytes = r.size;
   i.stored_bytes = impl_->objects.disk_bytes(r.obj.id);
   i.path = r.path;
+  i.created_ns = r.created_ns;
+  i.refs = r.refs;
+  i.object = r.obj.id;
   return i;
 }
 
@@ -878,5 +903,233 @@ std::string to_json(const version_info& i) {
 }
 
 void content_store::drop_caches() { impl_->cache.clear(); }
+
+// ---- management -------------------------------------------------------------------------------
+
+std::vector<version_info> content_store::versions() const {
+  std::vector<std::uint64_t> ids;
+  {
+    std::lock_guard lock(impl_->mu);
+    for (const auto& [id, r] : impl_->versions) ids.push_back(id);
+  }
+  std::vector<version_info> out;
+  out.reserve(ids.size());
+  for (auto id : ids) {
+    try {
+      out.push_back(info({id, 0}));
+    } catch (const corrupt_error&) {
+      // reclaimed meanwhile
+    }
+  }
+  return out;
+}
+
+version_detail content_store::detail(const content_ref& ref) {
+  version_detail d;
+  d.info = info(ref);
+  if (!ref.version) return d;
+  const auto m = impl_->meta_of(ref.version);
+  const version_meta& meta = *m->meta;
+  d.coding = meta.coding;
+  if (!d.coding.bits && meta.bits) d.coding.bits = meta.bits;  // written before coding_params
+  for (const auto& r : meta.exact) d.exact_stored_bytes += r.encoded_bytes;
+  for (const auto& f : meta.tensors) {
+    const auto& t = meta.layout.tensors.at(f.tensor);
+    d.tensors.push_back({t.name, std::string(format::name(t.type)), t.elements(),
+                         f.mode == tensor_mode::delta ? "delta" : "lossless", f.encoded_bytes});
+  }
+  return d;
+}
+
+std::uint64_t content_store::rekey(std::uint64_t v) {
+  auto& m = *impl_;
+  version_rec r = m.get(v);
+  if (r.kind != version_kind::delta) return 0;
+  // No put into this lineage meanwhile (it would read the chain we are changing), and one
+  // rekey of a version at a time.
+  std::shared_ptr<std::mutex> encode_mu;
+  {
+    std::lock_guard lock(m.mu);
+    if (auto l = m.lineages.find(r.lineage); l != m.lineages.end()) encode_mu = l->second.encode_mu;
+  }
+  std::unique_lock<std::mutex> lineage_lock;
+  if (encode_mu) lineage_lock = std::unique_lock(*encode_mu);
+  r = m.get(v);
+  if (r.kind != version_kind::delta) return 0;
+
+  const auto old = m.meta_of(v);
+  const version_meta& om = *old->meta;
+  version_meta meta;
+  meta.size = om.size;
+  meta.kind = version_kind::keyframe;
+  meta.layout = om.layout;
+  meta.member_crcs = om.member_crcs;
+  meta.created_ns = om.created_ns;
+  data_area data;
+  // Exact regions and lossless frames are copied encoded; deltas become lossless frames of
+  // their reconstruction, which is what the version reads as.
+  auto copy_encoded = [&](std::uint64_t at, std::uint64_t len) {
+    bytes b(len);
+    m.objects.read(r.obj.id, old->data_base + at, b);
+    const std::uint64_t pos = data.size;
+    data.add(std::move(b));
+    return pos;
+  };
+  for (exact_region x : om.exact) {
+    x.data_at = copy_encoded(x.data_at, x.encoded_bytes);
+    meta.exact.push_back(std::move(x));
+  }
+  for (tensor_frame f : om.tensors) {
+    if (f.mode == tensor_mode::lossless) {
+      f.data_at = copy_encoded(f.data_at, f.encoded_bytes);
+    } else {
+      const auto recon = m.tensor_recon(v, f.tensor);
+      if (f.digest && XXH3_64bits(recon->data.data(), recon->data.size()) != f.digest)
+        throw corrupt_error("content: version " + std::to_string(v) +
+                            " does not match its digest; not rewritten");
+      bytes frame;
+      codec::encode_exact_into(f.type, recon->data, frame);
+      f.mode = tensor_mode::lossless;
+      f.base_tensor = 0;
+      f.data_at = data.size;
+      f.encoded_bytes = frame.size();
+      data.add(std::move(frame));
+    }
+    meta.tensors.push_back(f);
+  }
+
+  std::shared_lock object_gate(m.object_gate);
+  const store::object_ref obj = write_object(m.objects, meta, data);
+  data = {};
+  {
+    std::lock_guard lock(m.mu);
+    auto it = m.versions.find(v);
+    if (it == m.versions.end()) {  // reclaimed while we wrote (its names went meanwhile)
+      m.unneeded.push_back(obj.id);
+      return 0;
+    }
+    version_rec& cur = it->second;
+    const std::uint64_t old_obj = cur.obj.id, old_base = cur.base;
+    cur.obj = obj;
+    cur.kind = version_kind::keyframe;
+    cur.base = 0;
+    cur.since_keyframe = 0;
+    if (m.is_head(cur)) m.lineages.at(cur.lineage).since_keyframe = 0;
+    m.journal.append(to_bytes(impl::version_json(cur)));
+    m.unneeded.push_back(old_obj);
+    if (auto b = m.versions.find(old_base); b != m.versions.end()) {
+      --b->second.dependents;
+      m.collect(old_base, m.unneeded);
+    }
+  }
+  // Readers see the new object from now on; decoded data is the same bytes and stays cached.
+  m.cache.erase({v, k_meta, 0});
+  return m.objects.disk_bytes(obj.id);
+}
+
+std::string content_store::verify(std::uint64_t v, bool deep,
+                                  const std::function<void(std::uint64_t)>& progress) {
+  auto& m = *impl_;
+  version_rec r;
+  try {
+    r = m.get(v);
+  } catch (const corrupt_error&) {
+    return "version " + std::to_string(v) + " is not in the store";
+  }
+  try {
+    m.objects.verify(r.obj);
+  } catch (const std::exception& e) {
+    return "object " + std::to_string(r.obj.id) + ": " + e.what();
+  }
+  if (progress) progress(r.obj.size);
+  try {
+    // Parse the metadata from disk (a cached copy would hide damage).
+    m.cache.erase({v, k_meta, 0});
+    const auto item = m.meta_of(v);
+    const version_meta& meta = *item->meta;
+    const std::uint64_t area = r.obj.size - item->data_base;
+    if (meta.size != r.size) return "metadata size differs from the record";
+    std::shared_ptr<const cache_item> base_meta;
+    if (r.base) {
+      {
+        std::lock_guard lock(m.mu);
+        if (!m.versions.count(r.base))
+          return "base version " + std::to_string(r.base) + " is missing";
+      }
+      base_meta = m.meta_of(r.base);
+    }
+    for (const auto& x : meta.exact)
+      if (x.data_at + x.encoded_bytes > area) return "an exact region lies outside the object";
+    for (const auto& f : meta.tensors) {
+      if (f.data_at + f.encoded_bytes > area) return "a tensor frame lies outside the object";
+      if (f.mode == tensor_mode::delta &&
+          (!base_meta || f.base_tensor >= base_meta->meta->layout.tensors.size()))
+        return "a delta frame names a base tensor that does not exist";
+    }
+    if (!deep) return {};
+    for (std::size_t ri = 0; ri < meta.exact.size(); ++ri) {
+      const auto& x = meta.exact[ri];
+      const bytes enc = [&] {
+        bytes b(x.encoded_bytes);
+        m.objects.read(r.obj.id, item->data_base + x.data_at, b);
+        return b;
+      }();
+      std::uint64_t decoded = 0;
+      for (std::size_t b = 0; b < x.blocks.size(); ++b) {
+        const std::uint64_t begin = x.blocks[b];
+        const std::uint64_t end = b + 1 < x.blocks.size() ? x.blocks[b + 1] : x.encoded_bytes;
+        if (end < begin || end > enc.size()) return "an exact region's block index is damaged";
+        byte_buffer out(std::min<std::uint64_t>(x.block_bytes, x.length - decoded));
+        codec::decode(std::span(enc).subspan(begin, end - begin), {}, out);
+        decoded += out.size();
+      }
+      if (decoded != x.length) return "an exact region decodes to the wrong length";
+    }
+    for (const auto& f : meta.tensors) {
+      // Decode this version's frame from disk, on top of the base's reconstruction (cached,
+      // or decoded from its own chain).
+      const std::uint64_t length = meta.layout.tensors.at(f.tensor).length;
+      byte_buffer enc(f.encoded_bytes);
+      m.objects.read(r.obj.id, item->data_base + f.data_at, enc);
+      byte_buffer out(length);
+      if (f.mode == tensor_mode::delta) {
+        const auto base = m.tensor_recon(r.base, f.base_tensor);
+        if (base->data.size() != length) return "a delta frame's base has another size";
+        codec::decode(enc, base->data, out);
+      } else {
+        codec::decode(enc, {}, out);
+      }
+      if (f.digest && XXH3_64bits(out.data(), out.size()) != f.digest)
+        return "tensor '" + meta.layout.tensors.at(f.tensor).name +
+               "' does not decode to its recorded digest";
+      // The next version in the chain decodes on top of this one.
+      auto item_out = std::make_shared<cache_item>();
+      item_out->data = std::move(out);
+      m.cache.put({v, k_tensor, f.tensor}, item_out, length);
+    }
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return {};
+}
+
+std::pair<std::uint64_t, std::uint64_t> content_store::collect_garbage(bool dry_run) {
+  auto& m = *impl_;
+  std::unique_lock gate(m.object_gate);  // no object between its write and its record
+  std::set<std::uint64_t> keep;
+  {
+    std::lock_guard lock(m.mu);
+    for (const auto& [id, r] : m.versions) keep.insert(r.obj.id);
+    keep.insert(m.unneeded.begin(), m.unneeded.end());  // removed after the next journal sync
+  }
+  std::uint64_t count = 0, bytes_freed = 0;
+  for (auto id : m.objects.list()) {
+    if (keep.count(id)) continue;
+    ++count;
+    bytes_freed += m.objects.disk_bytes(id);
+    if (!dry_run) m.objects.remove(id);
+  }
+  return {count, bytes_freed};
+}
 
 }  // namespace ckpt::fs
