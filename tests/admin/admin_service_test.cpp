@@ -150,7 +150,7 @@ std::map<std::string, std::string> all_served(filesystem& fs) {
 
 }  // namespace
 
-TEST_CASE("admin: ls groups versions by lineage with totals; stat shows tensors and coding") {
+TEST_CASE("admin: ls groups versions by lineage with totals, stat shows tensors and coding") {
   temp_dir tmp;
   opened s(tmp.path);
   populate(s, 4);
@@ -244,7 +244,7 @@ TEST_CASE("admin: prune --keep-last rekeys the oldest kept version and frees the
   CHECK(v["unreferenced_objects"] == 0);
 }
 
-TEST_CASE("admin: prune --keep-every and --keep-newer-than; middle versions stay as hidden bases") {
+TEST_CASE("admin: prune --keep-every and --keep-newer-than, middle versions stay as hidden bases") {
   temp_dir tmp;
   opened s(tmp.path);
   populate(s, 7);
