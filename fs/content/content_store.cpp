@@ -6,16 +6,16 @@
 #include <array>
 #include <chrono>
 #include <condition_variable>
-#include <deque>
-#include <stop_token>
-#include <thread>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <shared_mutex>
-#include <optional>
-#include <nlohmann/json.hpp>
+#include <stop_token>
+#include <thread>
 #include <unordered_map>
 #include <utility>
 
@@ -133,6 +133,7 @@ struct lineage_rec {
   std::string path_key;
   std::uint64_t head = 0;
   std::uint64_t since_keyframe = 0;
+  bool journaled = true;  // its record is in the journal (a new lineage's goes with its first put)
   std::shared_ptr<std::mutex> encode_mu = std::make_shared<std::mutex>();
 };
 
@@ -144,7 +145,7 @@ struct content_store::impl {
   std::map<std::uint64_t, version_rec> versions;
   std::map<std::uint64_t, lineage_rec> lineages;
   std::uint64_t next_version = 1, next_lineage = 1;
-  std::uint64_t max_object = 0;  // largest object id any replayed record names
+  std::uint64_t max_object = 0;         // largest object id any replayed record names
   std::vector<std::uint64_t> unneeded;  // objects to remove once the records are durable
   std::vector<std::uint64_t> replaced;  // replay: objects of rewritten versions (rekey)
   // Shared by every writer between its object's write and its record's append (put, rekey);
@@ -234,7 +235,8 @@ struct content_store::impl {
     return out;
   }
 
-  std::shared_ptr<const cache_item> exact_block(std::uint64_t v, std::size_t region, std::size_t block) {
+  std::shared_ptr<const cache_item> exact_block(std::uint64_t v, std::size_t region,
+                                                std::size_t block) {
     return cache.get_or_load({v, k_block, (std::uint64_t(region) << 32) | block}, [&] {
       auto m = meta_of(v);
       const exact_region& r = m->meta->exact.at(region);
@@ -259,7 +261,8 @@ struct content_store::impl {
     while (!out.empty()) {
       if (it == regions.begin()) throw corrupt_error("content: read outside stored regions");
       const exact_region& r = *std::prev(it);
-      if (offset >= r.offset + r.length) throw corrupt_error("content: read outside stored regions");
+      if (offset >= r.offset + r.length)
+        throw corrupt_error("content: read outside stored regions");
       const std::size_t ri = std::size_t(std::prev(it) - regions.begin());
       const std::uint64_t in_region = offset - r.offset;
       const std::size_t block = std::size_t(in_region / r.block_bytes);
@@ -318,8 +321,9 @@ struct content_store::impl {
     const std::span<std::byte> enc(scratch.data(), f->encoded_bytes);
     objects.read(get(v).obj.id, m->data_base + f->data_at, enc);
     if (f->mode == tensor_mode::delta) {
-      codec::decode(enc, cached_base ? std::span<const std::byte>(cached_base->data)
-                                     : std::span<const std::byte>(out),
+      codec::decode(enc,
+                    cached_base ? std::span<const std::byte>(cached_base->data)
+                                : std::span<const std::byte>(out),
                     out);
     } else {
       codec::decode(enc, {}, out);
@@ -360,9 +364,9 @@ struct content_store::impl {
   // --- records -------------------------------------------------------------------------------
 
   static json version_json(const version_rec& r) {
-    return {{"t", "c.v"},         {"v", r.id},      {"o", r.obj.id},   {"os", r.obj.size},
-            {"oc", r.obj.checksum}, {"z", r.size},  {"k", int(r.kind)}, {"f", r.format},
-            {"l", r.lineage},     {"b", r.base},    {"p", r.path},     {"q", r.since_keyframe},
+    return {{"t", "c.v"},           {"v", r.id},   {"o", r.obj.id},    {"os", r.obj.size},
+            {"oc", r.obj.checksum}, {"z", r.size}, {"k", int(r.kind)}, {"f", r.format},
+            {"l", r.lineage},       {"b", r.base}, {"p", r.path},      {"q", r.since_keyframe},
             {"ct", r.created_ns}};
   }
   static json lineage_json(const lineage_rec& l) {
@@ -501,53 +505,52 @@ content_ref content_store::put(std::string_view path, const format::source& src)
   for (const auto& t : layout.tensors) checkpoint |= t.compress;
 
   std::uint64_t id = 0, lineage_id = 0, base_id = 0, since = 0;
-  bool new_lineage = false;
   std::shared_ptr<std::mutex> encode_mu;
-  lineage_rec new_lin;
-  {
+  if (checkpoint) {
     std::lock_guard lock(m.mu);
-    if (checkpoint) {
-      const std::uint64_t sig = lineage_signature(layout);
-      const std::string key = lineage_path_key(path);
-      // A path key that has a lineage continues it. A new path key whose content matches an
-      // existing lineage (a renamed run, temp files with random names) starts its own lineage,
-      // with the most recently extended matching head as its first base instead of a keyframe.
-      const lineage_rec* same_key = nullptr;
-      const lineage_rec* donor = nullptr;
-      for (const auto& [lid, l] : m.lineages) {
-        if (l.signature != sig) continue;
-        if (l.path_key == key) same_key = &l;
-        if (!donor || l.head > donor->head) donor = &l;
-      }
-      if (same_key) {
-        lineage_id = same_key->id;
-        encode_mu = same_key->encode_mu;
-      } else {
-        new_lineage = true;
-        lineage_id = m.next_lineage++;
-        new_lin.id = lineage_id;
-        new_lin.signature = sig;
-        new_lin.path_key = key;
-        encode_mu = new_lin.encode_mu;
-        if (donor && m.versions.count(donor->head)) {
-          base_id = donor->head;
-          since = donor->since_keyframe;
-        }
-      }
+    const std::uint64_t sig = lineage_signature(layout);
+    const std::string key = lineage_path_key(path);
+    // A path key that has a lineage continues it; a new one gets its lineage at once (in memory;
+    // its record goes with its first version), so that two first puts of one path key meet in
+    // the same lineage: the second waits for the first and deltas against it.
+    for (const auto& [lid, l] : m.lineages)
+      if (l.signature == sig && l.path_key == key) lineage_id = lid;
+    if (!lineage_id) {
+      lineage_rec l;
+      l.id = lineage_id = m.next_lineage++;
+      l.signature = sig;
+      l.path_key = key;
+      l.journaled = false;
+      m.lineages.emplace(lineage_id, std::move(l));
     }
+    encode_mu = m.lineages.at(lineage_id).encode_mu;
   }
   // One encode at a time per lineage: the next version's base is this one's reconstruction.
   std::unique_lock<std::mutex> lineage_lock;
   if (encode_mu) lineage_lock = std::unique_lock(*encode_mu);
-  if (checkpoint && !new_lineage) {
+  if (checkpoint) {
     std::lock_guard lock(m.mu);
     const auto& l = m.lineages.at(lineage_id);
     base_id = l.head;
     since = l.since_keyframe;
     if (base_id && !m.versions.count(base_id)) base_id = 0;
+    if (!l.head) {
+      // A lineage's first version: content matching another lineage (a renamed run, temp files
+      // with random names) starts from the most recently extended matching head instead of a
+      // keyframe.
+      const lineage_rec* donor = nullptr;
+      for (const auto& [lid, o] : m.lineages)
+        if (lid != lineage_id && o.signature == l.signature && o.head && m.versions.count(o.head) &&
+            (!donor || o.head > donor->head))
+          donor = &o;
+      if (donor) {
+        base_id = donor->head;
+        since = donor->since_keyframe;
+      }
+    }
   }
-  const bool keyframe =
-      checkpoint && (m.opt.lossless || !base_id || since + 1 >= std::uint64_t(m.opt.keyframe_interval));
+  const bool keyframe = checkpoint && (m.opt.lossless || !base_id ||
+                                       since + 1 >= std::uint64_t(m.opt.keyframe_interval));
   if (keyframe) base_id = 0;
   // Pin the base as a dependent from now on: another lineage's head (a forked lineage's base)
   // may move on meanwhile and must not be reclaimed under us. Released if this put fails.
@@ -620,7 +623,8 @@ content_ref content_store::put(std::string_view path, const format::source& src)
     if (base_id) {
       base_meta = m.meta_of(base_id);
       const auto& bl = base_meta->meta->layout;
-      for (const auto& f : base_meta->meta->tensors) base_by_name[bl.tensors[f.tensor].name] = f.tensor;
+      for (const auto& f : base_meta->meta->tensors)
+        base_by_name[bl.tensors[f.tensor].name] = f.tensor;
     }
     // Tensor by tensor, so that memory holds the write buffer, one tensor's copy and the
     // reconstructions (base tensors leave the cache as their successors arrive). Checkpoint-wide
@@ -734,9 +738,12 @@ content_ref content_store::put(std::string_view path, const format::source& src)
     // completion order, which is what replay (and a compacted snapshot) takes the head from.
     id = m.next_version++;
     r.id = id;
-    if (new_lineage) {
-      m.journal.append(to_bytes(impl::lineage_json(new_lin)));
-      m.lineages.emplace(lineage_id, std::move(new_lin));
+    if (lineage_id) {
+      auto& l = m.lineages.at(lineage_id);
+      if (!l.journaled) {
+        m.journal.append(to_bytes(impl::lineage_json(l)));
+        l.journaled = true;
+      }
     }
     m.journal.append(to_bytes(impl::version_json(r)));
     base_pin.armed = false;  // the pin becomes the new version's dependency on its base
@@ -872,14 +879,15 @@ version_info content_store::info(const content_ref& ref) const {
 
 void content_store::snapshot(std::vector<std::vector<std::byte>>& out) const {
   std::lock_guard lock(impl_->mu);
-  for (const auto& [id, l] : impl_->lineages) out.push_back(to_bytes(impl::lineage_json(l)));
+  for (const auto& [id, l] : impl_->lineages)
+    if (l.journaled) out.push_back(to_bytes(impl::lineage_json(l)));
   for (const auto& [id, r] : impl_->versions) out.push_back(to_bytes(impl::version_json(r)));
 }
 
 bool is_optimizer_state(std::string_view name) noexcept {
   static constexpr std::array<std::string_view, 7> buffers = {
-      "exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer", "square_avg", "acc_delta",
-      "exp_inf"};
+      "exp_avg",    "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer",
+      "square_avg", "acc_delta",  "exp_inf"};
   static constexpr std::array<std::string_view, 5> roots = {
       "optimizer", "optim", "optimizer_state", "optimizer_states", "optimizer_state_dict"};
   const auto dot = name.find('.');
@@ -895,14 +903,16 @@ bool is_optimizer_state(std::string_view name) noexcept {
 }
 
 std::string to_json(const version_info& i) {
-  return json{{"version", i.version},   {"format", i.format},
-              {"kind", i.kind},         {"lineage", i.lineage},
-              {"base", i.base},         {"logical_bytes", i.logical_bytes},
-              {"stored_bytes", i.stored_bytes}, {"path", i.path}}
+  return json{
+      {"version", i.version},           {"format", i.format}, {"kind", i.kind},
+      {"lineage", i.lineage},           {"base", i.base},     {"logical_bytes", i.logical_bytes},
+      {"stored_bytes", i.stored_bytes}, {"path", i.path}}
       .dump();
 }
 
-void content_store::drop_caches() { impl_->cache.clear(); }
+void content_store::drop_caches() {
+  impl_->cache.clear();
+}
 
 // ---- management -------------------------------------------------------------------------------
 
