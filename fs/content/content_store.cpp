@@ -6,14 +6,16 @@
 #include <array>
 #include <chrono>
 #include <condition_variable>
-#include <deque>
-#include <stop_token>
-#include <thread>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <mutex>
-#include <optional>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+#include <shared_mutex>
+#include <stop_token>
+#include <thread>
 #include <unordered_map>
 #include <utility>
 
@@ -91,6 +93,23 @@ struct data_area {
   }
 };
 
+// Writes a content object: prefix | meta | data area (durable when it returns).
+store::object_ref write_object(store::object_store& objects, const version_meta& meta,
+                               const data_area& data) {
+  const bytes meta_bytes = encode_meta(meta);
+  std::byte prefix[content_prefix_size];
+  const std::uint32_t magic = content_magic, fmt = content_format_version;
+  const std::uint64_t meta_len = meta_bytes.size();
+  const std::uint64_t meta_sum = XXH3_64bits(meta_bytes.data(), meta_bytes.size());
+  std::memcpy(prefix, &magic, 4);
+  std::memcpy(prefix + 4, &fmt, 4);
+  std::memcpy(prefix + 8, &meta_len, 8);
+  std::memcpy(prefix + 16, &meta_sum, 8);
+  std::vector<std::span<const std::byte>> pieces{prefix, meta_bytes};
+  for (const auto& c : data.chunks) pieces.emplace_back(c);
+  return objects.put(pieces);
+}
+
 }  // namespace
 
 struct version_rec {
@@ -114,6 +133,7 @@ struct lineage_rec {
   std::string path_key;
   std::uint64_t head = 0;
   std::uint64_t since_keyframe = 0;
+  bool journaled = true;  // its record is in the journal (a new lineage's goes with its first put)
   std::shared_ptr<std::mutex> encode_mu = std::make_shared<std::mutex>();
 };
 
@@ -125,8 +145,12 @@ struct content_store::impl {
   std::map<std::uint64_t, version_rec> versions;
   std::map<std::uint64_t, lineage_rec> lineages;
   std::uint64_t next_version = 1, next_lineage = 1;
-  std::uint64_t max_object = 0;  // largest object id any replayed record names
+  std::uint64_t max_object = 0;         // largest object id any replayed record names
   std::vector<std::uint64_t> unneeded;  // objects to remove once the records are durable
+  std::vector<std::uint64_t> replaced;  // replay: objects of rewritten versions (rekey)
+  // Shared by every writer between its object's write and its record's append (put, rekey);
+  // exclusive for garbage collection, which must not take a fresh object for garbage.
+  std::shared_mutex object_gate;
   cache::lru_cache<cache_key, cache_item, cache_key_hash> cache;
 
   class reader;
@@ -211,7 +235,8 @@ struct content_store::impl {
     return out;
   }
 
-  std::shared_ptr<const cache_item> exact_block(std::uint64_t v, std::size_t region, std::size_t block) {
+  std::shared_ptr<const cache_item> exact_block(std::uint64_t v, std::size_t region,
+                                                std::size_t block) {
     return cache.get_or_load({v, k_block, (std::uint64_t(region) << 32) | block}, [&] {
       auto m = meta_of(v);
       const exact_region& r = m->meta->exact.at(region);
@@ -236,7 +261,8 @@ struct content_store::impl {
     while (!out.empty()) {
       if (it == regions.begin()) throw corrupt_error("content: read outside stored regions");
       const exact_region& r = *std::prev(it);
-      if (offset >= r.offset + r.length) throw corrupt_error("content: read outside stored regions");
+      if (offset >= r.offset + r.length)
+        throw corrupt_error("content: read outside stored regions");
       const std::size_t ri = std::size_t(std::prev(it) - regions.begin());
       const std::uint64_t in_region = offset - r.offset;
       const std::size_t block = std::size_t(in_region / r.block_bytes);
@@ -295,8 +321,9 @@ struct content_store::impl {
     const std::span<std::byte> enc(scratch.data(), f->encoded_bytes);
     objects.read(get(v).obj.id, m->data_base + f->data_at, enc);
     if (f->mode == tensor_mode::delta) {
-      codec::decode(enc, cached_base ? std::span<const std::byte>(cached_base->data)
-                                     : std::span<const std::byte>(out),
+      codec::decode(enc,
+                    cached_base ? std::span<const std::byte>(cached_base->data)
+                                : std::span<const std::byte>(out),
                     out);
     } else {
       codec::decode(enc, {}, out);
@@ -337,9 +364,9 @@ struct content_store::impl {
   // --- records -------------------------------------------------------------------------------
 
   static json version_json(const version_rec& r) {
-    return {{"t", "c.v"},         {"v", r.id},      {"o", r.obj.id},   {"os", r.obj.size},
-            {"oc", r.obj.checksum}, {"z", r.size},  {"k", int(r.kind)}, {"f", r.format},
-            {"l", r.lineage},     {"b", r.base},    {"p", r.path},     {"q", r.since_keyframe},
+    return {{"t", "c.v"},           {"v", r.id},   {"o", r.obj.id},    {"os", r.obj.size},
+            {"oc", r.obj.checksum}, {"z", r.size}, {"k", int(r.kind)}, {"f", r.format},
+            {"l", r.lineage},       {"b", r.base}, {"p", r.path},      {"q", r.since_keyframe},
             {"ct", r.created_ns}};
   }
   static json lineage_json(const lineage_rec& l) {
@@ -363,9 +390,13 @@ struct content_store::impl {
     max_object = std::max(max_object, r.obj.id);
     if (r.lineage) {
       auto& l = lineages[r.lineage];
-      l.head = r.id;
-      l.since_keyframe = r.since_keyframe;
+      if (r.id >= l.head) {  // a rewritten older version (rekey) does not move the head back
+        l.head = r.id;
+        l.since_keyframe = r.since_keyframe;
+      }
     }
+    if (auto old = versions.find(r.id); old != versions.end() && old->second.obj.id != r.obj.id)
+      replaced.push_back(old->second.obj.id);
     versions[r.id] = std::move(r);
   }
 
@@ -455,6 +486,12 @@ void content_store::replay_done(std::span<const content_ref> live) {
     std::vector<std::uint64_t> ids;
     for (auto& [id, r] : vs) ids.push_back(id);
     for (auto it = ids.rbegin(); it != ids.rend(); ++it) impl_->collect(*it, doomed);
+    // A rewritten version's old object: its new record is durable (we just replayed it).
+    std::set<std::uint64_t> in_use;
+    for (const auto& [id, r] : vs) in_use.insert(r.obj.id);
+    for (auto o : impl_->replaced)
+      if (!in_use.count(o)) doomed.push_back(o);
+    impl_->replaced.clear();
   }
   impl_->remove_objects(doomed);
 }
@@ -468,53 +505,52 @@ content_ref content_store::put(std::string_view path, const format::source& src)
   for (const auto& t : layout.tensors) checkpoint |= t.compress;
 
   std::uint64_t id = 0, lineage_id = 0, base_id = 0, since = 0;
-  bool new_lineage = false;
   std::shared_ptr<std::mutex> encode_mu;
-  lineage_rec new_lin;
-  {
+  if (checkpoint) {
     std::lock_guard lock(m.mu);
-    if (checkpoint) {
-      const std::uint64_t sig = lineage_signature(layout);
-      const std::string key = lineage_path_key(path);
-      // A path key that has a lineage continues it. A new path key whose content matches an
-      // existing lineage (a renamed run, temp files with random names) starts its own lineage,
-      // with the most recently extended matching head as its first base instead of a keyframe.
-      const lineage_rec* same_key = nullptr;
-      const lineage_rec* donor = nullptr;
-      for (const auto& [lid, l] : m.lineages) {
-        if (l.signature != sig) continue;
-        if (l.path_key == key) same_key = &l;
-        if (!donor || l.head > donor->head) donor = &l;
-      }
-      if (same_key) {
-        lineage_id = same_key->id;
-        encode_mu = same_key->encode_mu;
-      } else {
-        new_lineage = true;
-        lineage_id = m.next_lineage++;
-        new_lin.id = lineage_id;
-        new_lin.signature = sig;
-        new_lin.path_key = key;
-        encode_mu = new_lin.encode_mu;
-        if (donor && m.versions.count(donor->head)) {
-          base_id = donor->head;
-          since = donor->since_keyframe;
-        }
-      }
+    const std::uint64_t sig = lineage_signature(layout);
+    const std::string key = lineage_path_key(path);
+    // A path key that has a lineage continues it; a new one gets its lineage at once (in memory;
+    // its record goes with its first version), so that two first puts of one path key meet in
+    // the same lineage: the second waits for the first and deltas against it.
+    for (const auto& [lid, l] : m.lineages)
+      if (l.signature == sig && l.path_key == key) lineage_id = lid;
+    if (!lineage_id) {
+      lineage_rec l;
+      l.id = lineage_id = m.next_lineage++;
+      l.signature = sig;
+      l.path_key = key;
+      l.journaled = false;
+      m.lineages.emplace(lineage_id, std::move(l));
     }
+    encode_mu = m.lineages.at(lineage_id).encode_mu;
   }
   // One encode at a time per lineage: the next version's base is this one's reconstruction.
   std::unique_lock<std::mutex> lineage_lock;
   if (encode_mu) lineage_lock = std::unique_lock(*encode_mu);
-  if (checkpoint && !new_lineage) {
+  if (checkpoint) {
     std::lock_guard lock(m.mu);
     const auto& l = m.lineages.at(lineage_id);
     base_id = l.head;
     since = l.since_keyframe;
     if (base_id && !m.versions.count(base_id)) base_id = 0;
+    if (!l.head) {
+      // A lineage's first version: content matching another lineage (a renamed run, temp files
+      // with random names) starts from the most recently extended matching head instead of a
+      // keyframe.
+      const lineage_rec* donor = nullptr;
+      for (const auto& [lid, o] : m.lineages)
+        if (lid != lineage_id && o.signature == l.signature && o.head && m.versions.count(o.head) &&
+            (!donor || o.head > donor->head))
+          donor = &o;
+      if (donor) {
+        base_id = donor->head;
+        since = donor->since_keyframe;
+      }
+    }
   }
-  const bool keyframe =
-      checkpoint && (m.opt.lossless || !base_id || since + 1 >= std::uint64_t(m.opt.keyframe_interval));
+  const bool keyframe = checkpoint && (m.opt.lossless || !base_id ||
+                                       since + 1 >= std::uint64_t(m.opt.keyframe_interval));
   if (keyframe) base_id = 0;
   // Pin the base as a dependent from now on: another lineage's head (a forked lineage's base)
   // may move on meanwhile and must not be reclaimed under us. Released if this put fails.
@@ -587,7 +623,8 @@ content_ref content_store::put(std::string_view path, const format::source& src)
     if (base_id) {
       base_meta = m.meta_of(base_id);
       const auto& bl = base_meta->meta->layout;
-      for (const auto& f : base_meta->meta->tensors) base_by_name[bl.tensors[f.tensor].name] = f.tensor;
+      for (const auto& f : base_meta->meta->tensors)
+        base_by_name[bl.tensors[f.tensor].name] = f.tensor;
     }
     // Tensor by tensor, so that memory holds the write buffer, one tensor's copy and the
     // reconstructions (base tensors leave the cache as their successors arrive). Checkpoint-wide
@@ -680,19 +717,8 @@ content_ref content_store::put(std::string_view path, const format::source& src)
     meta.layout = std::move(layout);
   }
 
-  // Object: prefix | meta | data.
-  const bytes meta_bytes = encode_meta(meta);
-  std::byte prefix[content_prefix_size];
-  const std::uint32_t magic = content_magic, fmt = content_format_version;
-  const std::uint64_t meta_len = meta_bytes.size();
-  const std::uint64_t meta_sum = XXH3_64bits(meta_bytes.data(), meta_bytes.size());
-  std::memcpy(prefix, &magic, 4);
-  std::memcpy(prefix + 4, &fmt, 4);
-  std::memcpy(prefix + 8, &meta_len, 8);
-  std::memcpy(prefix + 16, &meta_sum, 8);
-  std::vector<std::span<const std::byte>> pieces{prefix, meta_bytes};
-  for (const auto& c : data.chunks) pieces.emplace_back(c);
-  const store::object_ref obj = m.objects.put(pieces);
+  std::shared_lock object_gate(m.object_gate);  // until the record names the object
+  const store::object_ref obj = write_object(m.objects, meta, data);
   data = {};
 
   version_rec r;
@@ -712,9 +738,12 @@ content_ref content_store::put(std::string_view path, const format::source& src)
     // completion order, which is what replay (and a compacted snapshot) takes the head from.
     id = m.next_version++;
     r.id = id;
-    if (new_lineage) {
-      m.journal.append(to_bytes(impl::lineage_json(new_lin)));
-      m.lineages.emplace(lineage_id, std::move(new_lin));
+    if (lineage_id) {
+      auto& l = m.lineages.at(lineage_id);
+      if (!l.journaled) {
+        m.journal.append(to_bytes(impl::lineage_json(l)));
+        l.journaled = true;
+      }
     }
     m.journal.append(to_bytes(impl::version_json(r)));
     base_pin.armed = false;  // the pin becomes the new version's dependency on its base
@@ -842,19 +871,23 @@ version_info content_store::info(const content_ref& ref) const {
   i.logical_bytes = r.size;
   i.stored_bytes = impl_->objects.disk_bytes(r.obj.id);
   i.path = r.path;
+  i.created_ns = r.created_ns;
+  i.refs = r.refs;
+  i.object = r.obj.id;
   return i;
 }
 
 void content_store::snapshot(std::vector<std::vector<std::byte>>& out) const {
   std::lock_guard lock(impl_->mu);
-  for (const auto& [id, l] : impl_->lineages) out.push_back(to_bytes(impl::lineage_json(l)));
+  for (const auto& [id, l] : impl_->lineages)
+    if (l.journaled) out.push_back(to_bytes(impl::lineage_json(l)));
   for (const auto& [id, r] : impl_->versions) out.push_back(to_bytes(impl::version_json(r)));
 }
 
 bool is_optimizer_state(std::string_view name) noexcept {
   static constexpr std::array<std::string_view, 7> buffers = {
-      "exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer", "square_avg", "acc_delta",
-      "exp_inf"};
+      "exp_avg",    "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer",
+      "square_avg", "acc_delta",  "exp_inf"};
   static constexpr std::array<std::string_view, 5> roots = {
       "optimizer", "optim", "optimizer_state", "optimizer_states", "optimizer_state_dict"};
   const auto dot = name.find('.');
@@ -870,13 +903,243 @@ bool is_optimizer_state(std::string_view name) noexcept {
 }
 
 std::string to_json(const version_info& i) {
-  return json{{"version", i.version},   {"format", i.format},
-              {"kind", i.kind},         {"lineage", i.lineage},
-              {"base", i.base},         {"logical_bytes", i.logical_bytes},
-              {"stored_bytes", i.stored_bytes}, {"path", i.path}}
+  return json{
+      {"version", i.version},           {"format", i.format}, {"kind", i.kind},
+      {"lineage", i.lineage},           {"base", i.base},     {"logical_bytes", i.logical_bytes},
+      {"stored_bytes", i.stored_bytes}, {"path", i.path}}
       .dump();
 }
 
-void content_store::drop_caches() { impl_->cache.clear(); }
+void content_store::drop_caches() {
+  impl_->cache.clear();
+}
+
+// ---- management -------------------------------------------------------------------------------
+
+std::vector<version_info> content_store::versions() const {
+  std::vector<std::uint64_t> ids;
+  {
+    std::lock_guard lock(impl_->mu);
+    for (const auto& [id, r] : impl_->versions) ids.push_back(id);
+  }
+  std::vector<version_info> out;
+  out.reserve(ids.size());
+  for (auto id : ids) {
+    try {
+      out.push_back(info({id, 0}));
+    } catch (const corrupt_error&) {
+      // reclaimed meanwhile
+    }
+  }
+  return out;
+}
+
+version_detail content_store::detail(const content_ref& ref) {
+  version_detail d;
+  d.info = info(ref);
+  if (!ref.version) return d;
+  const auto m = impl_->meta_of(ref.version);
+  const version_meta& meta = *m->meta;
+  d.coding = meta.coding;
+  if (!d.coding.bits && meta.bits) d.coding.bits = meta.bits;  // written before coding_params
+  for (const auto& r : meta.exact) d.exact_stored_bytes += r.encoded_bytes;
+  for (const auto& f : meta.tensors) {
+    const auto& t = meta.layout.tensors.at(f.tensor);
+    d.tensors.push_back({t.name, std::string(format::name(t.type)), t.elements(),
+                         f.mode == tensor_mode::delta ? "delta" : "lossless", f.encoded_bytes});
+  }
+  return d;
+}
+
+std::uint64_t content_store::rekey(std::uint64_t v) {
+  auto& m = *impl_;
+  version_rec r = m.get(v);
+  if (r.kind != version_kind::delta) return 0;
+  // No put into this lineage meanwhile (it would read the chain we are changing), and one
+  // rekey of a version at a time.
+  std::shared_ptr<std::mutex> encode_mu;
+  {
+    std::lock_guard lock(m.mu);
+    if (auto l = m.lineages.find(r.lineage); l != m.lineages.end()) encode_mu = l->second.encode_mu;
+  }
+  std::unique_lock<std::mutex> lineage_lock;
+  if (encode_mu) lineage_lock = std::unique_lock(*encode_mu);
+  r = m.get(v);
+  if (r.kind != version_kind::delta) return 0;
+
+  const auto old = m.meta_of(v);
+  const version_meta& om = *old->meta;
+  version_meta meta;
+  meta.size = om.size;
+  meta.kind = version_kind::keyframe;
+  meta.layout = om.layout;
+  meta.member_crcs = om.member_crcs;
+  meta.created_ns = om.created_ns;
+  data_area data;
+  // Exact regions and lossless frames are copied encoded; deltas become lossless frames of
+  // their reconstruction, which is what the version reads as.
+  auto copy_encoded = [&](std::uint64_t at, std::uint64_t len) {
+    bytes b(len);
+    m.objects.read(r.obj.id, old->data_base + at, b);
+    const std::uint64_t pos = data.size;
+    data.add(std::move(b));
+    return pos;
+  };
+  for (exact_region x : om.exact) {
+    x.data_at = copy_encoded(x.data_at, x.encoded_bytes);
+    meta.exact.push_back(std::move(x));
+  }
+  for (tensor_frame f : om.tensors) {
+    if (f.mode == tensor_mode::lossless) {
+      f.data_at = copy_encoded(f.data_at, f.encoded_bytes);
+    } else {
+      const auto recon = m.tensor_recon(v, f.tensor);
+      if (f.digest && XXH3_64bits(recon->data.data(), recon->data.size()) != f.digest)
+        throw corrupt_error("content: version " + std::to_string(v) +
+                            " does not match its digest; not rewritten");
+      bytes frame;
+      codec::encode_exact_into(f.type, recon->data, frame);
+      f.mode = tensor_mode::lossless;
+      f.base_tensor = 0;
+      f.data_at = data.size;
+      f.encoded_bytes = frame.size();
+      data.add(std::move(frame));
+    }
+    meta.tensors.push_back(f);
+  }
+
+  std::shared_lock object_gate(m.object_gate);
+  const store::object_ref obj = write_object(m.objects, meta, data);
+  data = {};
+  {
+    std::lock_guard lock(m.mu);
+    auto it = m.versions.find(v);
+    if (it == m.versions.end()) {  // reclaimed while we wrote (its names went meanwhile)
+      m.unneeded.push_back(obj.id);
+      return 0;
+    }
+    version_rec& cur = it->second;
+    const std::uint64_t old_obj = cur.obj.id, old_base = cur.base;
+    cur.obj = obj;
+    cur.kind = version_kind::keyframe;
+    cur.base = 0;
+    cur.since_keyframe = 0;
+    if (m.is_head(cur)) m.lineages.at(cur.lineage).since_keyframe = 0;
+    m.journal.append(to_bytes(impl::version_json(cur)));
+    m.unneeded.push_back(old_obj);
+    if (auto b = m.versions.find(old_base); b != m.versions.end()) {
+      --b->second.dependents;
+      m.collect(old_base, m.unneeded);
+    }
+  }
+  // Readers see the new object from now on; decoded data is the same bytes and stays cached.
+  m.cache.erase({v, k_meta, 0});
+  return m.objects.disk_bytes(obj.id);
+}
+
+std::string content_store::verify(std::uint64_t v, bool deep,
+                                  const std::function<void(std::uint64_t)>& progress) {
+  auto& m = *impl_;
+  version_rec r;
+  try {
+    r = m.get(v);
+  } catch (const corrupt_error&) {
+    return "version " + std::to_string(v) + " is not in the store";
+  }
+  try {
+    m.objects.verify(r.obj);
+  } catch (const std::exception& e) {
+    return "object " + std::to_string(r.obj.id) + ": " + e.what();
+  }
+  if (progress) progress(r.obj.size);
+  try {
+    // Parse the metadata from disk (a cached copy would hide damage).
+    m.cache.erase({v, k_meta, 0});
+    const auto item = m.meta_of(v);
+    const version_meta& meta = *item->meta;
+    const std::uint64_t area = r.obj.size - item->data_base;
+    if (meta.size != r.size) return "metadata size differs from the record";
+    std::shared_ptr<const cache_item> base_meta;
+    if (r.base) {
+      {
+        std::lock_guard lock(m.mu);
+        if (!m.versions.count(r.base))
+          return "base version " + std::to_string(r.base) + " is missing";
+      }
+      base_meta = m.meta_of(r.base);
+    }
+    for (const auto& x : meta.exact)
+      if (x.data_at + x.encoded_bytes > area) return "an exact region lies outside the object";
+    for (const auto& f : meta.tensors) {
+      if (f.data_at + f.encoded_bytes > area) return "a tensor frame lies outside the object";
+      if (f.mode == tensor_mode::delta &&
+          (!base_meta || f.base_tensor >= base_meta->meta->layout.tensors.size()))
+        return "a delta frame names a base tensor that does not exist";
+    }
+    if (!deep) return {};
+    for (std::size_t ri = 0; ri < meta.exact.size(); ++ri) {
+      const auto& x = meta.exact[ri];
+      const bytes enc = [&] {
+        bytes b(x.encoded_bytes);
+        m.objects.read(r.obj.id, item->data_base + x.data_at, b);
+        return b;
+      }();
+      std::uint64_t decoded = 0;
+      for (std::size_t b = 0; b < x.blocks.size(); ++b) {
+        const std::uint64_t begin = x.blocks[b];
+        const std::uint64_t end = b + 1 < x.blocks.size() ? x.blocks[b + 1] : x.encoded_bytes;
+        if (end < begin || end > enc.size()) return "an exact region's block index is damaged";
+        byte_buffer out(std::min<std::uint64_t>(x.block_bytes, x.length - decoded));
+        codec::decode(std::span(enc).subspan(begin, end - begin), {}, out);
+        decoded += out.size();
+      }
+      if (decoded != x.length) return "an exact region decodes to the wrong length";
+    }
+    for (const auto& f : meta.tensors) {
+      // Decode this version's frame from disk, on top of the base's reconstruction (cached,
+      // or decoded from its own chain).
+      const std::uint64_t length = meta.layout.tensors.at(f.tensor).length;
+      byte_buffer enc(f.encoded_bytes);
+      m.objects.read(r.obj.id, item->data_base + f.data_at, enc);
+      byte_buffer out(length);
+      if (f.mode == tensor_mode::delta) {
+        const auto base = m.tensor_recon(r.base, f.base_tensor);
+        if (base->data.size() != length) return "a delta frame's base has another size";
+        codec::decode(enc, base->data, out);
+      } else {
+        codec::decode(enc, {}, out);
+      }
+      if (f.digest && XXH3_64bits(out.data(), out.size()) != f.digest)
+        return "tensor '" + meta.layout.tensors.at(f.tensor).name +
+               "' does not decode to its recorded digest";
+      // The next version in the chain decodes on top of this one.
+      auto item_out = std::make_shared<cache_item>();
+      item_out->data = std::move(out);
+      m.cache.put({v, k_tensor, f.tensor}, item_out, length);
+    }
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return {};
+}
+
+std::pair<std::uint64_t, std::uint64_t> content_store::collect_garbage(bool dry_run) {
+  auto& m = *impl_;
+  std::unique_lock gate(m.object_gate);  // no object between its write and its record
+  std::set<std::uint64_t> keep;
+  {
+    std::lock_guard lock(m.mu);
+    for (const auto& [id, r] : m.versions) keep.insert(r.obj.id);
+    keep.insert(m.unneeded.begin(), m.unneeded.end());  // removed after the next journal sync
+  }
+  std::uint64_t count = 0, bytes_freed = 0;
+  for (auto id : m.objects.list()) {
+    if (keep.count(id)) continue;
+    ++count;
+    bytes_freed += m.objects.disk_bytes(id);
+    if (!dry_run) m.objects.remove(id);
+  }
+  return {count, bytes_freed};
+}
 
 }  // namespace ckpt::fs

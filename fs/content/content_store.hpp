@@ -13,6 +13,7 @@
 // version without references stays as a hidden base while a live version depends on it and is
 // reclaimed (object removed) when nothing does. No FUSE here.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -23,6 +24,7 @@
 #include "codec/quantizer.hpp"
 #include "codec/tensor_codec.hpp"
 #include "fs/store/journal.hpp"
+#include "fs/content/version_meta.hpp"
 #include "fs/store/object_store.hpp"
 
 namespace ckpt::fs {
@@ -74,6 +76,24 @@ struct version_info {
   std::uint64_t logical_bytes = 0;
   std::uint64_t stored_bytes = 0;
   std::string path;     // the path it was written at
+  std::int64_t created_ns = 0;  // when it was stored (CLOCK_REALTIME); 0 if not recorded
+  std::uint64_t refs = 0;       // names pointing at it (0: a hidden base or lineage head)
+  std::uint64_t object = 0;     // object id
+};
+
+// What `ckptctl stat` shows beyond version_info: how each tensor is stored.
+struct tensor_detail {
+  std::string name;
+  std::string dtype;
+  std::uint64_t elements = 0;
+  std::string mode;  // "delta" / "lossless"
+  std::uint64_t stored_bytes = 0;
+};
+struct version_detail {
+  version_info info;
+  coding_params coding;
+  std::uint64_t exact_stored_bytes = 0;  // non-tensor bytes (zip framing, pickle, small tensors)
+  std::vector<tensor_detail> tensors;
 };
 
 // The JSON the daemon serves as the virtual xattr "user.ckptfs.info" (read by `ckptctl stat`).
@@ -114,6 +134,25 @@ class content_store {
   void snapshot(std::vector<std::vector<std::byte>>& out) const;
   // Drops every cached reconstruction and decoded block (tests: "after the cache is emptied").
   void drop_caches();
+
+  // ---- management (fs/admin) ----
+  // Every stored version, live or hidden, ascending id (within a lineage: completion order).
+  std::vector<version_info> versions() const;
+  version_detail detail(const content_ref& ref);
+  // Rewrites a delta version as a keyframe holding exactly what it reads as, so that its base
+  // chain can be reclaimed. Like put(): the record is appended without sync, and the objects it
+  // made unnecessary (its old object, bases nothing else needs) go to take_unneeded_objects().
+  // Returns the new object's disk bytes, or 0 if the version was not a delta (nothing done).
+  std::uint64_t rekey(std::uint64_t version);
+  // Checks one version: the object's payload checksum, its metadata and references; `deep` also
+  // decodes every block and compares each tensor's reconstruction with its recorded digest.
+  // Returns "" when sound, else what is wrong. Bases are not checked (the caller walks chains).
+  std::string verify(std::uint64_t version, bool deep,
+                     const std::function<void(std::uint64_t bytes)>& progress = {});
+  // Objects in the store that no version references and no put is writing: left by a crash
+  // between an object's write and its record, or by a failed removal. Removes them unless
+  // `dry_run`; returns (count, disk bytes).
+  std::pair<std::uint64_t, std::uint64_t> collect_garbage(bool dry_run);
 
  private:
   struct impl;

@@ -156,6 +156,25 @@ class filesystem {
   // For tests and tools: the committed version of a file.
   content_ref content_of(ino_t ino);
 
+  // ---- management (fs/admin; filesystem_admin.cpp) ----
+  // Paths are relative to the root, '/'-separated ("" or "/" is the root).
+  struct named_file {
+    std::string path;  // "dir/file.pt"
+    ino_t ino = 0;
+    content_ref content;  // the committed version
+  };
+  std::vector<named_file> regular_files();  // every name of every regular file
+  ino_t resolve(std::string_view path);     // ENOENT / ENOTDIR
+  // Removes the name `path` like unlink, but only if it still names `expected` and its file is
+  // not being written (a writer's newer version is never removed by a stale decision). Tells the
+  // kernel (entry-removed hook). Returns false if skipped. The record is synced lazily: call sync.
+  bool remove_if(std::string_view path, const content_ref& expected);
+  // Rewrites a delta version as a keyframe (content_store::rekey) and makes it durable; returns
+  // the new object's bytes (0 if nothing was done).
+  std::uint64_t rekey(std::uint64_t version);
+  // Makes every record durable and releases what waited for it (like fsyncdir).
+  void sync() { sync_journal(); }
+
  private:
   struct runtime {  // per inode, not persisted
     std::uint64_t nlookup = 0;

@@ -2,12 +2,13 @@
 // exact files, a lineage of safetensors checkpoints (keyframes, deltas, the error bound, exact
 // small tensors), stability of the served bytes across cache drops and reopen, hidden bases.
 #define CATCH_CONFIG_MAIN
+#include <boost/filesystem.hpp>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
-#include <boost/filesystem.hpp>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <thread>
 
 #include "codec/error.hpp"
 #include "codec/format/source.hpp"
@@ -155,7 +156,8 @@ TEST_CASE("a lineage of checkpoints: keyframes, deltas, error bound, exact small
     }
     // The same bytes after the caches are emptied (the chain is decoded from the keyframe).
     s.content.drop_caches();
-    for (std::size_t v = 0; v < refs.size(); ++v) REQUIRE(read_all(s.content, refs[v]) == served[v]);
+    for (std::size_t v = 0; v < refs.size(); ++v)
+      REQUIRE(read_all(s.content, refs[v]) == served[v]);
     // Deleting versions (names gone) keeps the ones later versions depend on.
     for (std::size_t v = 0; v + 1 < refs.size(); ++v) s.content.unref(refs[v]);
     s.content.drop_caches();
@@ -266,8 +268,7 @@ TEST_CASE("path keys strip steps and keep ranks and shards", "[content]") {
   CHECK(lineage_path_key("run-pl/tmp.ckpt.part") == "run-pl/tmp.ckpt.part");
 }
 
-TEST_CASE("a new path with the content of an existing lineage forks it with a delta",
-          "[content]") {
+TEST_CASE("a new path with the content of an existing lineage forks it with a delta", "[content]") {
   temp_dir d;
   opened s(d.path, {});
   std::vector<float> a(20000, 0.25f);
@@ -283,6 +284,35 @@ TEST_CASE("a new path with the content of an existing lineage forks it with a de
   CHECK(i2.base == r1.version);
   CHECK(i3.lineage == i1.lineage);  // the original path continues its own chain
   CHECK(i3.base == r1.version);
+}
+
+TEST_CASE("two first puts of one new path at once make one lineage, and survive a restart",
+          "[content]") {
+  temp_dir d;
+  std::uint64_t lineage = 0;
+  {
+    opened s(d.path, {});
+    std::vector<float> a(400000, 0.25f), b = a;
+    b[7] = 1.0f;
+    const bytes fa = safetensors({{"w", a}}), fb = safetensors({{"w", b}});
+    fs::content_ref ra, rb;
+    std::thread t([&] { ra = s.content.put("run/last.safetensors", format::memory_source(fa)); });
+    rb = s.content.put("run/last.safetensors", format::memory_source(fb));
+    t.join();
+    const auto ia = s.content.info(ra), ib = s.content.info(rb);
+    CHECK(ia.lineage == ib.lineage);
+    const auto& second = ia.version > ib.version ? ia : ib;
+    const auto& first = ia.version > ib.version ? ib : ia;
+    CHECK(first.kind == "keyframe");
+    CHECK(second.kind == "delta");
+    CHECK(second.base == first.version);
+    lineage = ia.lineage;
+  }
+  opened s(d.path, {}, {});
+  const auto next =
+      s.content.put("run/last.safetensors",
+                    format::memory_source(safetensors({{"w", std::vector<float>(400000, 0.5f)}})));
+  CHECK(s.content.info(next).lineage == lineage);
 }
 
 TEST_CASE("object ids are not reused after reclaimed versions (their records outlive them)",

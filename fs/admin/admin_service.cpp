@@ -1,0 +1,457 @@
+#include "fs/admin/admin_service.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <optional>
+#include <set>
+#include <unordered_map>
+
+#include "codec/error.hpp"
+
+namespace ckpt::fs::admin {
+namespace {
+
+using nlohmann::json;
+
+std::string normal_path(std::string_view p) {
+  std::string out;
+  std::size_t i = 0;
+  while (i < p.size()) {
+    const auto slash = p.find('/', i);
+    const auto part = p.substr(i, slash == std::string_view::npos ? p.size() - i : slash - i);
+    if (!part.empty() && part != ".") {
+      if (!out.empty()) out += '/';
+      out += part;
+    }
+    if (slash == std::string_view::npos) break;
+    i = slash + 1;
+  }
+  return out;
+}
+
+bool under(const std::string& path, const std::string& dir) {
+  return dir.empty() || path == dir ||
+         (path.size() > dir.size() && path.starts_with(dir) && path[dir.size()] == '/');
+}
+
+double seconds(std::int64_t ns) {
+  return double(ns) / 1e9;
+}
+
+std::int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// The management view of a store at one moment: versions, and the names pointing at them.
+struct snapshot {
+  std::vector<version_info> versions;                       // ascending id
+  std::map<std::uint64_t, std::vector<std::string>> names;  // version -> paths (sorted)
+  std::vector<filesystem::named_file> files;
+
+  snapshot(filesystem& fs, content_store& content) {
+    files = fs.regular_files();
+    versions = content.versions();
+    for (const auto& f : files)
+      if (f.content.version) names[f.content.version].push_back(f.path);
+    for (auto& [v, paths] : names) std::sort(paths.begin(), paths.end());
+  }
+
+  json version_json(const version_info& v) const {
+    auto it = names.find(v.version);
+    const auto paths = it == names.end() ? std::vector<std::string>{} : it->second;
+    return {{"version", v.version},
+            {"paths", paths},
+            {"live", !paths.empty()},
+            {"created", seconds(v.created_ns)},
+            {"format", v.format},
+            {"kind", v.kind},
+            {"base", v.base},
+            {"lineage", v.lineage},
+            {"logical_bytes", v.logical_bytes},
+            {"stored_bytes", v.stored_bytes}};
+  }
+
+  bool live(std::uint64_t v) const { return names.count(v) != 0; }
+};
+
+// Disk bytes of objects present now, by id: freed space is what disappears from this set.
+std::map<std::uint64_t, std::uint64_t> object_sizes(store::object_store& objects) {
+  std::map<std::uint64_t, std::uint64_t> out;
+  for (auto id : objects.list()) out[id] = objects.disk_bytes(id);
+  return out;
+}
+
+std::uint64_t freed_since(const std::map<std::uint64_t, std::uint64_t>& before,
+                          store::object_store& objects) {
+  const auto now = objects.list();
+  const std::set<std::uint64_t> present(now.begin(), now.end());
+  std::uint64_t freed = 0;
+  for (const auto& [id, bytes] : before)
+    if (!present.count(id)) freed += bytes;
+  return freed;
+}
+
+std::uint64_t get_u64(const json& req, const char* key) {
+  const auto it = req.find(key);
+  if (it == req.end() || it->is_null()) return 0;
+  if (!it->is_number_unsigned() && !(it->is_number_integer() && it->get<std::int64_t>() >= 0))
+    throw invalid_argument(std::string("'") + key + "' must be a non-negative integer");
+  return it->get<std::uint64_t>();
+}
+
+std::vector<std::string> get_paths(const json& req) {
+  const auto it = req.find("paths");
+  if (it == req.end() || !it->is_array() || it->empty())
+    throw invalid_argument("'paths' must be a non-empty array of paths");
+  std::vector<std::string> out;
+  for (const auto& p : *it) {
+    if (!p.is_string()) throw invalid_argument("'paths' must hold strings");
+    out.push_back(normal_path(p.get<std::string>()));
+  }
+  return out;
+}
+
+std::string get_path(const json& req, bool required) {
+  const auto it = req.find("path");
+  if (it == req.end() || it->is_null()) {
+    if (required) throw invalid_argument("'path' is required");
+    return {};
+  }
+  if (!it->is_string()) throw invalid_argument("'path' must be a string");
+  return normal_path(it->get<std::string>());
+}
+
+bool get_bool(const json& req, const char* key) {
+  const auto it = req.find(key);
+  if (it == req.end() || it->is_null()) return false;
+  if (!it->is_boolean()) throw invalid_argument(std::string("'") + key + "' must be true or false");
+  return it->get<bool>();
+}
+
+// The regular file at `path` (ENOENT, EISDIR otherwise) and its committed version.
+filesystem::named_file file_at(filesystem& fs, const std::string& path) {
+  const ino_t ino = fs.resolve(path);
+  for (auto& f : fs.regular_files())
+    if (f.ino == ino && f.path == path) return f;
+  if (path.empty()) throw io_error(EISDIR, "the root is a directory");
+  throw io_error(EISDIR, path + " is not a regular file");
+}
+
+}  // namespace
+
+admin_service::admin_service(filesystem& fs, content_store& content, store::object_store& objects)
+    : fs_(fs), content_(content), objects_(objects) {}
+
+json admin_service::handle(const json& req, const progress_fn& progress_in) {
+  if (!req.is_object() || !req.contains("op") || !req["op"].is_string())
+    throw invalid_argument("a request is a JSON object with an \"op\" string");
+  const std::string op = req["op"].get<std::string>();
+  const progress_fn progress = progress_in ? progress_in : [](std::string_view, auto, auto) {};
+
+  if (op == "ls") {
+    const std::string path = get_path(req, false);
+    if (!path.empty()) fs_.resolve(path);  // ENOENT for a path that does not exist
+    const snapshot s(fs_, content_);
+    auto selected = [&](std::uint64_t v) {
+      auto it = s.names.find(v);
+      if (it == s.names.end()) return false;
+      return std::any_of(it->second.begin(), it->second.end(),
+                         [&](const std::string& p) { return under(p, path); });
+    };
+    std::set<std::uint64_t> lineages;
+    for (const auto& v : s.versions)
+      if (v.lineage && selected(v.version)) lineages.insert(v.lineage);
+    std::map<std::uint64_t, json> lin;
+    json files = json::array();
+    json totals{{"versions", 0}, {"live_versions", 0}, {"logical_bytes", 0}, {"stored_bytes", 0}};
+    auto count = [](json& t, const version_info& v, bool live) {
+      t["versions"] = t["versions"].get<std::uint64_t>() + 1;
+      t["stored_bytes"] = t["stored_bytes"].get<std::uint64_t>() + v.stored_bytes;
+      if (live) {
+        t["live_versions"] = t["live_versions"].get<std::uint64_t>() + 1;
+        t["logical_bytes"] = t["logical_bytes"].get<std::uint64_t>() + v.logical_bytes;
+      }
+    };
+    for (const auto& v : s.versions) {
+      const bool live = s.live(v.version);
+      if (v.lineage) {
+        if (!lineages.count(v.lineage)) continue;
+        auto& l = lin[v.lineage];
+        if (l.is_null())
+          l = {{"lineage", v.lineage},
+               {"versions", json::array()},
+               {"live_versions", 0},
+               {"logical_bytes", 0},
+               {"stored_bytes", 0}};
+        l["versions"].push_back(s.version_json(v));
+        l["stored_bytes"] = l["stored_bytes"].get<std::uint64_t>() + v.stored_bytes;
+        if (live) {
+          l["live_versions"] = l["live_versions"].get<std::uint64_t>() + 1;
+          l["logical_bytes"] = l["logical_bytes"].get<std::uint64_t>() + v.logical_bytes;
+        }
+      } else {
+        if (!selected(v.version)) continue;
+        files.push_back(s.version_json(v));
+      }
+      count(totals, v, live);
+    }
+    json out{{"lineages", json::array()}, {"files", files}, {"totals", totals}};
+    for (auto& [id, l] : lin) out["lineages"].push_back(std::move(l));
+    return out;
+  }
+
+  if (op == "stat") {
+    const std::string path = get_path(req, true);
+    const auto f = file_at(fs_, path);
+    const snapshot s(fs_, content_);
+    const version_detail d = content_.detail(f.content);
+    json out = s.version_json(d.info);
+    if (!f.content.version) {  // the empty file has no version
+      out["paths"] = json::array({path});
+      out["live"] = true;
+      out["format"] = "empty";
+      out["kind"] = "exact";
+    }
+    out["path"] = path;
+    out["coding"] = {{"bits", d.coding.bits},   {"group", d.coding.group},
+                     {"rep", d.coding.rep},     {"scope", d.coding.scope},
+                     {"coder", d.coding.coder}, {"exact_optimizer", d.coding.exact_optimizer}};
+    out["exact_stored_bytes"] = d.exact_stored_bytes;
+    json tensors = json::array();
+    for (const auto& t : d.tensors)
+      tensors.push_back({{"name", t.name},
+                         {"dtype", t.dtype},
+                         {"elements", t.elements},
+                         {"mode", t.mode},
+                         {"stored_bytes", t.stored_bytes}});
+    out["tensors"] = std::move(tensors);
+    return out;
+  }
+
+  if (op == "rm") {
+    const auto paths = get_paths(req);
+    const auto before = object_sizes(objects_);
+    json removed = json::array(), errors = json::array();
+    for (const auto& p : paths) {
+      try {
+        const auto f = file_at(fs_, p);
+        const std::uint64_t stored = f.content.version ? content_.info(f.content).stored_bytes : 0;
+        if (!fs_.remove_if(p, f.content))
+          throw io_error(EBUSY, p + " changed or is being written; not removed");
+        removed.push_back({{"path", p}, {"version", f.content.version}, {"stored_bytes", stored}});
+      } catch (const io_error& e) {
+        errors.push_back({{"path", p}, {"error", e.what()}, {"errno", e.sys_errno()}});
+      }
+    }
+    fs_.sync();
+    return {
+        {"removed", removed}, {"errors", errors}, {"freed_bytes", freed_since(before, objects_)}};
+  }
+
+  if (op == "prune") {
+    const auto paths = get_paths(req);
+    const std::uint64_t keep_last = get_u64(req, "keep_last");
+    const std::uint64_t keep_every = get_u64(req, "keep_every");
+    const std::uint64_t keep_newer = get_u64(req, "keep_newer_than");
+    const bool has_newer = req.contains("keep_newer_than") && !req["keep_newer_than"].is_null();
+    const bool dry_run = get_bool(req, "dry_run");
+    if (!keep_last && !keep_every && !has_newer)
+      throw invalid_argument(
+          "prune needs a rule: keep_last >= 1, keep_every >= 1 or keep_newer_than");
+
+    const snapshot s(fs_, content_);
+    // Selected lineages: that of a file, or every lineage with a live version under a directory.
+    std::set<std::uint64_t> lineages;
+    std::unordered_map<std::uint64_t, const version_info*> by_id;
+    for (const auto& v : s.versions) by_id[v.version] = &v;
+    for (const auto& p : paths) {
+      const ino_t ino = fs_.resolve(p);
+      bool any = false;
+      for (const auto& f : s.files) {
+        const bool hit = f.ino == ino || under(f.path, p);
+        if (!hit || !f.content.version) continue;
+        auto it = by_id.find(f.content.version);
+        if (it == by_id.end() || !it->second->lineage) continue;
+        lineages.insert(it->second->lineage);
+        any = true;
+      }
+      if (!any && !p.empty()) {
+        bool is_file = false;
+        for (const auto& f : s.files) is_file |= f.ino == ino;
+        if (is_file) throw invalid_argument(p + " is not a checkpoint (it has no lineage)");
+      }
+    }
+    const std::int64_t now = now_ns();
+    json out_lineages = json::array();
+    std::vector<std::pair<std::uint64_t, std::vector<std::string>>> doomed;  // version, paths
+    std::vector<std::uint64_t> oldest_kept;
+    for (auto lid : lineages) {
+      std::vector<const version_info*> live;
+      for (const auto& v : s.versions)
+        if (v.lineage == lid && s.live(v.version)) live.push_back(&v);
+      json kept = json::array(), removed = json::array();
+      std::optional<std::uint64_t> first_kept;
+      for (std::size_t i = 0; i < live.size(); ++i) {
+        const auto& v = *live[i];
+        const bool keep = (keep_last && i + keep_last >= live.size()) ||
+                          (keep_every && i % keep_every == 0) ||
+                          (has_newer && v.created_ns &&
+                           now - v.created_ns < std::int64_t(keep_newer) * 1'000'000'000);
+        const auto& names = s.names.at(v.version);
+        if (keep) {
+          if (!first_kept) first_kept = v.version;
+          for (const auto& n : names) kept.push_back({{"path", n}, {"version", v.version}});
+        } else {
+          for (const auto& n : names)
+            removed.push_back(
+                {{"path", n}, {"version", v.version}, {"stored_bytes", v.stored_bytes}});
+          doomed.push_back({v.version, names});
+        }
+      }
+      // Nothing live precedes the oldest kept version: as a keyframe it frees its whole chain.
+      if (first_kept && by_id.at(*first_kept)->kind == "delta") oldest_kept.push_back(*first_kept);
+      out_lineages.push_back({{"lineage", lid}, {"kept", kept}, {"removed", removed}});
+    }
+    json rekeyed = json::array();
+    std::uint64_t freed = 0;
+    if (!dry_run) {
+      const auto before = object_sizes(objects_);
+      std::uint64_t total = doomed.size() + oldest_kept.size(), done = 0;
+      for (const auto& [v, names] : doomed) {
+        for (const auto& n : names) fs_.remove_if(n, {v, by_id.at(v)->logical_bytes});
+        progress("prune", ++done, total);
+      }
+      fs_.sync();  // names gone for good, and the versions nothing needs are reclaimed
+      std::uint64_t written = 0;
+      for (auto v : oldest_kept) {
+        try {
+          const std::uint64_t b = fs_.rekey(v);
+          if (b) {
+            written += b;
+            rekeyed.push_back(v);
+          }
+        } catch (const corrupt_error&) {
+          // A damaged version is not rewritten; verify reports it.
+        }
+        progress("prune", ++done, total);
+      }
+      const std::uint64_t gone = freed_since(before, objects_);
+      freed = gone > written ? gone - written : 0;
+    }
+    return {{"lineages", out_lineages},
+            {"rekeyed", rekeyed},
+            {"freed_bytes", freed},
+            {"dry_run", dry_run}};
+  }
+
+  if (op == "verify") {
+    const bool deep = get_bool(req, "deep");
+    const snapshot s(fs_, content_);
+    std::uint64_t total = 0, done = 0;
+    for (const auto& v : s.versions) total += v.stored_bytes;
+    std::map<std::uint64_t, std::string> bad;  // version -> problem
+    std::map<std::uint64_t, std::uint64_t> base_of;
+    for (const auto& v : s.versions) {
+      base_of[v.version] = v.base;
+      std::string problem;
+      if (v.base && bad.count(v.base)) {
+        problem = "its base version " + std::to_string(v.base) + " is damaged";
+      } else {
+        problem = content_.verify(v.version, deep, [&](std::uint64_t) {});
+      }
+      done += v.stored_bytes;
+      progress(deep ? "verify --deep" : "verify", done, total);
+      if (!problem.empty()) bad[v.version] = problem;
+    }
+    json damaged = json::array();
+    std::set<std::uint64_t> known;
+    for (const auto& v : s.versions) known.insert(v.version);
+    for (const auto& f : s.files) {
+      if (!f.content.version) continue;
+      std::string problem;
+      if (!known.count(f.content.version))
+        problem = "its version " + std::to_string(f.content.version) + " is not in the store";
+      else if (auto it = bad.find(f.content.version); it != bad.end())
+        problem = it->second;
+      if (!problem.empty())
+        damaged.push_back({{"path", f.path}, {"version", f.content.version}, {"problem", problem}});
+    }
+    // Damaged hidden versions (no name) matter through their dependents, reported above; a
+    // damaged lineage head without names would break the next delta: report it too.
+    for (const auto& [v, problem] : bad)
+      if (!s.live(v))
+        damaged.push_back(
+            {{"path", nullptr}, {"version", v}, {"problem", "(hidden base) " + problem}});
+    const auto garbage = content_.collect_garbage(true);
+    std::uint64_t bytes = 0;
+    for (const auto& v : s.versions) bytes += v.stored_bytes;
+    return {{"ok", damaged.empty()},        {"versions", s.versions.size()},
+            {"objects", s.versions.size()}, {"bytes", bytes},
+            {"damaged", damaged},           {"unreferenced_objects", garbage.first}};
+  }
+
+  if (op == "gc") {
+    const bool dry_run = get_bool(req, "dry_run");
+    fs_.sync();  // objects waiting for a sync to be removed go first
+    progress("gc", 0, 1);
+    const auto [count, bytes] = content_.collect_garbage(dry_run);
+    progress("gc", 1, 1);
+    return {{"removed_objects", count}, {"freed_bytes", bytes}, {"dry_run", dry_run}};
+  }
+
+  if (op == "export") {
+    const std::string path = get_path(req, true);
+    const auto dest_it = req.find("dest");
+    if (dest_it == req.end() || !dest_it->is_string() || dest_it->get<std::string>().empty() ||
+        dest_it->get<std::string>()[0] != '/')
+      throw invalid_argument("'dest' must be an absolute path");
+    const std::string dest = dest_it->get<std::string>();
+    const auto f = file_at(fs_, path);
+    const auto reader = content_.open(f.content);
+    const std::string tmp = dest + ".ckptctl-export.tmp";
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) throw io_error(errno, "cannot create " + tmp);
+    struct closer {
+      int fd;
+      std::string tmp;
+      bool done = false;
+      ~closer() {
+        if (fd >= 0) ::close(fd);
+        if (!done) ::unlink(tmp.c_str());
+      }
+    } guard{fd, tmp};
+    std::vector<std::byte> buf(std::size_t(8) << 20);
+    const std::uint64_t size = reader->size();
+    for (std::uint64_t at = 0; at < size;) {
+      const std::size_t n = reader->read(at, buf);
+      if (n == 0) throw corrupt_error("short read of " + path);
+      for (std::size_t w = 0; w < n;) {
+        const ssize_t k = ::write(fd, buf.data() + w, n - w);
+        if (k < 0) {
+          if (errno == EINTR) continue;
+          throw io_error(errno, "cannot write " + tmp);
+        }
+        w += std::size_t(k);
+      }
+      at += n;
+      progress("export", at, size);
+    }
+    if (::fsync(fd) != 0) throw io_error(errno, "cannot fsync " + tmp);
+    ::close(guard.fd);
+    guard.fd = -1;
+    if (::rename(tmp.c_str(), dest.c_str()) != 0) throw io_error(errno, "cannot rename to " + dest);
+    guard.done = true;
+    return {{"bytes", size}, {"path", path}, {"dest", dest}};
+  }
+
+  throw invalid_argument("unknown op '" + op + "' (ls, stat, rm, prune, verify, gc, export)");
+}
+
+}  // namespace ckpt::fs::admin
