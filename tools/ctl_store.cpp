@@ -209,6 +209,37 @@ nlohmann::json store_client::call(const nlohmann::json& request, progress_bar& b
   }
 }
 
+std::string jstr(const nlohmann::json& j, const char* key, const std::string& def) {
+  if (!j.is_object()) return def;
+  auto it = j.find(key);
+  return it != j.end() && it->is_string() ? it->get<std::string>() : def;
+}
+
+std::uint64_t ju64(const nlohmann::json& j, const char* key, std::uint64_t def) {
+  if (!j.is_object()) return def;
+  auto it = j.find(key);
+  return it != j.end() && it->is_number_unsigned() ? it->get<std::uint64_t>() : def;
+}
+
+double jnum(const nlohmann::json& j, const char* key, double def) {
+  if (!j.is_object()) return def;
+  auto it = j.find(key);
+  return it != j.end() && it->is_number() ? it->get<double>() : def;
+}
+
+bool jbool(const nlohmann::json& j, const char* key, bool def) {
+  if (!j.is_object()) return def;
+  auto it = j.find(key);
+  return it != j.end() && it->is_boolean() ? it->get<bool>() : def;
+}
+
+const nlohmann::json& jarr(const nlohmann::json& j, const char* key) {
+  static const nlohmann::json empty = nlohmann::json::array();
+  if (!j.is_object()) return empty;
+  auto it = j.find(key);
+  return it != j.end() && it->is_array() ? *it : empty;
+}
+
 void print_json(const nlohmann::json& j) {
   std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   std::cout.flush();

@@ -9,6 +9,7 @@
 // `--store STORE` and paths inside the store's namespace (what the mount would show at its
 // root). ckptctl opens the store in-process (admin::store_session, which takes the store lock: a
 // running daemon makes it refuse) and runs the same admin_service the daemon runs.
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -70,6 +71,14 @@ class store_client {
   store_target where_;
   std::unique_ptr<offline> offline_;
 };
+
+// Lenient accessors for the service's answers: a missing, null or mistyped field gives `def`
+// (the text output must never fail on a field it only displays; --json prints the raw answer).
+std::string jstr(const nlohmann::json& j, const char* key, const std::string& def = "?");
+std::uint64_t ju64(const nlohmann::json& j, const char* key, std::uint64_t def = 0);
+double jnum(const nlohmann::json& j, const char* key, double def = 0);
+bool jbool(const nlohmann::json& j, const char* key, bool def = false);
+const nlohmann::json& jarr(const nlohmann::json& j, const char* key);  // [] if absent
 
 // Prints `j` as one line of JSON on stdout (invalid UTF-8 in names replaced, never an error).
 void print_json(const nlohmann::json& j);

@@ -124,7 +124,7 @@ void add_export_command(CLI::App& app) {
       store_client client(t.where);
       const nlohmann::json r =
           client.call({{"op", "export"}, {"path", t.rel}, {"dest", dest.string()}}, bar);
-      bytes = r.value("bytes", std::uint64_t(0));
+      bytes = ju64(r, "bytes");
     } else {
       bytes = export_live(t.real, dest.string(), bar);
     }

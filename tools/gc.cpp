@@ -42,9 +42,8 @@ void add_gc_command(CLI::App& app) {
       return;
     }
     std::printf("%s %llu object(s), %s %s\n", o->dry_run ? "would remove" : "removed",
-                static_cast<unsigned long long>(r.value("removed_objects", std::uint64_t(0))),
-                o->dry_run ? "would free" : "freed",
-                human_bytes(r.value("freed_bytes", 0.0)).c_str());
+                static_cast<unsigned long long>(ju64(r, "removed_objects")),
+                o->dry_run ? "would free" : "freed", human_bytes(jnum(r, "freed_bytes")).c_str());
   });
 }
 

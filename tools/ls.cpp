@@ -18,9 +18,9 @@ struct ls_options {
 };
 
 std::string paths_text(const nlohmann::json& v) {
-  if (!v.value("live", true)) return "(hidden base)";
+  if (!jbool(v, "live", true)) return "(hidden base)";
   std::string s;
-  for (const auto& p : v.value("paths", nlohmann::json::array())) {
+  for (const auto& p : jarr(v, "paths")) {
     if (!s.empty()) s += ", ";
     s += p.get<std::string>();
   }
@@ -28,11 +28,11 @@ std::string paths_text(const nlohmann::json& v) {
 }
 
 void add_version_row(text_table& t, const nlohmann::json& v) {
-  const double logical = v.value("logical_bytes", 0.0), stored = v.value("stored_bytes", 0.0);
-  const std::uint64_t base = v.value("base", std::uint64_t(0));
-  t.add({std::to_string(v.value("version", std::uint64_t(0))), time_text(v.value("created", 0.0)),
-         v.value("kind", "?"), base ? std::to_string(base) : "-", human_bytes(logical),
-         human_bytes(stored), ratio_text(logical, stored), paths_text(v)});
+  const double logical = jnum(v, "logical_bytes"), stored = jnum(v, "stored_bytes");
+  const std::uint64_t base = ju64(v, "base");
+  t.add({std::to_string(ju64(v, "version")), time_text(jnum(v, "created")), jstr(v, "kind", "?"),
+         base ? std::to_string(base) : "-", human_bytes(logical), human_bytes(stored),
+         ratio_text(logical, stored), paths_text(v)});
 }
 
 text_table version_table() {
@@ -41,14 +41,13 @@ text_table version_table() {
 }
 
 void print_text(const nlohmann::json& r) {
-  for (const auto& l : r.value("lineages", nlohmann::json::array())) {
-    const auto& versions = l.value("versions", nlohmann::json::array());
-    const double logical = l.value("logical_bytes", 0.0), stored = l.value("stored_bytes", 0.0);
-    const std::string format = versions.empty() ? "?" : versions.front().value("format", "?");
+  for (const auto& l : jarr(r, "lineages")) {
+    const auto& versions = jarr(l, "versions");
+    const double logical = jnum(l, "logical_bytes"), stored = jnum(l, "stored_bytes");
+    const std::string format = versions.empty() ? "?" : jstr(versions.front(), "format", "?");
     std::printf("lineage %llu (%s): %zu versions, %llu live; logical %s, stored %s, %s\n",
-                static_cast<unsigned long long>(l.value("lineage", std::uint64_t(0))),
-                format.c_str(), versions.size(),
-                static_cast<unsigned long long>(l.value("live_versions", std::uint64_t(0))),
+                static_cast<unsigned long long>(ju64(l, "lineage")), format.c_str(),
+                versions.size(), static_cast<unsigned long long>(ju64(l, "live_versions")),
                 human_bytes(logical).c_str(), human_bytes(stored).c_str(),
                 ratio_text(logical, stored).c_str());
     text_table t = version_table();
@@ -56,12 +55,12 @@ void print_text(const nlohmann::json& r) {
     std::fputs(t.render().c_str(), stdout);
     std::printf("\n");
   }
-  const auto& files = r.value("files", nlohmann::json::array());
+  const auto& files = jarr(r, "files");
   if (!files.empty()) {
     double logical = 0, stored = 0;
     for (const auto& v : files) {
-      logical += v.value("logical_bytes", 0.0);
-      stored += v.value("stored_bytes", 0.0);
+      logical += jnum(v, "logical_bytes");
+      stored += jnum(v, "stored_bytes");
     }
     std::printf("exact files: %zu; logical %s, stored %s, %s\n", files.size(),
                 human_bytes(logical).c_str(), human_bytes(stored).c_str(),
@@ -71,11 +70,11 @@ void print_text(const nlohmann::json& r) {
     std::fputs(t.render().c_str(), stdout);
     std::printf("\n");
   }
-  const auto& tot = r.value("totals", nlohmann::json::object());
-  const double logical = tot.value("logical_bytes", 0.0), stored = tot.value("stored_bytes", 0.0);
+  const nlohmann::json tot = r.contains("totals") ? r.at("totals") : nlohmann::json::object();
+  const double logical = jnum(tot, "logical_bytes"), stored = jnum(tot, "stored_bytes");
   std::printf("total: %llu versions, %llu live; logical %s, stored %s, %s\n",
-              static_cast<unsigned long long>(tot.value("versions", std::uint64_t(0))),
-              static_cast<unsigned long long>(tot.value("live_versions", std::uint64_t(0))),
+              static_cast<unsigned long long>(ju64(tot, "versions")),
+              static_cast<unsigned long long>(ju64(tot, "live_versions")),
               human_bytes(logical).c_str(), human_bytes(stored).c_str(),
               ratio_text(logical, stored).c_str());
 }

@@ -3,9 +3,11 @@
 // lineage under PATH and removes the others, like rm. The oldest kept version of a lineage, if it
 // is a delta, is rewritten as a keyframe that reads exactly as before, so everything older is
 // reclaimed.
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -26,23 +28,23 @@ struct prune_options {
 };
 
 void print_text(const nlohmann::json& r) {
-  const bool dry = r.value("dry_run", false);
+  const bool dry = jbool(r, "dry_run", false);
   const char* removed_word = dry ? "would remove" : "removed";
-  for (const auto& l : r.value("lineages", nlohmann::json::array())) {
-    const auto& kept = l.value("kept", nlohmann::json::array());
-    const auto& removed = l.value("removed", nlohmann::json::array());
+  for (const auto& l : jarr(r, "lineages")) {
+    const auto& kept = jarr(l, "kept");
+    const auto& removed = jarr(l, "removed");
     std::printf("lineage %llu: keeping %zu, %s %zu\n",
-                static_cast<unsigned long long>(l.value("lineage", std::uint64_t(0))), kept.size(),
-                removed_word, removed.size());
+                static_cast<unsigned long long>(ju64(l, "lineage")), kept.size(), removed_word,
+                removed.size());
     for (const auto& x : removed)
-      std::printf("  %s %s (version %llu, %s stored)\n", removed_word, x.value("path", "?").c_str(),
-                  static_cast<unsigned long long>(x.value("version", std::uint64_t(0))),
-                  human_bytes(x.value("stored_bytes", 0.0)).c_str());
+      std::printf("  %s %s (version %llu, %s stored)\n", removed_word, jstr(x, "path", "?").c_str(),
+                  static_cast<unsigned long long>(ju64(x, "version")),
+                  human_bytes(jnum(x, "stored_bytes")).c_str());
     for (const auto& x : kept)
-      std::printf("  kept %s (version %llu)\n", x.value("path", "?").c_str(),
-                  static_cast<unsigned long long>(x.value("version", std::uint64_t(0))));
+      std::printf("  kept %s (version %llu)\n", jstr(x, "path", "?").c_str(),
+                  static_cast<unsigned long long>(ju64(x, "version")));
   }
-  const auto& rekeyed = r.value("rekeyed", nlohmann::json::array());
+  const auto& rekeyed = jarr(r, "rekeyed");
   if (!rekeyed.empty()) {
     std::string s;
     for (const auto& v : rekeyed)
@@ -50,8 +52,19 @@ void print_text(const nlohmann::json& r) {
     std::printf("%s as keyframes: version%s %s\n", dry ? "would rewrite" : "rewritten",
                 rekeyed.size() > 1 ? "s" : "", s.c_str());
   }
-  std::printf("%s %s\n", dry ? "would free about" : "freed",
-              human_bytes(r.value("freed_bytes", 0.0)).c_str());
+  if (dry) {
+    // Nothing is freed yet; what the removed versions store now is the most it can free (a
+    // removed version that a kept delta still needs stays as a hidden base).
+    std::set<std::uint64_t> seen;
+    double bytes = 0;
+    for (const auto& l : jarr(r, "lineages"))
+      for (const auto& x : jarr(l, "removed"))
+        if (seen.insert(ju64(x, "version")).second) bytes += jnum(x, "stored_bytes");
+    std::printf("would remove %zu version(s) storing %s\n", seen.size(),
+                human_bytes(bytes).c_str());
+  } else {
+    std::printf("freed %s\n", human_bytes(jnum(r, "freed_bytes")).c_str());
+  }
 }
 
 // N >= min, digits only (CLI11's own range check accepts "-1" for unsigned options on some
@@ -90,8 +103,9 @@ void add_prune_command(CLI::App& app) {
                   "version under it), inside a ckptfs mount; a store directory (offline: every "
                   "lineage); or, with --store, a path in that store")
       ->required();
-  cmd->add_option("--keep-last", o->keep_last, "Keep the newest N versions of each lineage")
-      ->check(whole_number(0));
+  cmd->add_option("--keep-last", o->keep_last,
+                  "Keep the newest N versions of each lineage (N >= 1)")
+      ->check(whole_number(1));
   cmd->add_option("--keep-every", o->keep_every,
                   "Keep every M-th version, counting from the oldest (M >= 1)")
       ->check(whole_number(1));
@@ -110,7 +124,9 @@ void add_prune_command(CLI::App& app) {
     nlohmann::json req = {{"op", "prune"}, {"dry_run", o->dry_run}};
     if (o->keep_last) req["keep_last"] = *o->keep_last;
     if (o->keep_every) req["keep_every"] = *o->keep_every;
-    if (o->keep_newer_than) req["keep_newer_than"] = parse_duration(*o->keep_newer_than);
+    // Whole seconds on the wire; a fraction rounds up (keeps a little more, never less).
+    if (o->keep_newer_than)
+      req["keep_newer_than"] = std::uint64_t(std::ceil(parse_duration(*o->keep_newer_than)));
     const auto targets = resolve_paths(o->paths, o->store, path_use::tree);
     nlohmann::json paths = nlohmann::json::array();
     for (const auto& t : targets) paths.push_back(t.rel);

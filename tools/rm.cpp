@@ -43,20 +43,20 @@ void add_rm_command(CLI::App& app) {
     store_client client(targets.front().where);
     progress_bar bar;
     const nlohmann::json r = client.call({{"op", "rm"}, {"paths", paths}}, bar);
-    const auto& errors = r.value("errors", nlohmann::json::array());
+    const auto& errors = jarr(r, "errors");
     exit_status = errors.empty() ? 0 : 1;
     if (o->json) {
       print_json(r);
       return;
     }
-    for (const auto& x : r.value("removed", nlohmann::json::array()))
-      std::printf("removed %s (version %llu, %s stored)\n", x.value("path", "?").c_str(),
-                  static_cast<unsigned long long>(x.value("version", std::uint64_t(0))),
-                  human_bytes(x.value("stored_bytes", 0.0)).c_str());
+    for (const auto& x : jarr(r, "removed"))
+      std::printf("removed %s (version %llu, %s stored)\n", jstr(x, "path", "?").c_str(),
+                  static_cast<unsigned long long>(ju64(x, "version")),
+                  human_bytes(jnum(x, "stored_bytes")).c_str());
     for (const auto& x : errors)
-      std::fprintf(stderr, "ckptctl: rm: %s: %s\n", x.value("path", "?").c_str(),
-                   x.value("error", "failed").c_str());
-    std::printf("freed %s\n", human_bytes(r.value("freed_bytes", 0.0)).c_str());
+      std::fprintf(stderr, "ckptctl: rm: %s: %s\n", jstr(x, "path", "?").c_str(),
+                   jstr(x, "error", "failed").c_str());
+    std::printf("freed %s\n", human_bytes(jnum(r, "freed_bytes")).c_str());
   });
 }
 

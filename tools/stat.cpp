@@ -24,31 +24,29 @@ std::string scalar_text(const nlohmann::json& v) {
 }
 
 void print_text(const std::string& arg, const nlohmann::json& info) {
-  const double logical = info.value("logical_bytes", 0.0), stored = info.value("stored_bytes", 0.0);
+  const double logical = jnum(info, "logical_bytes"), stored = jnum(info, "stored_bytes");
   std::printf("file:     %s\n", arg.c_str());
-  const auto& paths = info.value("paths", nlohmann::json::array());
+  const auto& paths = jarr(info, "paths");
   if (paths.size() > 1) {
     std::string s;
     for (const auto& p : paths) s += (s.empty() ? "" : ", ") + p.get<std::string>();
     std::printf("names:    %s\n", s.c_str());
   }
-  std::printf("format:   %s\n", info.value("format", "?").c_str());
-  const std::string kind = info.value("kind", "?");
+  std::printf("format:   %s\n", jstr(info, "format", "?").c_str());
+  const std::string kind = jstr(info, "kind", "?");
   if (kind == "delta")
     std::printf("kind:     delta (base version %llu)\n",
-                static_cast<unsigned long long>(info.value("base", std::uint64_t(0))));
+                static_cast<unsigned long long>(ju64(info, "base")));
   else
     std::printf("kind:     %s\n", kind.c_str());
-  if (info.value("lineage", std::uint64_t(0)))
-    std::printf("lineage:  %llu\n",
-                static_cast<unsigned long long>(info.value("lineage", std::uint64_t(0))));
-  std::printf("version:  %llu\n",
-              static_cast<unsigned long long>(info.value("version", std::uint64_t(0))));
-  std::printf("created:  %s\n", time_text(info.value("created", 0.0)).c_str());
+  if (ju64(info, "lineage"))
+    std::printf("lineage:  %llu\n", static_cast<unsigned long long>(ju64(info, "lineage")));
+  std::printf("version:  %llu\n", static_cast<unsigned long long>(ju64(info, "version")));
+  std::printf("created:  %s\n", time_text(jnum(info, "created")).c_str());
   std::printf("logical:  %s\n", human_bytes(logical).c_str());
   if (info.contains("exact_stored_bytes") && kind != "exact")
     std::printf("stored:   %s (exact parts %s)\n", human_bytes(stored).c_str(),
-                human_bytes(info.value("exact_stored_bytes", 0.0)).c_str());
+                human_bytes(jnum(info, "exact_stored_bytes")).c_str());
   else
     std::printf("stored:   %s\n", human_bytes(stored).c_str());
   if (stored > 0) std::printf("ratio:    %s\n", ratio_text(logical, stored).c_str());
@@ -57,15 +55,14 @@ void print_text(const std::string& arg, const nlohmann::json& info) {
     for (const auto& [k, v] : c->items()) s += (s.empty() ? "" : " ") + k + "=" + scalar_text(v);
     std::printf("coding:   %s\n", s.c_str());
   }
-  const auto& tensors = info.value("tensors", nlohmann::json::array());
+  const auto& tensors = jarr(info, "tensors");
   if (!tensors.empty()) {
     std::printf("tensors:  %zu\n", tensors.size());
     text_table t({"NAME", "DTYPE", "ELEMENTS", "MODE", "STORED"},
                  {false, false, true, false, true});
     for (const auto& x : tensors)
-      t.add({x.value("name", "?"), x.value("dtype", "?"),
-             std::to_string(x.value("elements", std::uint64_t(0))), x.value("mode", "?"),
-             human_bytes(x.value("stored_bytes", 0.0))});
+      t.add({jstr(x, "name", "?"), jstr(x, "dtype", "?"), std::to_string(ju64(x, "elements")),
+             jstr(x, "mode", "?"), human_bytes(jnum(x, "stored_bytes"))});
     std::fputs(t.render().c_str(), stdout);
   }
 }
@@ -91,8 +88,7 @@ void add_stat_command(CLI::App& app) {
     store_client client(t.where);
     progress_bar bar;
     nlohmann::json info = client.call({{"op", "stat"}, {"path", t.rel}}, bar);
-    const double logical = info.value("logical_bytes", 0.0),
-                 stored = info.value("stored_bytes", 0.0);
+    const double logical = jnum(info, "logical_bytes"), stored = jnum(info, "stored_bytes");
     info["ratio"] = stored > 0 ? logical / stored : 0.0;
     if (o->json)
       print_json(info);

@@ -41,23 +41,23 @@ void add_verify_command(CLI::App& app) {
     store_client client(t.where);
     progress_bar bar;
     const nlohmann::json r = client.call({{"op", "verify"}, {"deep", o->deep}}, bar);
-    const bool ok = r.value("ok", false);
+    const bool ok = jbool(r, "ok", false);
     exit_status = ok ? 0 : 1;
     if (o->json) {
       print_json(r);
       return;
     }
-    const auto& damaged = r.value("damaged", nlohmann::json::array());
+    const auto& damaged = jarr(r, "damaged");
     for (const auto& d : damaged)
-      std::printf("DAMAGED %s (version %llu): %s\n", d.value("path", "?").c_str(),
-                  static_cast<unsigned long long>(d.value("version", std::uint64_t(0))),
-                  d.value("problem", "?").c_str());
+      std::printf("DAMAGED %s (version %llu): %s\n", jstr(d, "path", "(no name)").c_str(),
+                  static_cast<unsigned long long>(ju64(d, "version")),
+                  jstr(d, "problem", "?").c_str());
     std::printf("%s: %llu versions, %llu objects, %s checked%s\n", ok ? "ok" : "DAMAGE FOUND",
-                static_cast<unsigned long long>(r.value("versions", std::uint64_t(0))),
-                static_cast<unsigned long long>(r.value("objects", std::uint64_t(0))),
-                human_bytes(r.value("bytes", 0.0)).c_str(), o->deep ? " (deep)" : "");
+                static_cast<unsigned long long>(ju64(r, "versions")),
+                static_cast<unsigned long long>(ju64(r, "objects")),
+                human_bytes(jnum(r, "bytes")).c_str(), o->deep ? " (deep)" : "");
     if (!damaged.empty()) std::printf("%zu damaged file name(s)\n", damaged.size());
-    if (const auto n = r.value("unreferenced_objects", std::uint64_t(0)))
+    if (const auto n = ju64(r, "unreferenced_objects"))
       std::printf("%llu unreferenced object(s): not damage; `ckptctl gc` reclaims them\n",
                   static_cast<unsigned long long>(n));
   });
