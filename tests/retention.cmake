@@ -5,3 +5,15 @@ if(NOT TARGET ckpt_admin)
   return()
 endif()
 target_link_libraries(unit_tests PRIVATE ckpt_admin ckptctl_util)
+
+# Mount tests: tests/fs/retention.py, one ctest entry per scenario (see its docstring). They need
+# /dev/fuse and root (exit 77 = skipped otherwise) and Debian's torch.
+if(NOT TARGET ckptfs)
+  return()
+endif()
+foreach(scenario prune_policies rm_export verify_damage concurrent crash cli)
+  add_test(NAME fs.retention.${scenario}
+           COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/fs/retention.py ${scenario}
+                   $<TARGET_FILE:ckptfs> $<TARGET_FILE:ckptctl>)
+  set_tests_properties(fs.retention.${scenario} PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77)
+endforeach()
