@@ -82,6 +82,10 @@ std::string normalize_store_path(std::string_view path) {
   return out;
 }
 
+std::string plural(std::uint64_t n, std::string_view word) {
+  return std::to_string(n) + " " + std::string(word) + (n == 1 ? "" : "s");
+}
+
 std::string human_bytes(double bytes) {
   const char* unit[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
   int u = 0;

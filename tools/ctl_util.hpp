@@ -28,6 +28,9 @@ double parse_duration(std::string_view text);
 // no "." or ".." ("" = the root). Throws usage_error when ".." climbs above the root.
 std::string normalize_store_path(std::string_view path);
 
+// "1 version", "3 versions".
+std::string plural(std::uint64_t n, std::string_view word);
+
 // 1536 -> "1.5 KiB"; below 1 KiB "512 B".
 std::string human_bytes(double bytes);
 // logical / stored as "12.3x" ("-" when stored is 0).

@@ -41,8 +41,8 @@ void add_gc_command(CLI::App& app) {
       print_json(r);
       return;
     }
-    std::printf("%s %llu object(s), %s %s\n", o->dry_run ? "would remove" : "removed",
-                static_cast<unsigned long long>(ju64(r, "removed_objects")),
+    std::printf("%s %s, %s %s\n", o->dry_run ? "would remove" : "removed",
+                plural(ju64(r, "removed_objects"), "object").c_str(),
                 o->dry_run ? "would free" : "freed", human_bytes(jnum(r, "freed_bytes")).c_str());
   });
 }

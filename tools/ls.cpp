@@ -45,9 +45,10 @@ void print_text(const nlohmann::json& r) {
     const auto& versions = jarr(l, "versions");
     const double logical = jnum(l, "logical_bytes"), stored = jnum(l, "stored_bytes");
     const std::string format = versions.empty() ? "?" : jstr(versions.front(), "format", "?");
-    std::printf("lineage %llu (%s): %zu versions, %llu live; logical %s, stored %s, %s\n",
+    std::printf("lineage %llu (%s): %s, %llu live; logical %s, stored %s, %s\n",
                 static_cast<unsigned long long>(ju64(l, "lineage")), format.c_str(),
-                versions.size(), static_cast<unsigned long long>(ju64(l, "live_versions")),
+                plural(versions.size(), "version").c_str(),
+                static_cast<unsigned long long>(ju64(l, "live_versions")),
                 human_bytes(logical).c_str(), human_bytes(stored).c_str(),
                 ratio_text(logical, stored).c_str());
     text_table t = version_table();
@@ -72,8 +73,8 @@ void print_text(const nlohmann::json& r) {
   }
   const nlohmann::json tot = r.contains("totals") ? r.at("totals") : nlohmann::json::object();
   const double logical = jnum(tot, "logical_bytes"), stored = jnum(tot, "stored_bytes");
-  std::printf("total: %llu versions, %llu live; logical %s, stored %s, %s\n",
-              static_cast<unsigned long long>(ju64(tot, "versions")),
+  std::printf("total: %s, %llu live; logical %s, stored %s, %s\n",
+              plural(ju64(tot, "versions"), "version").c_str(),
               static_cast<unsigned long long>(ju64(tot, "live_versions")),
               human_bytes(logical).c_str(), human_bytes(stored).c_str(),
               ratio_text(logical, stored).c_str());

@@ -52,14 +52,14 @@ void add_verify_command(CLI::App& app) {
       std::printf("DAMAGED %s (version %llu): %s\n", jstr(d, "path", "(no name)").c_str(),
                   static_cast<unsigned long long>(ju64(d, "version")),
                   jstr(d, "problem", "?").c_str());
-    std::printf("%s: %llu versions, %llu objects, %s checked%s\n", ok ? "ok" : "DAMAGE FOUND",
-                static_cast<unsigned long long>(ju64(r, "versions")),
-                static_cast<unsigned long long>(ju64(r, "objects")),
-                human_bytes(jnum(r, "bytes")).c_str(), o->deep ? " (deep)" : "");
-    if (!damaged.empty()) std::printf("%zu damaged file name(s)\n", damaged.size());
+    std::printf("%s: %s, %s, %s checked%s\n", ok ? "ok" : "DAMAGE FOUND",
+                plural(ju64(r, "versions"), "version").c_str(),
+                plural(ju64(r, "objects"), "object").c_str(), human_bytes(jnum(r, "bytes")).c_str(),
+                o->deep ? " (deep)" : "");
+    if (!damaged.empty()) std::printf("%s damaged\n", plural(damaged.size(), "name").c_str());
     if (const auto n = ju64(r, "unreferenced_objects"))
-      std::printf("%llu unreferenced object(s): not damage; `ckptctl gc` reclaims them\n",
-                  static_cast<unsigned long long>(n));
+      std::printf("%s nothing refers to: not damage; `ckptctl gc` reclaims them\n",
+                  plural(n, "object").c_str());
   });
 }
 

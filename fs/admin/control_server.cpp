@@ -89,31 +89,39 @@ void control_server::accept_loop() {
       if (errno != EINTR && errno != EAGAIN && errno != ECONNABORTED) ::usleep(100 * 1000);
       continue;
     }
-    set_send_timeout(fd.get(), opt_.send_timeout);
-    pid_t pid = 0;
-    if (!peer_allowed(fd.get(), pid)) {
-      send_all(fd.get(), error_line("permission denied: only root or the daemon's user may "
-                                    "manage the store",
-                                    EACCES));
-      continue;
-    }
-    std::lock_guard lk(mu_);
-    if (conns_.size() >= opt_.max_connections) {
-      send_all(fd.get(), error_line("the daemon is busy with " + std::to_string(conns_.size()) +
-                                        " management requests; try again later",
-                                    EBUSY));
-      continue;
-    }
-    auto c = std::make_unique<connection>();
-    c->fd = std::move(fd);
-    connection& ref = *c;
-    conns_.push_back(std::move(c));
     try {
-      ref.thread = std::jthread([this, &ref] { serve(ref); });
-    } catch (const std::system_error& e) {  // no thread: answer and drop the connection
-      send_all(ref.fd.get(), error_line(std::string("cannot start a thread: ") + e.what(), EAGAIN));
-      conns_.pop_back();
+      admit(std::move(fd));
+    } catch (const std::exception& e) {  // bad_alloc, no thread: drop this client, keep serving
+      log_error(std::string("control socket: ") + e.what());
     }
+  }
+}
+
+void control_server::admit(unique_fd fd) {
+  set_send_timeout(fd.get(), opt_.send_timeout);
+  pid_t pid = 0;
+  if (!peer_allowed(fd.get(), pid)) {
+    send_all(fd.get(), error_line("permission denied: only root or the daemon's user may manage "
+                                  "the store",
+                                  EACCES));
+    return;
+  }
+  std::lock_guard lk(mu_);
+  if (conns_.size() >= opt_.max_connections) {
+    send_all(fd.get(), error_line("the daemon is busy with " + std::to_string(conns_.size()) +
+                                      " management requests; try again later",
+                                  EBUSY));
+    return;
+  }
+  auto c = std::make_unique<connection>();
+  c->fd = std::move(fd);
+  connection& ref = *c;
+  conns_.push_back(std::move(c));
+  try {
+    ref.thread = std::jthread([this, &ref] { serve(ref); });
+  } catch (const std::system_error& e) {  // no thread: answer and drop the connection
+    send_all(ref.fd.get(), error_line(std::string("cannot start a thread: ") + e.what(), EAGAIN));
+    conns_.pop_back();
   }
 }
 
@@ -162,7 +170,15 @@ bool control_server::read_request(int fd, std::string& line) {
 }
 
 void control_server::serve(connection& c) {
-  const int fd = c.fd.get();
+  try {
+    serve_request(c.fd.get());
+  } catch (...) {  // only allocation failures get here; never take the daemon down
+  }
+  c.fd.reset();  // the client sees EOF after the final line
+  c.done = true;
+}
+
+void control_server::serve_request(int fd) {
   std::string line;
   std::string final;
   std::string op = "?";
@@ -213,8 +229,6 @@ void control_server::serve(connection& c) {
     if (client_gone) final.clear();
   }
   if (!final.empty()) send_all(fd, final);
-  c.fd.reset();  // the client sees EOF after the final line
-  c.done = true;
 }
 
 }  // namespace ckpt::fs::admin

@@ -71,7 +71,9 @@ class control_server {
     std::jthread thread;
   };
   void accept_loop();
+  void admit(unique_fd fd);  // checks the peer, starts the connection's thread
   void serve(connection& c);
+  void serve_request(int fd);
   void reap(bool all);  // joins finished connection threads (all: every one)
   // Reads one request line; false when the client went away, timed out or we are stopping.
   bool read_request(int fd, std::string& line);

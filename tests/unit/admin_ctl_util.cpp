@@ -41,6 +41,8 @@ TEST_CASE("ckptctl: sizes, ratios, times", "[admin]") {
   CHECK(human_bytes(1536) == "1.5 KiB");
   CHECK(human_bytes(5.0 * (1 << 20)) == "5.0 MiB");
   CHECK(human_bytes(3.25 * (1ull << 30)) == "3.2 GiB");
+  CHECK(plural(1, "version") == "1 version");
+  CHECK(plural(0, "object") == "0 objects");
   CHECK(ratio_text(100, 0) == "-");
   CHECK(ratio_text(100, 8) == "12.5x");
   CHECK(ratio_text(1000, 2) == "500x");
