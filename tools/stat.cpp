@@ -50,7 +50,9 @@ void print_text(const std::string& arg, const nlohmann::json& info) {
   else
     std::printf("stored:   %s\n", human_bytes(stored).c_str());
   if (stored > 0) std::printf("ratio:    %s\n", ratio_text(logical, stored).c_str());
-  if (auto c = info.find("coding"); c != info.end() && c->is_object() && !c->empty()) {
+  // Exact files are not coded: no codec parameters to show.
+  if (auto c = info.find("coding");
+      kind != "exact" && c != info.end() && c->is_object() && !c->empty()) {
     std::string s;
     for (const auto& [k, v] : c->items()) s += (s.empty() ? "" : " ") + k + "=" + scalar_text(v);
     std::printf("coding:   %s\n", s.c_str());
