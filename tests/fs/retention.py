@@ -3,7 +3,7 @@
 two lineages (an MLP with Adam under run_a/, a CNN with SGD under run_b/ckpt/). One scenario per
 run; each mounts fresh stores under a temporary directory and always unmounts.
 
-  prune_policies  30 versions (15 per lineage, a 3 s pause after the 10th of each); prune with
+  prune_policies  30 versions (15 per lineage, a 5 s pause after the 10th of each); prune with
                   --keep-last, --keep-every, --keep-newer-than and all three together (after a
                   --dry-run that changes nothing), each live and offline, selecting lineages by a
                   file, a directory, the mount root, the store directory and --store paths.
@@ -71,7 +71,7 @@ def objects_du(store):
 def scenario_prune_policies(ckptfs, ctl, tmp):
     base, mnt = f"{tmp}/base", f"{tmp}/mnt"
     with mounted(ckptfs, base, mnt, "keyframe_interval=6"):
-        record = generate(mnt, base, 15, pause_after=10, pause=3.0)
+        record = generate(mnt, base, 15, pause_after=10, pause=5.0)
         base_ls = ctl.ls(mnt)
     la = lineage_of(base_ls, "run_a/step_000.pt")
     lb = lineage_of(base_ls, "run_b/ckpt/model_000.pt")
@@ -80,9 +80,10 @@ def scenario_prune_policies(ckptfs, ctl, tmp):
     t1, t2 = record["t_pause"]
 
     def newer_rule():
-        """--keep-newer-than D: D seconds sits inside the pause, so it keeps the second batch."""
+        """--keep-newer-than D: D seconds sits inside the pause, so it keeps the second batch
+        (the daemon may decide up to 2 s after `now` and still agree)."""
         now = time.time()
-        d = int(now - t2) + 2
+        d = int(now - t2) + 3
         assert d < now - t1, "the pause is too short for a whole-second rule"
         return d, now
 
@@ -394,6 +395,7 @@ def scenario_concurrent(ckptfs, ctl, tmp):
                 if runs["prune"] % 2 == 0:
                     ctl.run("verify", mnt)
                     runs["verify"] += 1
+                time.sleep(0.05)
         finally:
             if writer.poll() is None:
                 writer.kill()
