@@ -793,6 +793,35 @@ class content_store::impl::reader final : public content_reader {
     for (const auto& [member, crc] : m.member_crcs) served_->set_member_crc(member, crc);
   }
 
+  // A reader pins its version: a read in flight must not lose its data because the file was
+  // rewritten and the old version's last name released meanwhile. Last in the constructor, so
+  // that a constructor that throws leaves no pin behind.
+  void pin() {
+    std::lock_guard lock(store_.mu);
+    auto it = store_.versions.find(version_);
+    if (it == store_.versions.end()) throw corrupt_error("content: version was reclaimed");
+    ++it->second.refs;
+    pinned_ = true;
+  }
+
+  ~reader() override {
+    try {
+      std::vector<std::uint64_t> doomed;
+      {
+        std::lock_guard lock(store_.mu);
+        auto it = store_.versions.find(version_);
+        if (!pinned_ || it == store_.versions.end() || it->second.refs == 0) return;
+        --it->second.refs;
+        store_.collect(version_, doomed);
+      }
+      store_.remove_objects(doomed);
+    } catch (...) {
+      // Leftover objects are garbage for gc, never a dangling reference.
+    }
+  }
+  reader(const reader&) = delete;
+  reader& operator=(const reader&) = delete;
+
   std::uint64_t size() const override { return meta_->meta->size; }
 
   std::size_t read(std::uint64_t offset, std::span<std::byte> out) const override {
@@ -809,6 +838,7 @@ class content_store::impl::reader final : public content_reader {
   std::shared_ptr<const cache_item> meta_;
   std::optional<format::served_file> served_;
   std::vector<std::size_t> order_;  // compressed tensors in file order
+  bool pinned_ = false;
 };
 
 namespace {
@@ -823,7 +853,9 @@ class empty_reader final : public content_reader {
 
 std::shared_ptr<const content_reader> content_store::open(const content_ref& ref) {
   if (ref.version == 0) return std::make_shared<empty_reader>();
-  return std::make_shared<impl::reader>(*impl_, ref.version, impl_->meta_of(ref.version));
+  auto r = std::make_shared<impl::reader>(*impl_, ref.version, impl_->meta_of(ref.version));
+  r->pin();
+  return r;
 }
 
 std::vector<std::uint64_t> content_store::take_unneeded_objects() {
