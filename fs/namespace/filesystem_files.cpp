@@ -282,6 +282,9 @@ void filesystem::fsync(std::uint64_t fh) {
         r2.loaded = tree_.get(ino).content.size == 0;
       }
       idle_cv_.notify_all();
+      // Pages another handle cached from the previous version are stale now (the release path
+      // does the same after its commit). The hook only queues the inode: fine under mu_.
+      if (!err && invalidate_) invalidate_(ino);
       if (err) fail(err, "fsync: storing the file failed");
       return;
     }
