@@ -52,21 +52,9 @@ struct cache_key_hash {
 };
 
 // A byte buffer that is never zero-filled: decode targets and object reads overwrite every byte,
-// and zeroing (and faulting in) a gigabyte first cost as much as decoding it.
-class byte_buffer {
- public:
-  byte_buffer() = default;
-  explicit byte_buffer(std::size_t n) : p_(std::make_unique_for_overwrite<std::byte[]>(n)), n_(n) {}
-  std::byte* data() { return p_.get(); }
-  const std::byte* data() const { return p_.get(); }
-  std::size_t size() const { return n_; }
-  operator std::span<std::byte>() { return {p_.get(), n_}; }
-  operator std::span<const std::byte>() const { return {p_.get(), n_}; }
-
- private:
-  std::unique_ptr<std::byte[]> p_;
-  std::size_t n_ = 0;
-};
+// and zeroing (and faulting in) a gigabyte first cost as much as decoding it. Page-aligned, so a
+// frame can be read into it with O_DIRECT.
+using byte_buffer = store::page_buffer;
 
 // What the cache holds: parsed metadata (with where the data area starts) or decoded bytes.
 struct cache_item {
@@ -310,11 +298,11 @@ struct content_store::impl {
     } else {
       out = byte_buffer(length);
     }
-    // Read the frame only now: the recursion above reuses the same per-thread scratch.
+    // Read the frame only now: the recursion above reuses the same per-thread scratch. After a
+    // remount frames are cold: the disk writes them into the scratch without a page-cache copy.
     thread_local byte_buffer scratch;
-    if (scratch.size() < f->encoded_bytes) scratch = byte_buffer(f->encoded_bytes);
-    const std::span<std::byte> enc(scratch.data(), f->encoded_bytes);
-    objects.read(get(v).obj.id, m->data_base + f->data_at, enc);
+    const std::span<const std::byte> enc = objects.read_uncached(
+        get(v).obj.id, m->data_base + f->data_at, f->encoded_bytes, scratch);
     if (f->mode == tensor_mode::delta) {
       codec::decode(enc, cached_base ? std::span<const std::byte>(cached_base->data)
                                      : std::span<const std::byte>(out),
@@ -764,8 +752,9 @@ class content_store::impl::reader final : public content_reader {
       : store_(s), version_(v), meta_(std::move(meta)) {
     const version_meta& m = *meta_->meta;
     if (m.kind == version_kind::exact) return;
-    std::vector<bool> replaced(m.layout.tensors.size());
-    for (const auto& f : m.tensors) replaced[f.tensor] = true;
+    replaced_.assign(m.layout.tensors.size(), false);
+    for (const auto& f : m.tensors) replaced_[f.tensor] = true;
+    const std::vector<bool>& replaced = replaced_;
     format::source original(m.size, [this](std::uint64_t off, std::span<std::byte> out) {
       store_.read_exact(version_, *meta_->meta, off, out);
     });
@@ -808,11 +797,30 @@ class content_store::impl::reader final : public content_reader {
     return n;
   }
 
+  view peek(std::uint64_t offset, std::size_t len) const override {
+    if (!served_ || offset >= size()) return {};
+    len = std::size_t(std::min<std::uint64_t>(len, size() - offset));
+    const auto& segs = meta_->meta->layout.segments;
+    auto it = std::upper_bound(segs.begin(), segs.end(), offset,
+                               [](std::uint64_t o, const format::segment& s) { return o < s.offset; });
+    if (it == segs.begin()) return {};
+    --it;
+    if (!it->tensor || !replaced_[*it->tensor]) return {};
+    const std::uint64_t in_seg = offset - it->offset;
+    if (in_seg + len > it->length) return {};
+    const std::size_t t = *it->tensor;
+    store_.prefetch(version_, ahead_->touch(t), alive_);
+    auto r = store_.tensor_recon(version_, t);
+    const std::span<const std::byte> bytes(r->data.data() + in_seg, len);
+    return {std::move(r), bytes};
+  }
+
  private:
   content_store::impl& store_;
   std::uint64_t version_;
   std::shared_ptr<const cache_item> meta_;
   std::optional<format::served_file> served_;
+  std::vector<bool> replaced_;  // tensors served reconstructed
   mutable std::optional<read_ahead> ahead_;
   // Prefetch jobs hold it weakly: they are dropped once the last handle on this reader is gone.
   std::shared_ptr<const void> alive_ = std::make_shared<int>(0);
