@@ -770,8 +770,10 @@ class content_store::impl::reader final : public content_reader {
     std::sort(file_order.begin(), file_order.end(), [&](std::size_t a, std::size_t b) {
       return m.layout.tensors[a].offset < m.layout.tensors[b].offset;
     });
+    const bool zip = m.layout.format == format::file_format::torch_zip ||
+                     m.layout.format == format::file_format::npz;
     ahead_.emplace(std::move(predicted), std::move(file_order), std::move(length),
-                   store_.read_ahead_bytes());
+                   store_.read_ahead_bytes(), zip);
     served_.emplace(m.layout, original, replaced,
                     [this](std::size_t t, std::uint64_t off, std::span<std::byte> out) {
                       // Queue what comes next before (perhaps) waiting for this one.

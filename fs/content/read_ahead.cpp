@@ -5,11 +5,13 @@
 namespace ckpt::fs {
 
 read_ahead::read_ahead(std::vector<std::size_t> predicted, std::vector<std::size_t> file_order,
-                       std::vector<std::uint64_t> length, std::uint64_t ahead_bytes)
+                       std::vector<std::uint64_t> length, std::uint64_t ahead_bytes,
+                       bool tail_early)
     : predicted_(std::move(predicted)),
       file_(std::move(file_order)),
       length_(std::move(length)),
-      ahead_bytes_(ahead_bytes) {
+      ahead_bytes_(ahead_bytes),
+      tail_early_(tail_early) {
   std::size_t n = length_.size();
   for (auto t : predicted_) n = std::max(n, t + 1);
   for (auto t : file_) n = std::max(n, t + 1);
@@ -44,13 +46,29 @@ std::vector<std::size_t> read_ahead::start() {
   std::lock_guard lock(mu_);
   if (started_) return {};
   started_ = true;
-  return queue_after(predicted_, 0);
+  if (predicted_.empty()) return {};
+  std::vector<std::size_t> out = queue_after(predicted_, 0);
+  if (tail_early_ && !queued_[file_.back()]) {
+    queued_[file_.back()] = true;
+    out.insert(out.begin() + 1, file_.back());  // out[0] is predicted_[0]: queued just now
+  }
+  return out;
 }
 
 std::vector<std::size_t> read_ahead::touch(std::size_t t) {
   if (last_.load(std::memory_order_relaxed) == t) return {};
   std::lock_guard lock(mu_);
   if (t >= pos_predicted_.size() || pos_predicted_[t] == none) return {};
+  if (tail_early_ && t == file_.back()) {
+    // The zip tail read (not a step from its predecessor in either order): the reader comes
+    // back to where it was, so this neither moves it nor queues what follows the tail.
+    const std::size_t prev = last_.load();
+    if (prev != t && successor(predicted_, pos_predicted_, prev) != t &&
+        successor(file_, pos_file_, prev) != t) {
+      queued_[t] = false;
+      return {};
+    }
+  }
   const std::size_t prev = last_.exchange(t);
   if (prev == t) return {};
   started_ = true;

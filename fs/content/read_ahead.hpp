@@ -25,11 +25,14 @@ class read_ahead {
   // `predicted` and `file_order` hold the same tensor indices (the tensors worth decoding ahead);
   // `length[t]` is tensor t's size in bytes for every index that appears in them. `ahead_bytes`
   // bounds how far ahead of the reader tensors are queued (at least one is, whatever its size).
+  // `tail_early`: the reader reads the end of the file right after its start (zip readers find
+  // the central directory there, and the page they read holds the end of the last payload).
   read_ahead(std::vector<std::size_t> predicted, std::vector<std::size_t> file_order,
-             std::vector<std::uint64_t> length, std::uint64_t ahead_bytes);
+             std::vector<std::uint64_t> length, std::uint64_t ahead_bytes, bool tail_early = false);
 
-  // The reader opened the file and reads from its start: the first tensors in predicted order.
-  // Returns them once (later calls return nothing).
+  // The reader opened the file and reads from its start: the first tensor in predicted order,
+  // then (tail_early) the last one in file order, then the next in predicted order up to the
+  // budget. Returns them once (later calls return nothing).
   std::vector<std::size_t> start();
 
   // The reader is reading tensor t (called for every read of its bytes; cheap when t is the
@@ -49,6 +52,7 @@ class read_ahead {
   const std::vector<std::size_t> predicted_, file_;
   const std::vector<std::uint64_t> length_;
   const std::uint64_t ahead_bytes_;
+  const bool tail_early_;
   std::vector<std::size_t> pos_predicted_, pos_file_;  // tensor index -> position, or none
   std::atomic<std::size_t> last_{none};                // fast path: same tensor again
   mutable std::mutex mu_;

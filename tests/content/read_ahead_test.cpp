@@ -21,6 +21,23 @@ TEST_CASE("read_ahead: start queues the first tensors once", "[content][read_ahe
   CHECK(ra.start().empty());
 }
 
+TEST_CASE("read_ahead: a zip reader's tail comes second, and counts once",
+          "[content][read_ahead]") {
+  read_ahead ra({0, 1, 4, 5, 6, 7, 2, 3}, {0, 1, 2, 3, 4, 5, 6, 7},
+                std::vector<std::uint64_t>(8, 10), 25, true);
+  CHECK(ra.start() == v{0, 7, 1, 4});
+  CHECK(ra.touch(0) == v{5});  // 1 and 4 are queued: three tensors ahead
+  CHECK(ra.touch(7).empty());  // the tail read queues nothing and changes nothing
+  CHECK(ra.touch(0).empty());
+  CHECK(ra.touch(1) == v{6});
+  CHECK_FALSE(ra.following_file_order());
+  CHECK(ra.touch(4) == v{7});  // the tail was read: queued again in its turn
+  CHECK(ra.touch(5) == v{2});
+  CHECK(ra.touch(6) == v{3});
+  CHECK(ra.touch(7).empty());  // in sequence now: a normal step
+  CHECK_FALSE(ra.following_file_order());
+}
+
 TEST_CASE("read_ahead: follows the predicted order by bytes, each tensor once",
           "[content][read_ahead]") {
   auto ra = make(20);

@@ -58,10 +58,14 @@ TEST_CASE("objects: read_uncached returns read()'s bytes, cached or not", "[stor
   const object_ref r = s.put(pieces);
 
   page_buffer scratch;
-  const std::pair<std::uint64_t, std::size_t> ranges[] = {
-      {0, data.size()},           {1, 1},       {4064, 64},          {4095, 8193},
-      {12345, std::size_t(5) << 20}, {data.size() - 1, 1}, {data.size() - 100000, 100000},
-      {8, 0}};
+  const std::pair<std::uint64_t, std::size_t> ranges[] = {{0, data.size()},
+                                                          {1, 1},
+                                                          {4064, 64},
+                                                          {4095, 8193},
+                                                          {12345, std::size_t(5) << 20},
+                                                          {data.size() - 1, 1},
+                                                          {data.size() - 100000, 100000},
+                                                          {8, 0}};
   for (bool cold : {false, true}) {
     for (auto [off, len] : ranges) {
       if (cold) evict(dir.path(), r.id);
