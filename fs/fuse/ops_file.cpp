@@ -32,7 +32,8 @@ void do_create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
     set_open_flags(fi, r);
     fuse_entry_param e = entry_param(req, st);
     const std::uint64_t fh = r.fh;
-    if (fuse_reply_create(req, &e, fi) == -ENOENT) after_reply("create", [&] { fsys.release(fh); });
+    if (fuse_reply_create(req, &e, fi) == -ENOENT)
+      after_reply("create", [&] { fsys.release(fh); });
   });
 }
 
