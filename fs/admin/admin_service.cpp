@@ -370,16 +370,46 @@ json admin_service::handle(const json& req, const progress_fn& progress_in) {
       progress(deep ? "verify --deep" : "verify", done, total);
       if (!problem.empty()) bad[v.version] = problem;
     }
+    // Training may write, rewrite and delete files meanwhile: a version reclaimed or rewritten
+    // (prune's rekey) during the pass is not damage. Every finding is confirmed once more on
+    // the store as it is now; oldest first, so a confirmed base explains its dependents.
+    std::map<std::uint64_t, std::string> confirmed;
+    for (const auto& [v, first] : bad) {
+      version_info now;
+      try {
+        now = content_.info({v, 0});
+      } catch (const corrupt_error&) {
+        continue;  // reclaimed meanwhile
+      }
+      if (now.base && confirmed.count(now.base)) {
+        confirmed[v] = "its base version " + std::to_string(now.base) + " is damaged";
+      } else if (auto again = content_.verify(v, deep); !again.empty()) {
+        confirmed[v] = again;
+      }
+    }
+    bad = std::move(confirmed);
     json damaged = json::array();
     std::set<std::uint64_t> known;
     for (const auto& v : s.versions) known.insert(v.version);
     for (const auto& f : s.files) {
       if (!f.content.version) continue;
       std::string problem;
-      if (!known.count(f.content.version))
+      if (!known.count(f.content.version)) {
         problem = "its version " + std::to_string(f.content.version) + " is not in the store";
-      else if (auto it = bad.find(f.content.version); it != bad.end())
+        // Unless the name moved on or went meanwhile, or the version exists now.
+        try {
+          if (!(fs_.content_of(fs_.resolve(f.path)) == f.content)) problem.clear();
+        } catch (const io_error&) {
+          problem.clear();
+        }
+        try {
+          content_.info(f.content);
+          problem.clear();
+        } catch (const corrupt_error&) {
+        }
+      } else if (auto it = bad.find(f.content.version); it != bad.end()) {
         problem = it->second;
+      }
       if (!problem.empty())
         damaged.push_back({{"path", f.path}, {"version", f.content.version}, {"problem", problem}});
     }

@@ -24,7 +24,9 @@
 #include "codec/error.hpp"
 #include "codec/format/assemble.hpp"
 #include "codec/format/recognise.hpp"
+#include "codec/format/read_order.hpp"
 #include "fs/content/lineage_key.hpp"
+#include "fs/content/read_ahead.hpp"
 #include "fs/content/version_meta.hpp"
 
 namespace ckpt::fs {
@@ -52,21 +54,9 @@ struct cache_key_hash {
 };
 
 // A byte buffer that is never zero-filled: decode targets and object reads overwrite every byte,
-// and zeroing (and faulting in) a gigabyte first cost as much as decoding it.
-class byte_buffer {
- public:
-  byte_buffer() = default;
-  explicit byte_buffer(std::size_t n) : p_(std::make_unique_for_overwrite<std::byte[]>(n)), n_(n) {}
-  std::byte* data() { return p_.get(); }
-  const std::byte* data() const { return p_.get(); }
-  std::size_t size() const { return n_; }
-  operator std::span<std::byte>() { return {p_.get(), n_}; }
-  operator std::span<const std::byte>() const { return {p_.get(), n_}; }
-
- private:
-  std::unique_ptr<std::byte[]> p_;
-  std::size_t n_ = 0;
-};
+// and zeroing (and faulting in) a gigabyte first cost as much as decoding it. Page-aligned, so a
+// frame can be read into it with O_DIRECT.
+using byte_buffer = store::page_buffer;
 
 // What the cache holds: parsed metadata (with where the data area starts) or decoded bytes.
 struct cache_item {
@@ -155,39 +145,58 @@ struct content_store::impl {
 
   class reader;
 
-  // Read-ahead of reconstructed tensors: a reader that touches a tensor first queues the next
-  // ones in file order, so that object reads and decoding overlap with the kernel copying the
-  // current one out (torch.load reads a checkpoint front to back after remount).
+  // Read-ahead of reconstructed tensors: each reader names the tensors it will need next
+  // (read_ahead: predicted order, a byte budget ahead) and background workers decode them, so
+  // that object reads and decoding overlap with the kernel copying the current tensor out
+  // (torch.load after a remount). Two workers: one can wait for the disk while the other decodes.
+  // A job carries its reader's liveness token and is dropped once the reader is gone.
+  struct prefetch_job {
+    std::uint64_t version;
+    std::size_t tensor;
+    std::weak_ptr<const void> alive;
+  };
+  static constexpr std::size_t kPrefetchWorkers = 2;
+  static constexpr std::size_t kPrefetchQueueMax = 64;  // across readers; extra jobs are dropped
   std::mutex prefetch_mu;
   std::condition_variable_any prefetch_cv;  // waits are stop_token-aware: no lost wakeup
-  std::deque<std::pair<std::uint64_t, std::size_t>> prefetch_queue;
-  std::jthread prefetcher;  // last member: stopped and joined before everything it uses
+  std::deque<prefetch_job> prefetch_queue;
+  std::vector<std::jthread> prefetchers;  // last member: stopped and joined before what they use
 
   impl(store::object_store& o, store::journal& j, content_options op)
       : objects(o), journal(j), opt(op), cache(op.cache_bytes) {
-    prefetcher = std::jthread([this](std::stop_token stop) { prefetch_loop(stop); });
+    for (std::size_t i = 0; i < kPrefetchWorkers; ++i)
+      prefetchers.emplace_back([this](std::stop_token stop) { prefetch_loop(stop); });
   }
 
-  void prefetch(std::uint64_t v, std::size_t tensor) {
+  // How far ahead of a reader tensors are decoded: a quarter of the cache, so that read-ahead
+  // for one file cannot push out what its reader is about to read.
+  std::uint64_t read_ahead_bytes() const { return opt.cache_bytes / 4; }
+
+  void prefetch(std::uint64_t v, const std::vector<std::size_t>& tensors,
+                const std::shared_ptr<const void>& alive) {
+    if (tensors.empty()) return;
     {
       std::lock_guard lock(prefetch_mu);
-      if (prefetch_queue.size() >= 8) return;  // a reader far behind: do not pile up work
-      prefetch_queue.emplace_back(v, tensor);
+      for (auto t : tensors) {
+        if (prefetch_queue.size() >= kPrefetchQueueMax) break;
+        prefetch_queue.push_back({v, t, alive});
+      }
     }
-    prefetch_cv.notify_one();
+    prefetch_cv.notify_all();
   }
 
   void prefetch_loop(std::stop_token stop) {
     for (;;) {
-      std::pair<std::uint64_t, std::size_t> job;
+      prefetch_job job;
       {
         std::unique_lock lock(prefetch_mu);
         if (!prefetch_cv.wait(lock, stop, [&] { return !prefetch_queue.empty(); })) return;
-        job = prefetch_queue.front();
+        job = std::move(prefetch_queue.front());
         prefetch_queue.pop_front();
       }
+      if (job.alive.expired()) continue;  // its reader is gone
       try {
-        tensor_recon(job.first, job.second);
+        tensor_recon(job.version, job.tensor);
       } catch (...) {
         // The reader's own request reports the error; a version may also have been reclaimed.
       }
@@ -315,11 +324,11 @@ struct content_store::impl {
     } else {
       out = byte_buffer(length);
     }
-    // Read the frame only now: the recursion above reuses the same per-thread scratch.
+    // Read the frame only now: the recursion above reuses the same per-thread scratch. After a
+    // remount frames are cold: the disk writes them into the scratch without a page-cache copy.
     thread_local byte_buffer scratch;
-    if (scratch.size() < f->encoded_bytes) scratch = byte_buffer(f->encoded_bytes);
-    const std::span<std::byte> enc(scratch.data(), f->encoded_bytes);
-    objects.read(get(v).obj.id, m->data_base + f->data_at, enc);
+    const std::span<const std::byte> enc = objects.read_uncached(
+        get(v).obj.id, m->data_base + f->data_at, f->encoded_bytes, scratch);
     if (f->mode == tensor_mode::delta) {
       codec::decode(enc,
                     cached_base ? std::span<const std::byte>(cached_base->data)
@@ -772,35 +781,98 @@ class content_store::impl::reader final : public content_reader {
       : store_(s), version_(v), meta_(std::move(meta)) {
     const version_meta& m = *meta_->meta;
     if (m.kind == version_kind::exact) return;
-    std::vector<bool> replaced(m.layout.tensors.size());
-    for (const auto& f : m.tensors) replaced[f.tensor] = true;
+    replaced_.assign(m.layout.tensors.size(), false);
+    for (const auto& f : m.tensors) replaced_[f.tensor] = true;
+    const std::vector<bool>& replaced = replaced_;
     format::source original(m.size, [this](std::uint64_t off, std::span<std::byte> out) {
       store_.read_exact(version_, *meta_->meta, off, out);
     });
-    for (const auto& f : m.tensors) order_.push_back(f.tensor);
-    std::sort(order_.begin(), order_.end());
+    // Decode ahead in the order the reader is expected to go, among the reconstructed tensors.
+    std::vector<std::size_t> predicted, file_order;
+    std::vector<std::uint64_t> length(m.layout.tensors.size());
+    for (auto t : format::read_order(m.layout))
+      if (replaced[t]) predicted.push_back(t);
+    for (std::size_t t = 0; t < replaced.size(); ++t) {
+      length[t] = m.layout.tensors[t].length;
+      if (replaced[t]) file_order.push_back(t);
+    }
+    std::sort(file_order.begin(), file_order.end(), [&](std::size_t a, std::size_t b) {
+      return m.layout.tensors[a].offset < m.layout.tensors[b].offset;
+    });
+    const bool zip = m.layout.format == format::file_format::torch_zip ||
+                     m.layout.format == format::file_format::npz;
+    ahead_.emplace(std::move(predicted), std::move(file_order), std::move(length),
+                   store_.read_ahead_bytes(), zip);
     served_.emplace(m.layout, original, replaced,
                     [this](std::size_t t, std::uint64_t off, std::span<std::byte> out) {
-                      const bool first_touch = !store_.cache.get({version_, k_tensor, t});
+                      // Queue what comes next before (perhaps) waiting for this one.
+                      store_.prefetch(version_, ahead_->touch(t), alive_);
                       const auto r = store_.tensor_recon(version_, t);
                       std::memcpy(out.data(), r->data.data() + off, out.size());
-                      if (first_touch) {
-                        auto next = std::upper_bound(order_.begin(), order_.end(), t);
-                        for (int k = 0; k < 2 && next != order_.end(); ++k, ++next)
-                          store_.prefetch(version_, *next);
-                      }
                     });
     for (const auto& [member, crc] : m.member_crcs) served_->set_member_crc(member, crc);
   }
+
+  // A reader pins its version: a read in flight must not lose its data because the file was
+  // rewritten and the old version's last name released meanwhile. Last in the constructor, so
+  // that a constructor that throws leaves no pin behind.
+  void pin() {
+    std::lock_guard lock(store_.mu);
+    auto it = store_.versions.find(version_);
+    if (it == store_.versions.end()) throw corrupt_error("content: version was reclaimed");
+    ++it->second.refs;
+    pinned_ = true;
+  }
+
+  ~reader() override {
+    try {
+      std::vector<std::uint64_t> doomed;
+      {
+        std::lock_guard lock(store_.mu);
+        auto it = store_.versions.find(version_);
+        if (!pinned_ || it == store_.versions.end() || it->second.refs == 0) return;
+        --it->second.refs;
+        store_.collect(version_, doomed);
+      }
+      store_.remove_objects(doomed);
+    } catch (...) {
+      // Leftover objects are garbage for gc, never a dangling reference.
+    }
+  }
+  reader(const reader&) = delete;
+  reader& operator=(const reader&) = delete;
 
   std::uint64_t size() const override { return meta_->meta->size; }
 
   std::size_t read(std::uint64_t offset, std::span<std::byte> out) const override {
     if (offset >= size()) return 0;
     const std::size_t n = std::size_t(std::min<std::uint64_t>(out.size(), size() - offset));
-    if (served_) return served_->read(offset, out.first(n));
+    if (served_) {
+      // A reader that starts at the beginning will most likely read the whole file: start
+      // decoding its first tensors while it reads the headers.
+      if (offset == 0) store_.prefetch(version_, ahead_->start(), alive_);
+      return served_->read(offset, out.first(n));
+    }
     store_.read_exact(version_, *meta_->meta, offset, out.first(n));
     return n;
+  }
+
+  view peek(std::uint64_t offset, std::size_t len) const override {
+    if (!served_ || offset >= size()) return {};
+    len = std::size_t(std::min<std::uint64_t>(len, size() - offset));
+    const auto& segs = meta_->meta->layout.segments;
+    auto it = std::upper_bound(segs.begin(), segs.end(), offset,
+                               [](std::uint64_t o, const format::segment& s) { return o < s.offset; });
+    if (it == segs.begin()) return {};
+    --it;
+    if (!it->tensor || !replaced_[*it->tensor]) return {};
+    const std::uint64_t in_seg = offset - it->offset;
+    if (in_seg + len > it->length) return {};
+    const std::size_t t = *it->tensor;
+    store_.prefetch(version_, ahead_->touch(t), alive_);
+    auto r = store_.tensor_recon(version_, t);
+    const std::span<const std::byte> bytes(r->data.data() + in_seg, len);
+    return {std::move(r), bytes};
   }
 
  private:
@@ -808,7 +880,11 @@ class content_store::impl::reader final : public content_reader {
   std::uint64_t version_;
   std::shared_ptr<const cache_item> meta_;
   std::optional<format::served_file> served_;
-  std::vector<std::size_t> order_;  // compressed tensors in file order
+  std::vector<bool> replaced_;  // tensors served reconstructed
+  mutable std::optional<read_ahead> ahead_;
+  // Prefetch jobs hold it weakly: they are dropped once the last handle on this reader is gone.
+  std::shared_ptr<const void> alive_ = std::make_shared<int>(0);
+  bool pinned_ = false;
 };
 
 namespace {
@@ -823,7 +899,9 @@ class empty_reader final : public content_reader {
 
 std::shared_ptr<const content_reader> content_store::open(const content_ref& ref) {
   if (ref.version == 0) return std::make_shared<empty_reader>();
-  return std::make_shared<impl::reader>(*impl_, ref.version, impl_->meta_of(ref.version));
+  auto r = std::make_shared<impl::reader>(*impl_, ref.version, impl_->meta_of(ref.version));
+  r->pin();
+  return r;
 }
 
 std::vector<std::uint64_t> content_store::take_unneeded_objects() {

@@ -64,6 +64,16 @@ class content_reader {
   // Like pread: fills min(out.size(), size() - offset) bytes and returns the count. Throws
   // ckpt::corrupt_error when stored data is damaged (the FUSE boundary answers EIO).
   virtual std::size_t read(std::uint64_t offset, std::span<std::byte> out) const = 0;
+
+  // Bytes the reader already holds in memory, to send without copying them first.
+  struct view {
+    std::shared_ptr<const void> keep;  // keeps `bytes` valid while held
+    std::span<const std::byte> bytes;
+  };
+  // The served bytes [offset, offset + min(len, size() - offset)) if they lie in one piece of
+  // memory the reader holds (a reconstructed tensor; no CRC field lies inside a payload), with
+  // the same effects as read() of that range; otherwise an empty view (use read()).
+  virtual view peek(std::uint64_t /*offset*/, std::size_t /*len*/) const { return {}; }
 };
 
 // What `ckptctl stat` shows about one version.

@@ -41,8 +41,18 @@ void do_read(fuse_req_t req, fuse_ino_t, size_t size, off_t off, fuse_file_info*
   guarded(req, "read", [&] {
     thread_local std::vector<std::byte> buf;
     if (buf.size() < size) buf.resize(size);
-    std::size_t n = fs_of(req).read(fi->fh, std::uint64_t(off), std::span(buf).first(size));
-    fuse_reply_buf(req, reinterpret_cast<const char*>(buf.data()), n);
+    content_reader::view held;  // bytes already in memory: sent from there, without a copy
+    const std::size_t n =
+        fs_of(req).read(fi->fh, std::uint64_t(off), std::span(buf).first(size), held);
+    if (held.bytes.empty()) {
+      fuse_reply_buf(req, reinterpret_cast<const char*>(buf.data()), n);
+      return;
+    }
+    // One memory buffer and no splice: libfuse writes it to the device straight from `held`
+    // (one iovec), which stays alive until the reply returns.
+    fuse_bufvec bv = FUSE_BUFVEC_INIT(n);
+    bv.buf[0].mem = const_cast<std::byte*>(held.bytes.data());
+    fuse_reply_data(req, &bv, FUSE_BUF_NO_SPLICE);
   });
 }
 

@@ -111,6 +111,10 @@ class filesystem {
                                              std::uint32_t mode, int flags, std::uint32_t uid,
                                              std::uint32_t gid);
   std::size_t read(std::uint64_t fh, std::uint64_t offset, std::span<std::byte> out);
+  // Like read(), but when the bytes are already in memory (content_reader::peek) they are handed
+  // out in `zero_copy` instead of being copied into `out`; returns the byte count either way.
+  std::size_t read(std::uint64_t fh, std::uint64_t offset, std::span<std::byte> out,
+                   content_reader::view& zero_copy);
   // kill_priv: the writer lacks CAP_FSETID, so setuid/setgid bits are cleared (as on ext4).
   void write(std::uint64_t fh, std::uint64_t offset, std::span<const std::byte> data,
              bool kill_priv = false);

@@ -76,6 +76,16 @@ std::pair<struct stat, open_result> filesystem::create(ino_t parent, std::string
 }
 
 std::size_t filesystem::read(std::uint64_t fh, std::uint64_t offset, std::span<std::byte> out) {
+  content_reader::view view;
+  const std::size_t n = read(fh, offset, out, view);
+  // Served from a decoded tensor without a copy: this caller wants the bytes in `out`.
+  if (!view.bytes.empty()) std::memcpy(out.data(), view.bytes.data(), n);
+  return n;
+}
+
+std::size_t filesystem::read(std::uint64_t fh, std::uint64_t offset, std::span<std::byte> out,
+                             content_reader::view& zero_copy) {
+  zero_copy = {};
   std::shared_ptr<const content_reader> reader;
   content_ref ref;
   {
@@ -105,6 +115,8 @@ std::size_t filesystem::read(std::uint64_t fh, std::uint64_t offset, std::span<s
     if (it != handles_.end() && it->second.reader_ref == ref) it->second.reader = reader;
   }
   if (offset >= reader->size()) return 0;
+  zero_copy = reader->peek(offset, out.size());
+  if (!zero_copy.bytes.empty()) return zero_copy.bytes.size();
   return reader->read(offset, out);
 }
 
@@ -282,6 +294,9 @@ void filesystem::fsync(std::uint64_t fh) {
         r2.loaded = tree_.get(ino).content.size == 0;
       }
       idle_cv_.notify_all();
+      // Pages another handle cached from the previous version are stale now (the release path
+      // does the same after its commit). The hook only queues the inode: fine under mu_.
+      if (!err && invalidate_) invalidate_(ino);
       if (err) fail(err, "fsync: storing the file failed");
       return;
     }

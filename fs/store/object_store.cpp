@@ -9,6 +9,7 @@
 
 #include <dirent.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <xxhash.h>
 
 #include <algorithm>
@@ -281,6 +282,55 @@ void object_store::read(object_id id, std::uint64_t offset, std::span<std::byte>
                         std::to_string(fr.payload_size));
   if (pread_full(fd.get(), out, header_size + offset, "read object " + hex_id(id)) != out.size())
     throw corrupt_error("object " + hex_id(id) + " shrank while being read");
+}
+
+std::span<const std::byte> object_store::read_uncached(object_id id, std::uint64_t offset,
+                                                       std::size_t len,
+                                                       page_buffer& scratch) const {
+  constexpr std::uint64_t align = 4096;  // O_DIRECT: file offset, length and memory aligned
+  framing fr;
+  unique_fd fd = impl_->open_checked(id, fr);
+  if (offset > fr.payload_size || len > fr.payload_size - offset)
+    throw corrupt_error("object " + hex_id(id) + ": read of [" + std::to_string(offset) + ", +" +
+                        std::to_string(len) + ") past its payload size " +
+                        std::to_string(fr.payload_size));
+  const std::uint64_t begin = header_size + offset, end = begin + len;
+  const std::uint64_t first = begin / align * align;
+  const std::uint64_t last = (end + align - 1) / align * align;
+  if (scratch.size() < last - first) scratch = page_buffer(last - first);
+  auto at_file = [&](std::uint64_t file_offset) { return scratch.data() + (file_offset - first); };
+  const std::string what = "read object " + hex_id(id);
+  // What the page cache holds from the start of the range on (RWF_NOWAIT reads only that).
+  std::uint64_t at = begin;
+  while (at < end) {
+    const iovec v{at_file(at), std::size_t(end - at)};
+    const ssize_t n = ::preadv2(fd.get(), &v, 1, off_t(at), RWF_NOWAIT);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;  // EAGAIN: not cached; any other error: the reads below report it
+    at += std::uint64_t(n);
+  }
+  if (at < end) {
+    const std::uint64_t from = at / align * align;  // rereads at most one cached partial block
+    unique_fd direct(::openat(impl_->dir_fd.get(), object_name(id).c_str(),
+                              O_RDONLY | O_DIRECT | O_CLOEXEC));
+    std::uint64_t got = 0;
+    if (direct) {
+      const std::span<std::byte> into(at_file(from), std::size_t(last - from));
+      for (;;) {
+        const ssize_t n = ::pread(direct.get(), into.data() + got, into.size() - got,
+                                  off_t(from + got));
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;  // end of file, or EINVAL (alignment): the buffered read finishes
+        got += std::uint64_t(n);
+        if (got % align) break;  // the file's end: no more aligned reads
+      }
+    }
+    at = std::max(at, from + got);
+    if (at < end &&
+        pread_full(fd.get(), std::span(at_file(at), std::size_t(end - at)), at, what) != end - at)
+      throw corrupt_error("object " + hex_id(id) + " shrank while being read");
+  }
+  return {at_file(begin), len};
 }
 
 void object_store::verify(const object_ref& ref) const {

@@ -315,6 +315,26 @@ TEST_CASE("two first puts of one new path at once make one lineage, and survive 
   CHECK(s.content.info(next).lineage == lineage);
 }
 
+TEST_CASE("an open reader pins its version until it is destroyed", "[content]") {
+  temp_dir d;
+  opened s(d.path, {});
+  const std::string text(300000, 'q');
+  const bytes data(reinterpret_cast<const std::byte*>(text.data()),
+                   reinterpret_cast<const std::byte*>(text.data() + text.size()));
+  const auto ref = s.content.put("notes/file.bin", format::memory_source(data));
+  auto reader = s.content.open(ref);
+  s.content.unref(ref);  // its last name goes while the read is in flight
+  s.content.drop_caches();
+  bytes out(data.size());
+  CHECK(reader->read(0, out) == out.size());
+  CHECK(out == data);
+  const auto object = s.content.info(ref).object;
+  CHECK(s.objects.disk_bytes(object) > 0);
+  reader.reset();
+  CHECK(s.objects.disk_bytes(object) == 0);  // reclaimed with the last pin
+  CHECK_THROWS_AS(s.content.info(ref), corrupt_error);
+}
+
 TEST_CASE("object ids are not reused after reclaimed versions (their records outlive them)",
           "[content]") {
   // Open 1: a file is stored, then deleted: its object is removed, its record stays.

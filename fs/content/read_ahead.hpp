@@ -1,0 +1,64 @@
+#pragma once
+// What to decode ahead of one reader of one stored checkpoint version. Reconstructing a tensor
+// after a remount means reading its frames from disk and decoding its chain; a reader that asks
+// for it only when it gets there waits for all of that. read_ahead follows the reader through the
+// tensors and names the ones to queue for background decoding, up to a byte budget ahead of it.
+//
+// Two candidate orders: the predicted read order (format::read_order: torch.load's storage-key
+// order) and file order (cp, sha256sum, tar: front to back). The reader's own steps pick between
+// them: a step to the file-order successor of the previous tensor that is not also its predicted
+// successor switches to file order, a step to the predicted successor that is not also the
+// file-order one switches back, and a step both (or neither) predict changes nothing.
+//
+// Pure bookkeeping (no I/O, no store); thread-safe: FUSE threads of one open file call it
+// concurrently.
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+namespace ckpt::fs {
+
+class read_ahead {
+ public:
+  // `predicted` and `file_order` hold the same tensor indices (the tensors worth decoding ahead);
+  // `length[t]` is tensor t's size in bytes for every index that appears in them. `ahead_bytes`
+  // bounds how far ahead of the reader tensors are queued (at least one is, whatever its size).
+  // `tail_early`: the reader reads the end of the file right after its start (zip readers find
+  // the central directory there, and the page they read holds the end of the last payload).
+  read_ahead(std::vector<std::size_t> predicted, std::vector<std::size_t> file_order,
+             std::vector<std::uint64_t> length, std::uint64_t ahead_bytes, bool tail_early = false);
+
+  // The reader opened the file and reads from its start: the first tensor in predicted order,
+  // then (tail_early) the last one in file order, then the next in predicted order up to the
+  // budget. Returns them once (later calls return nothing).
+  std::vector<std::size_t> start();
+
+  // The reader is reading tensor t (called for every read of its bytes; cheap when t is the
+  // tensor of the previous call). Returns the tensors to queue now, in the order they will be
+  // needed; each is returned at most once until the reader reads it. Indices that are not in the
+  // orders are ignored.
+  std::vector<std::size_t> touch(std::size_t t);
+
+  bool following_file_order() const;
+
+ private:
+  static constexpr std::size_t none = ~std::size_t(0);
+  std::vector<std::size_t> queue_after(const std::vector<std::size_t>& order, std::size_t from);
+  std::size_t successor(const std::vector<std::size_t>& order, const std::vector<std::size_t>& pos,
+                        std::size_t t) const;
+
+  const std::vector<std::size_t> predicted_, file_;
+  const std::vector<std::uint64_t> length_;
+  const std::uint64_t ahead_bytes_;
+  const bool tail_early_;
+  std::vector<std::size_t> pos_predicted_, pos_file_;  // tensor index -> position, or none
+  std::atomic<std::size_t> last_{none};                // fast path: same tensor again
+  mutable std::mutex mu_;
+  std::vector<bool> queued_;  // queued and not yet read
+  bool file_mode_ = false;
+  bool started_ = false;
+};
+
+}  // namespace ckpt::fs

@@ -1,0 +1,86 @@
+// read_ahead: which tensors the read path decodes ahead of a reader.
+#include <catch2/catch.hpp>
+
+#include "fs/content/read_ahead.hpp"
+
+using ckpt::fs::read_ahead;
+using v = std::vector<std::size_t>;
+
+namespace {
+// Eight 10-byte tensors; predicted order 0 1 4 5 6 7 2 3 (like torch: keys 0 1 10 11 ... sorted
+// as strings in the file), file order 0..7.
+read_ahead make(std::uint64_t ahead_bytes) {
+  return read_ahead({0, 1, 4, 5, 6, 7, 2, 3}, {0, 1, 2, 3, 4, 5, 6, 7},
+                    std::vector<std::uint64_t>(8, 10), ahead_bytes);
+}
+}  // namespace
+
+TEST_CASE("read_ahead: start queues the first tensors once", "[content][read_ahead]") {
+  auto ra = make(25);
+  CHECK(ra.start() == v{0, 1, 4});
+  CHECK(ra.start().empty());
+}
+
+TEST_CASE("read_ahead: a zip reader's tail comes second, and counts once",
+          "[content][read_ahead]") {
+  read_ahead ra({0, 1, 4, 5, 6, 7, 2, 3}, {0, 1, 2, 3, 4, 5, 6, 7},
+                std::vector<std::uint64_t>(8, 10), 25, true);
+  CHECK(ra.start() == v{0, 7, 1, 4});
+  CHECK(ra.touch(0) == v{5});  // 1 and 4 are queued: three tensors ahead
+  CHECK(ra.touch(7).empty());  // the tail read queues nothing and changes nothing
+  CHECK(ra.touch(0).empty());
+  CHECK(ra.touch(1) == v{6});
+  CHECK_FALSE(ra.following_file_order());
+  CHECK(ra.touch(4) == v{7});  // the tail was read: queued again in its turn
+  CHECK(ra.touch(5) == v{2});
+  CHECK(ra.touch(6) == v{3});
+  CHECK(ra.touch(7).empty());  // in sequence now: a normal step
+  CHECK_FALSE(ra.following_file_order());
+}
+
+TEST_CASE("read_ahead: follows the predicted order by bytes, each tensor once",
+          "[content][read_ahead]") {
+  auto ra = make(20);
+  CHECK(ra.touch(0) == v{1, 4});
+  CHECK(ra.touch(0).empty());  // same tensor: nothing new
+  CHECK(ra.touch(1) == v{5});  // 4 is queued already
+  CHECK(ra.touch(4) == v{6});
+  CHECK(ra.touch(5) == v{7});
+  CHECK_FALSE(ra.following_file_order());
+  CHECK(ra.touch(6) == v{2});
+  CHECK(ra.touch(7) == v{3});
+  CHECK(ra.touch(2).empty());
+  CHECK(ra.touch(3).empty());  // the end
+}
+
+TEST_CASE("read_ahead: at least one tensor ahead, even past the budget", "[content][read_ahead]") {
+  auto ra = make(1);
+  CHECK(ra.touch(0) == v{1});
+  CHECK(ra.touch(1) == v{4});
+}
+
+TEST_CASE("read_ahead: a front-to-back reader switches to file order and back",
+          "[content][read_ahead]") {
+  auto ra = make(20);
+  CHECK(ra.touch(0) == v{1, 4});
+  CHECK(ra.touch(1) == v{5});
+  CHECK(ra.touch(2) == v{3});  // file successor of 1, not the predicted one (4)
+  CHECK(ra.following_file_order());
+  CHECK(ra.touch(3).empty());  // 4 is queued already
+  CHECK(ra.touch(4) == v{6});  // 5 is queued
+  CHECK(ra.touch(5) == v{7});  // 4 -> 5 is a step in both orders: stays in file order
+  CHECK(ra.following_file_order());
+  CHECK(ra.touch(6).empty());  // 7 is queued
+  CHECK(ra.touch(7).empty());  // 6 -> 7 in both orders; the end of file order
+  CHECK(ra.following_file_order());
+  CHECK(ra.touch(2) == v{3});  // predicted successor of 7: back to the predicted order
+  CHECK_FALSE(ra.following_file_order());
+}
+
+TEST_CASE("read_ahead: a tensor read is queued again on the next pass", "[content][read_ahead]") {
+  auto ra = make(10);
+  CHECK(ra.touch(0) == v{1});
+  CHECK(ra.touch(1) == v{4});
+  CHECK(ra.touch(0) == v{1});   // a second pass from the start
+  CHECK(ra.touch(99).empty());  // not a tensor of the orders: ignored
+}
