@@ -35,7 +35,6 @@ run; each mounts fresh stores under a temporary directory and always unmounts.
 
 Usage: retention.py SCENARIO CKPTFS CKPTCTL   (as root; Debian's /usr/bin/python3)
 """
-import errno
 import json
 import os
 import pty
