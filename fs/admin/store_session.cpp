@@ -3,6 +3,8 @@
 
 #include <boost/filesystem/operations.hpp>
 #include <cerrno>
+#include <fstream>
+#include <string>
 
 #include "codec/error.hpp"
 #include "fs/namespace/log.hpp"
@@ -10,6 +12,29 @@
 namespace bf = boost::filesystem;
 
 namespace ckpt::fs::admin {
+
+namespace {
+
+// The pid recorded in STORE/lock by its holder (0 if unknown). Only meaningful while the lock is
+// held, which is when it is asked.
+long holder_pid(const bf::path& dir) {
+  std::ifstream in((dir / "lock").string());
+  long pid = 0;
+  in >> pid;
+  return in ? pid : 0;
+}
+
+// The holder's command name (/proc/PID/comm), "" if unknown.
+std::string holder_command(const bf::path& dir) {
+  const long pid = holder_pid(dir);
+  if (pid <= 0) return {};
+  std::ifstream in("/proc/" + std::to_string(pid) + "/comm");
+  std::string comm;
+  std::getline(in, comm);
+  return comm;
+}
+
+}  // namespace
 
 bool is_store_dir(const bf::path& dir) {
   boost::system::error_code ec;
@@ -27,7 +52,13 @@ store_session::store_session(const bf::path& store_dir, const store_session_opti
     lock_.emplace(dir_);
   } catch (const io_error& e) {
     if (e.sys_errno() != EWOULDBLOCK) throw;
-    // store_lock's message names the store and the holder's pid; say what to do about it.
+    // store_lock's message names the store and the holder's pid; say what to do about it. The
+    // holder may be an offline ckptctl rather than a daemon: then the advice is to wait.
+    const std::string holder = holder_command(dir_);
+    if (holder == "ckptctl")
+      throw io_error(EWOULDBLOCK, "store " + dir_.string() + " is open offline by another " +
+                                      "ckptctl (pid " + std::to_string(holder_pid(dir_)) +
+                                      "); wait until it has finished");
     throw io_error(EWOULDBLOCK, std::string(e.what()) +
                                     "; while it runs, manage the store through a path inside "
                                     "its mount instead of the store directory");

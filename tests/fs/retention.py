@@ -35,6 +35,7 @@ run; each mounts fresh stores under a temporary directory and always unmounts.
 
 Usage: retention.py SCENARIO CKPTFS CKPTCTL   (as root; Debian's /usr/bin/python3)
 """
+import fcntl
 import json
 import os
 import pty
@@ -627,6 +628,22 @@ def scenario_cli(ckptfs, ctl, tmp):
         os.unlink(f"{store}/control.sock")
         r = ctl.run("ls", mnt, rc=1)
         assert "cannot reach the ckptfs daemon" in r.stderr, r.stderr
+    # Offline while another offline ckptctl holds the store: told to wait, not to use a mount.
+    # (A stand-in process named ckptctl holds the lock, as a long offline verify would.)
+    fake = shutil.copy("/bin/sleep", f"{tmp}/ckptctl")
+    holder = subprocess.Popen([fake, "30"])
+    try:
+        fd = os.open(f"{store}/lock", os.O_RDWR)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{holder.pid}\n".encode(), 0)
+        r = ctl.run("ls", store, rc=1)
+        assert f"open offline by another ckptctl (pid {holder.pid})" in r.stderr, r.stderr
+        os.close(fd)
+    finally:
+        holder.kill()
+        holder.wait()
+    ctl.run("ls", store)
     print("cli: usage errors exit 2, failures exit 1 with the path named, offline use of a "
           "mounted store refused naming the daemon, --help/--json, progress on terminals only")
 
