@@ -166,8 +166,14 @@ void filesystem::maybe_drop(ino_t ino) {
     const runtime& r = it->second;
     if (r.opens || r.pending) return;
     if (r.nlookup) {
-      // Still known to the kernel but unreachable: its data can go now.
+      // Still known to the kernel but unreachable (no name, no handle): its data can go now,
+      // not at the kernel's FORGET, which may come much later (rm and prune report the space
+      // they free). Nothing can open it again; its content is not journaled (no name).
       it->second.buf.reset();
+      if (inode* m = tree_.find(ino); m && m->is_reg() && m->content.version) {
+        release_content(m->content);
+        m->content = {};
+      }
       return;
     }
   }
