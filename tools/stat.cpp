@@ -53,9 +53,13 @@ void print_text(const std::string& arg, const nlohmann::json& info) {
   // Exact files are not coded: no codec parameters to show.
   if (auto c = info.find("coding");
       kind != "exact" && c != info.end() && c->is_object() && !c->empty()) {
-    std::string s;
-    for (const auto& [k, v] : c->items()) s += (s.empty() ? "" : " ") + k + "=" + scalar_text(v);
-    std::printf("coding:   %s\n", s.c_str());
+    if (kind == "keyframe" || jnum(*c, "bits") == 0) {
+      std::printf("coding:   lossless (keyframe)\n");
+    } else {
+      std::string s;
+      for (const auto& [k, v] : c->items()) s += (s.empty() ? "" : " ") + k + "=" + scalar_text(v);
+      std::printf("coding:   %s\n", s.c_str());
+    }
   }
   const auto& tensors = jarr(info, "tensors");
   if (!tensors.empty()) {
