@@ -9,6 +9,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <thread>
 #include <unordered_map>
 
 #include "codec/error.hpp"
@@ -149,6 +150,29 @@ filesystem::named_file file_at(filesystem& fs, const std::string& path) {
 admin_service::admin_service(filesystem& fs, content_store& content, store::object_store& objects)
     : fs_(fs), content_(content), objects_(objects) {}
 
+void admin_service::settle(const std::vector<content_ref>& removed) {
+  if (flush_kernel_) flush_kernel_();
+  fs_.sync();  // the removals are durable; versions whose last name went are released
+  // Live: a removed file's version is released when the kernel forgets the inode, shortly
+  // after the notification above; wait for that (at most 2 s), then sync again so that what
+  // nothing needs any more is removed. Offline nothing holds them.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  for (;;) {
+    bool held = false;
+    for (const auto& r : removed) {
+      try {
+        held |= content_.info(r).refs > 0;
+      } catch (const corrupt_error&) {
+        // reclaimed
+      }
+    }
+    if (!held || std::chrono::steady_clock::now() >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  fs_.sync();
+  fs_.sync();  // the second sync removes what the unrefs of the first made unnecessary
+}
+
 json admin_service::handle(const json& req, const progress_fn& progress_in) {
   if (!req.is_object() || !req.contains("op") || !req["op"].is_string())
     throw invalid_argument("a request is a JSON object with an \"op\" string");
@@ -239,18 +263,29 @@ json admin_service::handle(const json& req, const progress_fn& progress_in) {
     const auto paths = get_paths(req);
     const auto before = object_sizes(objects_);
     json removed = json::array(), errors = json::array();
+    std::vector<content_ref> gone;
     for (const auto& p : paths) {
       try {
         const auto f = file_at(fs_, p);
-        const std::uint64_t stored = f.content.version ? content_.info(f.content).stored_bytes : 0;
+        std::uint64_t stored = 0;
+        if (f.content.version) {
+          try {
+            stored = content_.info(f.content).stored_bytes;
+          } catch (const corrupt_error&) {
+            // rewritten meanwhile: remove_if below notices
+          }
+        }
         if (!fs_.remove_if(p, f.content))
           throw io_error(EBUSY, p + " changed or is being written; not removed");
         removed.push_back({{"path", p}, {"version", f.content.version}, {"stored_bytes", stored}});
+        gone.push_back(f.content);
       } catch (const io_error& e) {
         errors.push_back({{"path", p}, {"error", e.what()}, {"errno", e.sys_errno()}});
+      } catch (const std::exception& e) {
+        errors.push_back({{"path", p}, {"error", e.what()}, {"errno", EIO}});
       }
     }
-    fs_.sync();
+    settle(gone);
     return {
         {"removed", removed}, {"errors", errors}, {"freed_bytes", freed_since(before, objects_)}};
   }
@@ -324,11 +359,19 @@ json admin_service::handle(const json& req, const progress_fn& progress_in) {
     if (!dry_run) {
       const auto before = object_sizes(objects_);
       std::uint64_t total = doomed.size() + oldest_kept.size(), done = 0;
+      std::vector<content_ref> unnamed;
       for (const auto& [v, names] : doomed) {
-        for (const auto& n : names) fs_.remove_if(n, {v, by_id.at(v)->logical_bytes});
+        const content_ref ref{v, by_id.at(v)->logical_bytes};
+        for (const auto& n : names) {
+          try {
+            if (fs_.remove_if(n, ref)) unnamed.push_back(ref);
+          } catch (const io_error&) {
+            // Renamed or removed meanwhile: not ours to remove any more.
+          }
+        }
         progress("prune", ++done, total);
       }
-      fs_.sync();  // names gone for good, and the versions nothing needs are reclaimed
+      settle(unnamed);  // names gone for good, and the versions nothing needs are reclaimed
       std::uint64_t written = 0;
       for (auto v : oldest_kept) {
         try {
@@ -338,12 +381,13 @@ json admin_service::handle(const json& req, const progress_fn& progress_in) {
             rekeyed.push_back(v);
           }
         } catch (const corrupt_error&) {
-          // A damaged version is not rewritten; verify reports it.
+          // A damaged (or meanwhile rewritten) version is not rewritten; verify reports damage.
         }
         progress("prune", ++done, total);
       }
-      const std::uint64_t gone = freed_since(before, objects_);
-      freed = gone > written ? gone - written : 0;
+      fs_.sync();  // objects released meanwhile (readers closing) go too
+      const std::uint64_t vanished = freed_since(before, objects_);
+      freed = vanished > written ? vanished - written : 0;
     }
     return {{"lineages", out_lineages},
             {"rekeyed", rekeyed},

@@ -67,6 +67,10 @@ class admin_service {
  public:
   admin_service(filesystem& fs, content_store& content, store::object_store& objects);
 
+  // Live mounts: called after names were removed, to push the queued kernel notifications out
+  // (the kernel then forgets the inodes, which releases their versions). Offline: not set.
+  void set_flush_kernel(std::function<void()> flush) { flush_kernel_ = std::move(flush); }
+
   // Runs one request; thread-safe (the control socket may serve several clients at once).
   nlohmann::json handle(const nlohmann::json& request, const progress_fn& progress = {});
 
@@ -74,6 +78,11 @@ class admin_service {
   filesystem& fs_;
   content_store& content_;
   store::object_store& objects_;
+  std::function<void()> flush_kernel_;
+
+  // After removing names: waits (briefly) until the kernel let go of the removed files, so
+  // that their versions are released and the space they free is counted.
+  void settle(const std::vector<content_ref>& removed);
 };
 
 }  // namespace ckpt::fs::admin

@@ -23,8 +23,8 @@
 #include "codec/block.hpp"
 #include "codec/error.hpp"
 #include "codec/format/assemble.hpp"
-#include "codec/format/recognise.hpp"
 #include "codec/format/read_order.hpp"
+#include "codec/format/recognise.hpp"
 #include "fs/content/lineage_key.hpp"
 #include "fs/content/read_ahead.hpp"
 #include "fs/content/version_meta.hpp"
@@ -62,6 +62,10 @@ using byte_buffer = store::page_buffer;
 struct cache_item {
   std::shared_ptr<const version_meta> meta;
   std::uint64_t data_base = 0;
+  // Metadata items: the object it was parsed from and the version's base, taken together from
+  // one record, so that a decode never mixes a rewritten version's old and new state.
+  std::uint64_t obj_id = 0;
+  std::uint64_t base = 0;
   byte_buffer data;
 };
 
@@ -138,6 +142,40 @@ struct content_store::impl {
   std::uint64_t max_object = 0;         // largest object id any replayed record names
   std::vector<std::uint64_t> unneeded;  // objects to remove once the records are durable
   std::vector<std::uint64_t> replaced;  // replay: objects of rewritten versions (rekey)
+  // Reclaimed versions whose objects are not removed yet: a decode that started before the
+  // reclaim may still walk their chain (see read_guard).
+  std::map<std::uint64_t, version_rec> graveyard;
+
+  // Object removal waits for the decodes that might still read the objects. Every read of
+  // object data runs under a read_guard, which registers the epoch it started in; a removal is
+  // tagged with a new epoch and carried out once no guard from an earlier epoch is active.
+  // Nothing ever waits: removals are deferred, never blocking.
+  std::mutex epoch_mu;
+  std::uint64_t epoch = 0;
+  std::multiset<std::uint64_t> active_epochs;
+  std::vector<std::pair<std::uint64_t, std::vector<std::uint64_t>>> deferred;  // tag, objects
+  std::set<std::uint64_t> removing;  // handed out for removal, not removed yet (gc keeps them)
+
+  class read_guard {
+   public:
+    explicit read_guard(impl& m) : m_(m) {
+      std::lock_guard lock(m_.epoch_mu);
+      at_ = m_.active_epochs.insert(m_.epoch);
+    }
+    ~read_guard() {
+      {
+        std::lock_guard lock(m_.epoch_mu);
+        m_.active_epochs.erase(at_);
+      }
+      m_.drain();
+    }
+    read_guard(const read_guard&) = delete;
+    read_guard& operator=(const read_guard&) = delete;
+
+   private:
+    impl& m_;
+    std::multiset<std::uint64_t>::iterator at_;
+  };
   // Shared by every writer between its object's write and its record's append (put, rekey);
   // exclusive for garbage collection, which must not take a fresh object for garbage.
   std::shared_mutex object_gate;
@@ -210,11 +248,21 @@ struct content_store::impl {
     return it->second;
   }
 
+  // For decoding: also a reclaimed version whose object is still there (see graveyard).
+  version_rec get_for_read(std::uint64_t v) const {
+    std::lock_guard lock(mu);
+    if (auto it = versions.find(v); it != versions.end()) return it->second;
+    if (auto it = graveyard.find(v); it != graveyard.end()) return it->second;
+    throw corrupt_error("content: unknown version " + std::to_string(v));
+  }
+
   // --- reading -------------------------------------------------------------------------------
 
   std::shared_ptr<const cache_item> meta_of(std::uint64_t v) {
-    return cache.get_or_load({v, k_meta, 0}, [&] {
-      const version_rec r = get(v);
+    read_guard guard(*this);
+    const version_rec r = get_for_read(v);
+    // Keyed by object: a rewritten version's new metadata never meets its old object.
+    return cache.get_or_load({v, k_meta, r.obj.id}, [&] {
       std::byte prefix[content_prefix_size];
       objects.read(r.obj.id, 0, prefix);
       std::uint32_t magic, version;
@@ -234,18 +282,22 @@ struct content_store::impl {
       auto item = std::make_shared<cache_item>();
       item->meta = std::make_shared<const version_meta>(decode_meta(meta));
       item->data_base = content_prefix_size + meta_len;
+      item->obj_id = r.obj.id;
+      item->base = r.base;
       return std::pair{std::shared_ptr<const cache_item>(item), std::uint64_t(meta_len * 4 + 256)};
     });
   }
 
   byte_buffer read_data(std::uint64_t v, const cache_item& m, std::uint64_t at, std::uint64_t len) {
     byte_buffer out(len);
-    objects.read(get(v).obj.id, m.data_base + at, out);
+    (void)v;
+    objects.read(m.obj_id, m.data_base + at, out);
     return out;
   }
 
   std::shared_ptr<const cache_item> exact_block(std::uint64_t v, std::size_t region,
                                                 std::size_t block) {
+    read_guard guard(*this);
     return cache.get_or_load({v, k_block, (std::uint64_t(region) << 32) | block}, [&] {
       auto m = meta_of(v);
       const exact_region& r = m->meta->exact.at(region);
@@ -289,6 +341,7 @@ struct content_store::impl {
   // The reconstruction of tensor `t` (index into the version's layout) of version v, decoding
   // the chain back to its keyframe when the cache no longer has the base.
   std::shared_ptr<const cache_item> tensor_recon(std::uint64_t v, std::size_t t) {
+    read_guard guard(*this);  // the whole chain decode
     return cache.get_or_load({v, k_tensor, t}, [&] {
       auto item = std::make_shared<cache_item>();
       item->data = materialize(v, t);
@@ -316,7 +369,7 @@ struct content_store::impl {
     byte_buffer out;
     std::shared_ptr<const cache_item> cached_base;
     if (f->mode == tensor_mode::delta) {
-      const std::uint64_t base_id = get(v).base;
+      const std::uint64_t base_id = m->base;
       cached_base = cache.get({base_id, k_tensor, f->base_tensor});
       out = cached_base ? byte_buffer(length) : materialize(base_id, f->base_tensor);
       if ((cached_base ? cached_base->data.size() : out.size()) != length)
@@ -327,8 +380,8 @@ struct content_store::impl {
     // Read the frame only now: the recursion above reuses the same per-thread scratch. After a
     // remount frames are cold: the disk writes them into the scratch without a page-cache copy.
     thread_local byte_buffer scratch;
-    const std::span<const std::byte> enc = objects.read_uncached(
-        get(v).obj.id, m->data_base + f->data_at, f->encoded_bytes, scratch);
+    const std::span<const std::byte> enc =
+        objects.read_uncached(m->obj_id, m->data_base + f->data_at, f->encoded_bytes, scratch);
     if (f->mode == tensor_mode::delta) {
       codec::decode(enc,
                     cached_base ? std::span<const std::byte>(cached_base->data)
@@ -357,6 +410,7 @@ struct content_store::impl {
       if (r.refs || r.dependents || is_head(r)) return;
       objects_to_remove.push_back(r.obj.id);
       const std::uint64_t base = r.base;
+      graveyard.insert_or_assign(v, r);
       versions.erase(it);
       if (!base) return;
       auto b = versions.find(base);
@@ -366,8 +420,42 @@ struct content_store::impl {
     }
   }
 
+  // Removes objects once no decode that started before this call can read them (see
+  // read_guard). The ids must be in `removing` (take_unneeded) or otherwise unreferenced.
   void remove_objects(const std::vector<std::uint64_t>& ids) {
-    for (auto id : ids) objects.remove(id);
+    if (ids.empty()) return;
+    {
+      std::lock_guard lock(epoch_mu);
+      deferred.emplace_back(++epoch, ids);
+    }
+    drain();
+  }
+
+  // Carries out the deferred removals no active guard can still need.
+  void drain() {
+    std::vector<std::uint64_t> ready;
+    {
+      std::lock_guard lock(epoch_mu);
+      if (deferred.empty()) return;
+      const std::uint64_t oldest = active_epochs.empty() ? UINT64_MAX : *active_epochs.begin();
+      auto keep = std::stable_partition(deferred.begin(), deferred.end(),
+                                        [&](const auto& d) { return d.first > oldest; });
+      for (auto it = keep; it != deferred.end(); ++it)
+        ready.insert(ready.end(), it->second.begin(), it->second.end());
+      deferred.erase(keep, deferred.end());
+    }
+    if (ready.empty()) return;
+    for (auto id : ready) {
+      try {
+        objects.remove(id);
+      } catch (...) {
+        // Left for gc: an unreferenced object is garbage, never a dangling reference.
+      }
+    }
+    std::lock_guard lock(mu);
+    const std::set<std::uint64_t> gone(ready.begin(), ready.end());
+    for (auto id : ready) removing.erase(id);
+    std::erase_if(graveyard, [&](const auto& g) { return gone.count(g.second.obj.id) != 0; });
   }
 
   // --- records -------------------------------------------------------------------------------
@@ -578,15 +666,12 @@ content_ref content_store::put(std::string_view path, const format::source& src)
     bool armed = true;
     ~unpin() {
       if (!armed || !base) return;
-      std::vector<std::uint64_t> doomed;
-      {
-        std::lock_guard lock(m.mu);
-        auto it = m.versions.find(base);
-        if (it == m.versions.end()) return;
-        --it->second.dependents;
-        m.collect(base, doomed);
-      }
-      m.remove_objects(doomed);
+      std::lock_guard lock(m.mu);
+      auto it = m.versions.find(base);
+      if (it == m.versions.end()) return;
+      --it->second.dependents;
+      // Into `unneeded`: what made the base unnecessary (a newer head) may not be durable yet.
+      m.collect(base, m.unneeded);
     }
   } base_pin{m, base_id};
 
@@ -826,15 +911,13 @@ class content_store::impl::reader final : public content_reader {
 
   ~reader() override {
     try {
-      std::vector<std::uint64_t> doomed;
-      {
-        std::lock_guard lock(store_.mu);
-        auto it = store_.versions.find(version_);
-        if (!pinned_ || it == store_.versions.end() || it->second.refs == 0) return;
-        --it->second.refs;
-        store_.collect(version_, doomed);
-      }
-      store_.remove_objects(doomed);
+      // Into `unneeded`, removed after the next journal sync: what made this version or its
+      // chain unnecessary (a rekey, a new head) may not be durable yet.
+      std::lock_guard lock(store_.mu);
+      auto it = store_.versions.find(version_);
+      if (!pinned_ || it == store_.versions.end() || it->second.refs == 0) return;
+      --it->second.refs;
+      store_.collect(version_, store_.unneeded);
     } catch (...) {
       // Leftover objects are garbage for gc, never a dangling reference.
     }
@@ -861,8 +944,9 @@ class content_store::impl::reader final : public content_reader {
     if (!served_ || offset >= size()) return {};
     len = std::size_t(std::min<std::uint64_t>(len, size() - offset));
     const auto& segs = meta_->meta->layout.segments;
-    auto it = std::upper_bound(segs.begin(), segs.end(), offset,
-                               [](std::uint64_t o, const format::segment& s) { return o < s.offset; });
+    auto it =
+        std::upper_bound(segs.begin(), segs.end(), offset,
+                         [](std::uint64_t o, const format::segment& s) { return o < s.offset; });
     if (it == segs.begin()) return {};
     --it;
     if (!it->tensor || !replaced_[*it->tensor]) return {};
@@ -906,7 +990,13 @@ std::shared_ptr<const content_reader> content_store::open(const content_ref& ref
 
 std::vector<std::uint64_t> content_store::take_unneeded_objects() {
   std::lock_guard lock(impl_->mu);
+  impl_->removing.insert(impl_->unneeded.begin(), impl_->unneeded.end());
   return std::exchange(impl_->unneeded, {});
+}
+
+bool content_store::has_unneeded_objects() const {
+  std::lock_guard lock(impl_->mu);
+  return !impl_->unneeded.empty();
 }
 
 void content_store::remove_objects(const std::vector<std::uint64_t>& ids) {
@@ -922,15 +1012,13 @@ void content_store::ref(const content_ref& ref) {
 
 void content_store::unref(const content_ref& ref) {
   if (!ref.version) return;
-  std::vector<std::uint64_t> doomed;
-  {
-    std::lock_guard lock(impl_->mu);
-    auto it = impl_->versions.find(ref.version);
-    if (it == impl_->versions.end() || it->second.refs == 0) return;
-    --it->second.refs;
-    impl_->collect(ref.version, doomed);
-  }
-  impl_->remove_objects(doomed);
+  std::lock_guard lock(impl_->mu);
+  auto it = impl_->versions.find(ref.version);
+  if (it == impl_->versions.end() || it->second.refs == 0) return;
+  --it->second.refs;
+  // Removed after the next journal sync: collecting a base chain may also take a superseded
+  // head whose successor's record is not durable yet.
+  impl_->collect(ref.version, impl_->unneeded);
 }
 
 version_info content_store::info(const content_ref& ref) const {
@@ -1045,7 +1133,9 @@ std::uint64_t content_store::rekey(std::uint64_t v) {
   r = m.get(v);
   if (r.kind != version_kind::delta) return 0;
 
+  impl::read_guard guard(m);  // the old object is read until the new one is written
   const auto old = m.meta_of(v);
+  if (old->obj_id != r.obj.id) throw corrupt_error("content: version changed during rekey");
   const version_meta& om = *old->meta;
   version_meta meta;
   meta.size = om.size;
@@ -1058,7 +1148,7 @@ std::uint64_t content_store::rekey(std::uint64_t v) {
   // their reconstruction, which is what the version reads as.
   auto copy_encoded = [&](std::uint64_t at, std::uint64_t len) {
     bytes b(len);
-    m.objects.read(r.obj.id, old->data_base + at, b);
+    m.objects.read(old->obj_id, old->data_base + at, b);
     const std::uint64_t pos = data.size;
     data.add(std::move(b));
     return pos;
@@ -1097,6 +1187,10 @@ std::uint64_t content_store::rekey(std::uint64_t v) {
       return 0;
     }
     version_rec& cur = it->second;
+    if (cur.obj.id != old->obj_id) {  // rewritten meanwhile: ours is not needed
+      m.unneeded.push_back(obj.id);
+      return 0;
+    }
     const std::uint64_t old_obj = cur.obj.id, old_base = cur.base;
     cur.obj = obj;
     cur.kind = version_kind::keyframe;
@@ -1110,8 +1204,8 @@ std::uint64_t content_store::rekey(std::uint64_t v) {
       m.collect(old_base, m.unneeded);
     }
   }
-  // Readers see the new object from now on; decoded data is the same bytes and stays cached.
-  m.cache.erase({v, k_meta, 0});
+  // Readers see the new object from now on (metadata is cached by object); decoded data is
+  // the same bytes and stays cached.
   return m.objects.disk_bytes(obj.id);
 }
 
@@ -1124,6 +1218,7 @@ std::string content_store::verify(std::uint64_t v, bool deep,
   } catch (const corrupt_error&) {
     return "version " + std::to_string(v) + " is not in the store";
   }
+  impl::read_guard guard(m);
   try {
     m.objects.verify(r.obj);
   } catch (const std::exception& e) {
@@ -1132,8 +1227,9 @@ std::string content_store::verify(std::uint64_t v, bool deep,
   if (progress) progress(r.obj.size);
   try {
     // Parse the metadata from disk (a cached copy would hide damage).
-    m.cache.erase({v, k_meta, 0});
+    m.cache.erase({v, k_meta, r.obj.id});
     const auto item = m.meta_of(v);
+    if (item->obj_id != r.obj.id) return verify(v, deep, progress);  // rewritten meanwhile
     const version_meta& meta = *item->meta;
     const std::uint64_t area = r.obj.size - item->data_base;
     if (meta.size != r.size) return "metadata size differs from the record";
@@ -1159,7 +1255,7 @@ std::string content_store::verify(std::uint64_t v, bool deep,
       const auto& x = meta.exact[ri];
       const bytes enc = [&] {
         bytes b(x.encoded_bytes);
-        m.objects.read(r.obj.id, item->data_base + x.data_at, b);
+        m.objects.read(item->obj_id, item->data_base + x.data_at, b);
         return b;
       }();
       std::uint64_t decoded = 0;
@@ -1178,7 +1274,7 @@ std::string content_store::verify(std::uint64_t v, bool deep,
       // or decoded from its own chain).
       const std::uint64_t length = meta.layout.tensors.at(f.tensor).length;
       byte_buffer enc(f.encoded_bytes);
-      m.objects.read(r.obj.id, item->data_base + f.data_at, enc);
+      m.objects.read(item->obj_id, item->data_base + f.data_at, enc);
       byte_buffer out(length);
       if (f.mode == tensor_mode::delta) {
         const auto base = m.tensor_recon(r.base, f.base_tensor);
@@ -1208,7 +1304,11 @@ std::pair<std::uint64_t, std::uint64_t> content_store::collect_garbage(bool dry_
   {
     std::lock_guard lock(m.mu);
     for (const auto& [id, r] : m.versions) keep.insert(r.obj.id);
-    keep.insert(m.unneeded.begin(), m.unneeded.end());  // removed after the next journal sync
+    // Removed after the next journal sync, or taken by a sync in progress: until that sync is
+    // durable the journal on disk may still name them.
+    keep.insert(m.unneeded.begin(), m.unneeded.end());
+    keep.insert(m.removing.begin(), m.removing.end());
+    for (const auto& [id, r] : m.graveyard) keep.insert(r.obj.id);
   }
   std::uint64_t count = 0, bytes_freed = 0;
   for (auto id : m.objects.list()) {

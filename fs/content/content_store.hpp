@@ -135,6 +135,8 @@ class content_store {
   // are left in place (garbage, never a dangling reference).
   std::vector<std::uint64_t> take_unneeded_objects();
   void remove_objects(const std::vector<std::uint64_t>& ids);
+  // True when take_unneeded_objects() has something: the flusher then syncs soon.
+  bool has_unneeded_objects() const;
 
   void ref(const content_ref& ref);
   void unref(const content_ref& ref);  // may reclaim space (after the caller's journal sync)

@@ -138,6 +138,9 @@ int serve(const fuse::daemon_options& opt, const std::string& program, parent_li
   filesystem& fsys = session.fs();
   const std::uint64_t records = session.replayed_records();
   admin::admin_service admin(fsys, session.content(), session.objects());
+  admin.set_flush_kernel([&ctx] {
+    if (ctx.serving.load()) ctx.notifier->flush();
+  });
 
   ctx.fs = &fsys;
 

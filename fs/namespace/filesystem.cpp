@@ -166,14 +166,10 @@ void filesystem::maybe_drop(ino_t ino) {
     const runtime& r = it->second;
     if (r.opens || r.pending) return;
     if (r.nlookup) {
-      // Still known to the kernel but unreachable (no name, no handle): its data can go now,
-      // not at the kernel's FORGET, which may come much later (rm and prune report the space
-      // they free). Nothing can open it again; its content is not journaled (no name).
+      // Still known to the kernel but unreachable: its write buffer can go now. Its content
+      // stays until the kernel's FORGET: an O_PATH descriptor can still reopen the file through
+      // /proc/self/fd, and must read what it did.
       it->second.buf.reset();
-      if (inode* m = tree_.find(ino); m && m->is_reg() && m->content.version) {
-        release_content(m->content);
-        m->content = {};
-      }
       return;
     }
   }
@@ -277,7 +273,8 @@ void filesystem::flusher() {
       bool dirty;
       {
         std::lock_guard g(mu_);
-        dirty = records_since_sync_ != 0 || !unref_after_sync_.empty();
+        dirty = records_since_sync_ != 0 || !unref_after_sync_.empty() ||
+                content_.has_unneeded_objects();
       }
       if (journal_failed_) {
         // A failed sync poisons the journal; a snapshot of the state in memory, written to a
