@@ -120,6 +120,19 @@ def posix_patterns(mnt):
     os.close(fd)
     assert not os.path.exists(f"{d}/gone")
 
+    # Unlinked while only an O_PATH descriptor holds it (no open file on the daemon's side):
+    # reopened through /proc/self/fd it still reads its stored bytes, as on a local filesystem.
+    kept = os.urandom(3 << 20)
+    with open(f"{d}/opath", "wb") as f:
+        f.write(kept)
+    os.stat(f"{d}/opath")  # waits for the commit
+    fd = os.open(f"{d}/opath", os.O_PATH)
+    os.unlink(f"{d}/opath")
+    with open(f"/proc/self/fd/{fd}", "rb") as f:
+        assert f.read() == kept, "an unlinked file reopened through O_PATH lost its content"
+    assert os.fstat(fd).st_size == len(kept)
+    os.close(fd)
+
     # O_APPEND and a second reader while writing.
     with open(f"{d}/log", "ab") as w:
         w.write(b"one\n")
