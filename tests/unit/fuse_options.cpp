@@ -1,0 +1,116 @@
+// fs/fuse/options: the daemon's command line. The codec knobs (bits, coding, rep, scope,
+// optimizer, keyframe_interval, lossless) reach content_options; bad values are refused with
+// usage_error before anything is mounted; everything else goes to libfuse or is dropped.
+#include <catch2/catch.hpp>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "fs/fuse/options.hpp"
+
+using ckpt::fs::content_options;
+using ckpt::fs::fuse::daemon_options;
+using ckpt::fs::fuse::parse_command_line;
+using ckpt::fs::fuse::usage_error;
+using ckpt::fs::fuse::usage_text;
+namespace codec = ckpt::codec;
+
+namespace {
+
+daemon_options parse(std::initializer_list<const char*> args) {
+  std::vector<const char*> argv{"ckptfs"};
+  argv.insert(argv.end(), args);
+  return parse_command_line(int(argv.size()), argv.data());
+}
+
+daemon_options parse_o(const std::string& opts) {
+  return parse({"store", "mnt", "-o", opts.c_str()});
+}
+
+}  // namespace
+
+TEST_CASE("fuse options: no -o gives content_options' defaults", "[fuse]") {
+  const auto d = parse({"store", "mnt"});
+  const content_options def;
+  CHECK(d.store == "store");
+  CHECK(d.mountpoint == "mnt");
+  CHECK(d.content.bits == def.bits);
+  CHECK(d.content.lossless == def.lossless);
+  CHECK(d.content.keyframe_interval == def.keyframe_interval);
+  CHECK(d.content.paper_coding == def.paper_coding);
+  CHECK(d.content.rep == def.rep);
+  CHECK(d.content.scope == def.scope);
+  CHECK(d.content.exact_optimizer == def.exact_optimizer);
+  CHECK(d.fuse_options.empty());
+}
+
+TEST_CASE("fuse options: the help names the defaults content_options has", "[fuse]") {
+  const content_options def;
+  const std::string help = usage_text("ckptfs");
+  CHECK_THAT(help, Catch::Contains("1..4 (default " + std::to_string(def.bits) + ")"));
+  CHECK_THAT(help, Catch::Contains("keyframe (default " + std::to_string(def.keyframe_interval) +
+                                   ")"));
+  CHECK_THAT(help, Catch::Contains(def.paper_coding ? "paper (default)" : "grouped (default)"));
+  CHECK_THAT(help, Catch::Contains(def.rep == codec::representative::mean ? "mean (default)"
+                                                                          : "midrange (default)"));
+  CHECK_THAT(help, Catch::Contains(def.scope == codec::bucket_scope::tensor ? "per tensor (default)"
+                                                                           : "per checkpoint (default)"));
+  CHECK_THAT(help, Catch::Contains(def.exact_optimizer ? "exact (default)" : "lossy (default)"));
+}
+
+TEST_CASE("fuse options: coding, rep, scope and optimizer take each of their values", "[fuse]") {
+  CHECK_FALSE(parse_o("coding=grouped").content.paper_coding);
+  CHECK(parse_o("coding=paper").content.paper_coding);
+  CHECK(parse_o("rep=mean").content.rep == codec::representative::mean);
+  CHECK(parse_o("rep=midrange").content.rep == codec::representative::midrange);
+  CHECK(parse_o("scope=tensor").content.scope == codec::bucket_scope::tensor);
+  CHECK(parse_o("scope=checkpoint").content.scope == codec::bucket_scope::checkpoint);
+  CHECK_FALSE(parse_o("optimizer=lossy").content.exact_optimizer);
+  CHECK(parse_o("optimizer=exact").content.exact_optimizer);
+
+  // All at once, in one list, in -oOPTS form and across several -o; the last value wins.
+  const auto d = parse({"store", "mnt", "-ocoding=paper,rep=midrange", "-o",
+                        "scope=checkpoint,optimizer=exact,bits=2,keyframe_interval=7", "-o",
+                        "bits=4,lossless"});
+  CHECK(d.content.paper_coding);
+  CHECK(d.content.rep == codec::representative::midrange);
+  CHECK(d.content.scope == codec::bucket_scope::checkpoint);
+  CHECK(d.content.exact_optimizer);
+  CHECK(d.content.bits == 4);
+  CHECK(d.content.keyframe_interval == 7);
+  CHECK(d.content.lossless);
+  CHECK(d.fuse_options.empty());
+}
+
+TEST_CASE("fuse options: bits 1..4 are taken, anything else is refused", "[fuse]") {
+  for (int b = 1; b <= 4; ++b) CHECK(parse_o("bits=" + std::to_string(b)).content.bits == b);
+  for (const char* bad : {"bits=0", "bits=5", "bits=-1", "bits=3x", "bits=", "bits=2.5", "bits"})
+    CHECK_THROWS_AS(parse_o(bad), usage_error);
+  CHECK_THROWS_WITH(parse_o("bits=9"), Catch::Contains("bits") && Catch::Contains("1 to 4"));
+}
+
+TEST_CASE("fuse options: invalid codec values are refused with the choices", "[fuse]") {
+  CHECK_THROWS_WITH(parse_o("coding=huffman"),
+                    Catch::Contains("coding") && Catch::Contains("grouped, paper"));
+  CHECK_THROWS_WITH(parse_o("rep=median"),
+                    Catch::Contains("rep") && Catch::Contains("mean, midrange"));
+  CHECK_THROWS_WITH(parse_o("scope=block"),
+                    Catch::Contains("scope") && Catch::Contains("tensor, checkpoint"));
+  CHECK_THROWS_WITH(parse_o("optimizer=drop"),
+                    Catch::Contains("optimizer") && Catch::Contains("lossy, exact"));
+  // Case matters, a value is required, and an empty value is not a choice.
+  for (const char* bad : {"coding=Paper", "coding", "rep=", "scope", "optimizer=",
+                          "keyframe_interval=0", "keyframe_interval=x", "lossless=1"})
+    CHECK_THROWS_AS(parse_o(bad), usage_error);
+}
+
+TEST_CASE("fuse options: other options go to libfuse, mount(8)'s generic ones are dropped",
+          "[fuse]") {
+  const auto d = parse_o("allow_other,defaults,noauto,x-systemd.automount,ro,coding=paper");
+  CHECK(d.fuse_options == std::vector<std::string>{"allow_other", "ro"});
+  CHECK(d.content.paper_coding);
+  CHECK_THROWS_AS(parse({"store"}), usage_error);
+  CHECK_THROWS_AS(parse({"store", "mnt", "extra"}), usage_error);
+  CHECK_THROWS_AS(parse({"store", "mnt", "-o"}), usage_error);
+  CHECK(parse({"ckptfs#/data/store", "mnt"}).store == "/data/store");
+}
