@@ -27,7 +27,8 @@ for every workload and seed. Optimizer state is either coded like the weights
 (optimizer=lossy) or kept exact (optimizer=exact); only the Adam MLP and the momentum LeNet
 have any.
 
-Workloads (sklearn's bundled digits, stratified 70/30 train/test split; synthetic MF):
+Workloads (sklearn's bundled digits, stratified 70/30 train/test split; synthetic MF; the
+learning rate decays to 0 along a cosine over each run):
   lr        multinomial logistic regression, plain SGD; the 8x8 digits are upsampled to 28x28
             (MNIST's size, as in the paper): at 8x8 the 640-float weight is under the 4 KiB
             size below which ckptfs stores tensors exactly, and nothing would be compressed
@@ -35,7 +36,7 @@ Workloads (sklearn's bundled digits, stratified 70/30 train/test split; syntheti
             momentum 0.9
   mlp-adam  MLP 64-256-256-10 on the 8x8 features, Adam
   mf        matrix factorisation (rank 16) of a synthetic rank-8 2000x1000 rating matrix with
-            Gaussian noise, 5% observed, plain minibatch SGD; metric: test MSE
+            Gaussian noise, 10% observed, plain minibatch SGD; metric: test MSE
 
 Decision rule (the issue's): a setting qualifies if, for every workload and both checkpoint
 frequencies (and the early restores), the mean final test accuracy over seeds after 10
@@ -46,7 +47,8 @@ other keyframe intervals for the best setting (or, if none qualifies, for the cl
 one) and selects again.
 
 Seeds: every setting runs on 2 screening seeds; the settings within 3x the limit everywhere
-get 3 more (full mode), and so does the noise control: a lossless mount whose restored floats
+(against the failure-free run or the control) get 3 more (full mode), and so does the noise
+control: a lossless mount whose restored floats
 are multiplied by 1 +- 2^-20, which shows how far 10 restarts move the final metric by chaos
 alone (one test digit is 0.19 pp).
 
@@ -57,10 +59,12 @@ is fsync'ed after torch.save, so versions are committed in order (see docs/bench
 Usage:
   recovery.py CKPTFS [--quick] [--write-docs] [--json FILE] [--seeds N] [--confirm-seeds N]
               [--workloads lr,lenet5,...] [--settings NAME,...] [--no-keyframe-sweep]
+  recovery.py CKPTFS --from-json FILE [--write-docs]    # render a saved run again
   --quick       CI smoke (< 5 min): mlp-adam and lr, three settings (lossless, paper b=3, the
                 daemon's defaults), fewer iterations; checks that can fail (below)
   --write-docs  rewrite the section between <!-- recovery:begin --> and <!-- recovery:end -->
                 in docs/benchmarks.md with the tables, the command line, machine and date
+  Full mode takes about 25-30 minutes on 2 cores; it must run as root (a FUSE mount).
 
 Checks (both modes; exit status 1 when one fails): the lossless setting reads back every
 restored checkpoint bit-exactly, its rework equals the count computed without a mount and its
@@ -138,7 +142,7 @@ class Workload:
     iterations = 0
     every_k = 10
     batch = 0
-    seed_base = 0
+    base_lr = 0.0
 
     def order(self, seed):
         return DataOrder(self.n_train, self.batch, 1000 + seed)
