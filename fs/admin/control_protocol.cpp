@@ -194,11 +194,6 @@ bool progress_throttle::admit(std::string_view phase, std::uint64_t done, std::u
 
 // ---- sockets -----------------------------------------------------------------------------------
 
-void unique_fd::reset(int fd) noexcept {
-  if (fd_ >= 0) ::close(fd_);
-  fd_ = fd;
-}
-
 unique_fd listen_unix(const std::string& path, int backlog) {
   struct stat st {};
   if (::lstat(path.c_str(), &st) == 0) {

@@ -26,6 +26,7 @@
 #include <nlohmann/json.hpp>
 
 #include "codec/error.hpp"
+#include "fs/store/posix.hpp"
 
 namespace ckpt::fs::admin {
 
@@ -119,27 +120,8 @@ class progress_throttle {
 
 // ---- sockets -----------------------------------------------------------------------------------
 
-// Owns one file descriptor; closes it on destruction. Move-only.
-class unique_fd {
- public:
-  unique_fd() = default;
-  explicit unique_fd(int fd) noexcept : fd_(fd) {}
-  unique_fd(unique_fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-  unique_fd& operator=(unique_fd&& o) noexcept {
-    if (this != &o) reset(std::exchange(o.fd_, -1));
-    return *this;
-  }
-  unique_fd(const unique_fd&) = delete;
-  unique_fd& operator=(const unique_fd&) = delete;
-  ~unique_fd() { reset(); }
-  int get() const noexcept { return fd_; }
-  explicit operator bool() const noexcept { return fd_ >= 0; }
-  int release() noexcept { return std::exchange(fd_, -1); }
-  void reset(int fd = -1) noexcept;
-
- private:
-  int fd_ = -1;
-};
+// The store's fd owner (fs/store/posix.hpp).
+using unique_fd = store::detail::unique_fd;
 
 // A listening socket at `path` (mode 0600: only the daemon's user, normally root, may manage the
 // store). An existing file at `path` is removed first: the caller holds the store lock, so any
