@@ -132,6 +132,24 @@ frame_info inspect(std::span<const std::byte> encoded) {
   return f;
 }
 
+frame_index index_frame(std::span<const std::byte> encoded) {
+  frame_index fi;
+  std::size_t at = 0;
+  std::uint32_t last = 0;
+  while (at < encoded.size()) {
+    const block_header h = read_block_header(encoded.subspan(at));
+    if (fi.offsets.empty()) fi.block_elements = h.elements;
+    else if (last != fi.block_elements)
+      throw corrupt_error("frame: a block before the last is shorter than the first");
+    if (h.elements == 0 || h.elements > fi.block_elements)
+      throw corrupt_error("frame: uneven block sizes");
+    last = h.elements;
+    fi.offsets.push_back(at);
+    at += h.total_size();
+  }
+  return fi;
+}
+
 void decode(std::span<const std::byte> encoded, std::span<const std::byte> base,
             std::span<std::byte> out) {
   struct piece {

@@ -3,6 +3,7 @@
 // encoded and decoded in parallel on oneTBB workers. The output is bit-identical for any number
 // of threads: blocks are cut by size alone and the bucket statistics are exact integers.
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -60,6 +61,18 @@ struct frame_info {
 };
 // Walks the block headers (no checksums): sizes and kinds, or corrupt_error.
 frame_info inspect(std::span<const std::byte> encoded);
+
+// Where each block of a frame starts, so that a reader can decode a few blocks of a large tensor
+// without reading the rest: every block but the last holds `block_elements` elements (encoders
+// cut by size alone), so block b covers elements [b * block_elements, ...). A run of whole blocks
+// is itself a frame: decode() takes it with the matching slices of base and out.
+struct frame_index {
+  std::uint32_t block_elements = 0;
+  std::vector<std::uint64_t> offsets;  // of each block, from the frame's start
+};
+// Walks the block headers (no checksums). Throws corrupt_error unless the blocks tile the frame
+// with equal element counts, the last one no larger.
+frame_index index_frame(std::span<const std::byte> encoded);
 
 // Decodes a whole frame into `out` (exactly the frame's elements). `base` is required when the
 // frame has lossy blocks and must then be as long as `out`. Throws corrupt_error.

@@ -25,6 +25,7 @@
 #include "codec/format/assemble.hpp"
 #include "codec/format/read_order.hpp"
 #include "codec/format/recognise.hpp"
+#include "fs/content/buffer_pool.hpp"
 #include "fs/content/lineage_key.hpp"
 #include "fs/content/read_ahead.hpp"
 #include "fs/content/version_meta.hpp"
@@ -38,7 +39,16 @@ using bytes = std::vector<std::byte>;
 constexpr std::size_t kExactBlock = codec::default_block_bytes;
 constexpr std::size_t kExactChunk = 16 * kExactBlock;  // read this much of a region at a time
 
-enum : std::uint32_t { k_meta = 1, k_block = 2, k_tensor = 3 };
+enum : std::uint32_t { k_meta = 1, k_block = 2, k_tensor = 3, k_chunk = 4 };
+
+// A cold read decodes tensors a chunk of this many codec blocks (4 MiB of payload at the default
+// block size) at a time, when the version has a block index: torch.load's first bytes then wait
+// for one chunk instead of a whole tensor, and the chunks live in a few recycled buffers instead
+// of a tensor's worth of fresh memory.
+constexpr std::size_t kChunkBlocks = 4;
+constexpr std::uint64_t chunk_index(std::size_t tensor, std::size_t chunk) {
+  return (std::uint64_t(tensor) << 32) | chunk;
+}
 
 struct cache_key {
   std::uint64_t version;
@@ -67,7 +77,35 @@ struct cache_item {
   std::uint64_t obj_id = 0;
   std::uint64_t base = 0;
   byte_buffer data;
+  // Decoded chunks: the pool their buffer goes back to when the last holder lets go.
+  std::shared_ptr<buffer_pool> home;
+
+  cache_item() = default;
+  cache_item(const cache_item&) = delete;
+  cache_item& operator=(const cache_item&) = delete;
+  ~cache_item() {
+    if (home) home->give(std::move(data));
+  }
 };
+
+// The frame of tensor t in a version, or nullptr when t is not stored as a frame.
+const tensor_frame* frame_of(const version_meta& m, std::size_t t) {
+  auto f = std::find_if(m.tensors.begin(), m.tensors.end(),
+                        [&](const tensor_frame& x) { return x.tensor == t; });
+  return f == m.tensors.end() ? nullptr : &*f;
+}
+
+// Payload bytes per chunk of a frame with a block index; 0 without one (decoded whole).
+std::uint64_t chunk_bytes(const tensor_frame& f) {
+  if (f.blocks.empty()) return 0;
+  return std::uint64_t(kChunkBlocks) * f.block_elements * codec::element_size(f.type);
+}
+
+void set_block_index(tensor_frame& f, std::span<const std::byte> frame) {
+  auto fi = codec::index_frame(frame);
+  f.block_elements = fi.block_elements;
+  f.blocks = std::move(fi.offsets);
+}
 
 bytes to_bytes(const json& j) {
   const auto v = json::to_cbor(j);
@@ -180,6 +218,8 @@ struct content_store::impl {
   // exclusive for garbage collection, which must not take a fresh object for garbage.
   std::shared_mutex object_gate;
   cache::lru_cache<cache_key, cache_item, cache_key_hash> cache;
+  std::shared_ptr<buffer_pool> chunk_pool;
+  cache::lru_cache<cache_key, cache_item, cache_key_hash> chunks;
 
   class reader;
 
@@ -191,8 +231,11 @@ struct content_store::impl {
   struct prefetch_job {
     std::uint64_t version;
     std::size_t tensor;
+    std::size_t chunk;  // whole_tensor: the whole tensor
+    std::uint64_t bytes;  // of the chunk
     std::weak_ptr<const void> alive;
   };
+  static constexpr std::size_t whole_tensor = ~std::size_t(0);
   static constexpr std::size_t kPrefetchWorkers = 2;
   static constexpr std::size_t kPrefetchQueueMax = 64;  // across readers; extra jobs are dropped
   std::mutex prefetch_mu;
@@ -200,8 +243,20 @@ struct content_store::impl {
   std::deque<prefetch_job> prefetch_queue;
   std::vector<std::jthread> prefetchers;  // last member: stopped and joined before what they use
 
+  // Decoded chunks of cold reads: a small cache carved out of cache=, its buffers recycled.
+  static std::uint64_t chunk_budget(std::uint64_t cache_bytes) {
+    return std::clamp<std::uint64_t>(cache_bytes / 8, 16u << 20, 128u << 20);
+  }
   impl(store::object_store& o, store::journal& j, content_options op)
-      : objects(o), journal(j), opt(op), cache(op.cache_bytes) {
+      : objects(o),
+        journal(j),
+        opt(op),
+        cache(op.cache_bytes - std::min(op.cache_bytes, chunk_budget(op.cache_bytes))),
+        chunk_pool(std::make_shared<buffer_pool>(
+            kChunkBlocks * codec::default_block_bytes,
+            chunk_budget(op.cache_bytes) / (kChunkBlocks * codec::default_block_bytes) +
+                kPrefetchWorkers + 4)),
+        chunks(chunk_budget(op.cache_bytes)) {
     for (std::size_t i = 0; i < kPrefetchWorkers; ++i)
       prefetchers.emplace_back([this](std::stop_token stop) { prefetch_loop(stop); });
   }
@@ -209,15 +264,17 @@ struct content_store::impl {
   // How far ahead of a reader tensors are decoded: a quarter of the cache, so that read-ahead
   // for one file cannot push out what its reader is about to read.
   std::uint64_t read_ahead_bytes() const { return opt.cache_bytes / 4; }
+  // Chunked: a third of the chunk cache, so that chunks decoded ahead are not evicted before
+  // their reader arrives.
+  std::uint64_t chunk_read_ahead_bytes() const { return chunks.budget() / 3; }
 
-  void prefetch(std::uint64_t v, const std::vector<std::size_t>& tensors,
-                const std::shared_ptr<const void>& alive) {
-    if (tensors.empty()) return;
+  void prefetch(std::vector<prefetch_job> jobs) {
+    if (jobs.empty()) return;
     {
       std::lock_guard lock(prefetch_mu);
-      for (auto t : tensors) {
+      for (auto& j : jobs) {
         if (prefetch_queue.size() >= kPrefetchQueueMax) break;
-        prefetch_queue.push_back({v, t, alive});
+        prefetch_queue.push_back(std::move(j));
       }
     }
     prefetch_cv.notify_all();
@@ -234,7 +291,10 @@ struct content_store::impl {
       }
       if (job.alive.expired()) continue;  // its reader is gone
       try {
-        tensor_recon(job.version, job.tensor);
+        if (job.chunk == whole_tensor)
+          tensor_recon(job.version, job.tensor);
+        else if (!cache.get({job.version, k_tensor, job.tensor}))  // not already whole
+          chunk_recon(job.version, job.tensor, job.chunk, job.bytes);
       } catch (...) {
         // The reader's own request reports the error; a version may also have been reclaimed.
       }
@@ -391,6 +451,70 @@ struct content_store::impl {
       codec::decode(enc, {}, out);
     }
     return out;
+  }
+
+  // Chunk c of tensor t of version v (payload bytes [c * chunk_bytes, ...) of a frame with a
+  // block index), decoded through its chain a chunk at a time.
+  std::shared_ptr<const cache_item> chunk_recon(std::uint64_t v, std::size_t t, std::size_t c,
+                                                std::uint64_t bytes) {
+    read_guard guard(*this);  // the whole chain decode
+    return chunks.get_or_load({v, k_chunk, chunk_index(t, c)}, [&] {
+      auto item = std::make_shared<cache_item>();
+      item->home = chunk_pool;  // also when decoding throws
+      item->data = chunk_pool->take(bytes);
+      decode_chunk_into(v, t, c, item->data);
+      const std::uint64_t charged = item->data.capacity();
+      return std::pair{std::shared_ptr<const cache_item>(item), charged};
+    });
+  }
+
+  // Decodes chunk c of tensor t of version v into `out` (exactly the chunk's bytes). The base
+  // chunk comes from the caches when they have it; otherwise a base with the same block geometry
+  // is decoded into `out` and the delta applied in place, and any other base (a version written
+  // before block indexes) is reconstructed whole.
+  void decode_chunk_into(std::uint64_t v, std::size_t t, std::size_t c, std::span<std::byte> out) {
+    const auto m = meta_of(v);
+    const tensor_frame* f = frame_of(*m->meta, t);
+    if (!f || f->blocks.empty()) throw corrupt_error("content: tensor has no block index");
+    const std::uint64_t length = m->meta->layout.tensors.at(t).length;
+    const std::uint64_t cb = chunk_bytes(*f), begin = std::uint64_t(c) * cb;
+    const std::size_t b0 = c * kChunkBlocks;
+    if (b0 >= f->blocks.size() || begin >= length || out.size() != std::min(cb, length - begin))
+      throw corrupt_error("content: chunk outside its tensor");
+    const std::size_t b1 = std::min(b0 + kChunkBlocks, f->blocks.size());
+
+    std::shared_ptr<const cache_item> held;  // keeps a cached base alive while it is read
+    std::span<const std::byte> base;
+    if (f->mode == tensor_mode::delta) {
+      const std::uint64_t base_id = m->base;
+      const auto bm = meta_of(base_id);
+      const tensor_frame* bf = frame_of(*bm->meta, f->base_tensor);
+      const bool same_geometry = bf && !bf->blocks.empty() && bf->type == f->type &&
+                                 bf->block_elements == f->block_elements &&
+                                 bm->meta->layout.tensors.at(f->base_tensor).length == length;
+      if ((held = cache.get({base_id, k_tensor, f->base_tensor}))) {
+        if (held->data.size() != length) throw corrupt_error("content: base size mismatch");
+        base = std::span<const std::byte>(held->data).subspan(begin, out.size());
+      } else if (same_geometry &&
+                 (held = chunks.get({base_id, k_chunk, chunk_index(f->base_tensor, c)}))) {
+        if (held->data.size() != out.size()) throw corrupt_error("content: base size mismatch");
+        base = held->data;
+      } else if (same_geometry) {
+        decode_chunk_into(base_id, f->base_tensor, c, out);
+        base = out;
+      } else {
+        held = tensor_recon(base_id, f->base_tensor);
+        if (held->data.size() != length) throw corrupt_error("content: base size mismatch");
+        base = std::span<const std::byte>(held->data).subspan(begin, out.size());
+      }
+    }
+    // Read the frame's blocks only now: the recursion above reuses the same per-thread scratch.
+    const std::uint64_t from = f->blocks[b0];
+    const std::uint64_t to = b1 < f->blocks.size() ? f->blocks[b1] : f->encoded_bytes;
+    thread_local byte_buffer scratch;
+    const std::span<const std::byte> enc =
+        objects.read_uncached(m->obj_id, m->data_base + f->data_at + from, to - from, scratch);
+    codec::decode(enc, base, out);
   }
 
   // --- reclaiming ----------------------------------------------------------------------------
@@ -788,6 +912,7 @@ content_ref content_store::put(std::string_view path, const format::source& src)
         recon->data = std::move(cur);
       }
       f.encoded_bytes = frame.size();
+      set_block_index(f, frame);
       f.digest = XXH3_64bits(recon->data.data(), recon->data.size());
       data.add(std::move(frame));
       meta.tensors.push_back(f);
@@ -872,28 +997,43 @@ class content_store::impl::reader final : public content_reader {
     format::source original(m.size, [this](std::uint64_t off, std::span<std::byte> out) {
       store_.read_exact(version_, *meta_->meta, off, out);
     });
-    // Decode ahead in the order the reader is expected to go, among the reconstructed tensors.
-    std::vector<std::size_t> predicted, file_order;
-    std::vector<std::uint64_t> length(m.layout.tensors.size());
-    for (auto t : format::read_order(m.layout))
-      if (replaced[t]) predicted.push_back(t);
+    // The units of decoding: chunks of tensors with a block index, whole tensors otherwise.
+    chunk_bytes_.assign(m.layout.tensors.size(), 0);
+    first_unit_.assign(m.layout.tensors.size(), 0);
+    std::vector<std::vector<std::size_t>> units_of(m.layout.tensors.size());
+    bool chunked = false;
     for (std::size_t t = 0; t < replaced.size(); ++t) {
-      length[t] = m.layout.tensors[t].length;
-      if (replaced[t]) file_order.push_back(t);
+      if (!replaced[t]) continue;
+      const std::uint64_t len = m.layout.tensors[t].length;
+      const std::uint64_t cb = chunk_bytes(*frame_of(m, t));
+      chunk_bytes_[t] = cb;
+      first_unit_[t] = units_.size();
+      chunked |= cb != 0;
+      const std::size_t n = cb ? std::size_t((len + cb - 1) / cb) : 1;
+      for (std::size_t c = 0; c < n; ++c) {
+        units_of[t].push_back(units_.size());
+        units_.push_back({t, cb ? c : whole_tensor, cb ? std::min(cb, len - c * cb) : len});
+      }
     }
-    std::sort(file_order.begin(), file_order.end(), [&](std::size_t a, std::size_t b) {
+    // Decode ahead in the order the reader is expected to go, among the reconstructed tensors.
+    std::vector<std::size_t> predicted, file_order, by_offset;
+    std::vector<std::uint64_t> length;
+    for (const auto& u : units_) length.push_back(u.bytes);
+    for (auto t : format::read_order(m.layout))
+      if (replaced[t]) predicted.insert(predicted.end(), units_of[t].begin(), units_of[t].end());
+    for (std::size_t t = 0; t < replaced.size(); ++t)
+      if (replaced[t]) by_offset.push_back(t);
+    std::sort(by_offset.begin(), by_offset.end(), [&](std::size_t a, std::size_t b) {
       return m.layout.tensors[a].offset < m.layout.tensors[b].offset;
     });
+    for (auto t : by_offset) file_order.insert(file_order.end(), units_of[t].begin(), units_of[t].end());
     const bool zip = m.layout.format == format::file_format::torch_zip ||
                      m.layout.format == format::file_format::npz;
     ahead_.emplace(std::move(predicted), std::move(file_order), std::move(length),
-                   store_.read_ahead_bytes(), zip);
+                   chunked ? store_.chunk_read_ahead_bytes() : store_.read_ahead_bytes(), zip);
     served_.emplace(m.layout, original, replaced,
                     [this](std::size_t t, std::uint64_t off, std::span<std::byte> out) {
-                      // Queue what comes next before (perhaps) waiting for this one.
-                      store_.prefetch(version_, ahead_->touch(t), alive_);
-                      const auto r = store_.tensor_recon(version_, t);
-                      std::memcpy(out.data(), r->data.data() + off, out.size());
+                      fill(t, off, out);
                     });
     for (const auto& [member, crc] : m.member_crcs) served_->set_member_crc(member, crc);
   }
@@ -933,7 +1073,7 @@ class content_store::impl::reader final : public content_reader {
     if (served_) {
       // A reader that starts at the beginning will most likely read the whole file: start
       // decoding its first tensors while it reads the headers.
-      if (offset == 0) store_.prefetch(version_, ahead_->start(), alive_);
+      if (offset == 0) queue(ahead_->start());
       return served_->read(offset, out.first(n));
     }
     store_.read_exact(version_, *meta_->meta, offset, out.first(n));
@@ -953,10 +1093,59 @@ class content_store::impl::reader final : public content_reader {
     const std::uint64_t in_seg = offset - it->offset;
     if (in_seg + len > it->length) return {};
     const std::size_t t = *it->tensor;
-    store_.prefetch(version_, ahead_->touch(t), alive_);
-    auto r = store_.tensor_recon(version_, t);
-    const std::span<const std::byte> bytes(r->data.data() + in_seg, len);
+    if (auto w = store_.cache.get({version_, k_tensor, t}))
+      return {w, std::span<const std::byte>(w->data.data() + in_seg, len)};
+    const std::uint64_t cb = chunk_bytes_[t];
+    if (!cb) {
+      queue(ahead_->touch(first_unit_[t]));
+      auto r = store_.tensor_recon(version_, t);
+      const std::span<const std::byte> bytes(r->data.data() + in_seg, len);
+      return {std::move(r), bytes};
+    }
+    const std::size_t c = std::size_t(in_seg / cb);
+    const unit& u = units_[first_unit_[t] + c];
+    if (in_seg % cb + len > u.bytes) return {};  // spans two chunks: read() copies it
+    queue(ahead_->touch(first_unit_[t] + c));
+    auto r = store_.chunk_recon(version_, t, c, u.bytes);
+    const std::span<const std::byte> bytes(r->data.data() + in_seg % cb, len);
     return {std::move(r), bytes};
+  }
+
+ private:
+  // Bytes [off, off + out.size()) of tensor t's reconstruction: from the whole tensor when the
+  // cache has it (a version just written, or read warm), else chunk by chunk.
+  void fill(std::size_t t, std::uint64_t off, std::span<std::byte> out) const {
+    if (auto w = store_.cache.get({version_, k_tensor, t})) {
+      std::memcpy(out.data(), w->data.data() + off, out.size());
+      return;
+    }
+    const std::uint64_t cb = chunk_bytes_[t];
+    if (!cb) {
+      // Queue what comes next before (perhaps) waiting for this one.
+      queue(ahead_->touch(first_unit_[t]));
+      const auto r = store_.tensor_recon(version_, t);
+      std::memcpy(out.data(), r->data.data() + off, out.size());
+      return;
+    }
+    while (!out.empty()) {
+      const std::size_t c = std::size_t(off / cb);
+      const unit& u = units_.at(first_unit_[t] + c);
+      queue(ahead_->touch(first_unit_[t] + c));
+      const auto r = store_.chunk_recon(version_, t, c, u.bytes);
+      const std::size_t n = std::size_t(std::min<std::uint64_t>(out.size(), u.bytes - off % cb));
+      std::memcpy(out.data(), r->data.data() + off % cb, n);
+      out = out.subspan(n);
+      off += n;
+    }
+  }
+
+  void queue(const std::vector<std::size_t>& next) const {
+    std::vector<prefetch_job> jobs;
+    for (auto i : next) {
+      const unit& u = units_[i];
+      jobs.push_back({version_, u.tensor, u.chunk, u.bytes, alive_});
+    }
+    store_.prefetch(std::move(jobs));
   }
 
  private:
@@ -965,6 +1154,15 @@ class content_store::impl::reader final : public content_reader {
   std::shared_ptr<const cache_item> meta_;
   std::optional<format::served_file> served_;
   std::vector<bool> replaced_;  // tensors served reconstructed
+  // Units of decoding and read-ahead: chunk `chunk` of `tensor`, or the whole tensor.
+  struct unit {
+    std::size_t tensor;
+    std::size_t chunk;  // whole_tensor for a tensor without a block index
+    std::uint64_t bytes;
+  };
+  std::vector<unit> units_;
+  std::vector<std::size_t> first_unit_;     // per tensor: its first unit
+  std::vector<std::uint64_t> chunk_bytes_;  // per tensor: bytes per chunk, 0 = decoded whole
   mutable std::optional<read_ahead> ahead_;
   // Prefetch jobs hold it weakly: they are dropped once the last handle on this reader is gone.
   std::shared_ptr<const void> alive_ = std::make_shared<int>(0);
@@ -1078,6 +1276,7 @@ std::string to_json(const version_info& i) {
 
 void content_store::drop_caches() {
   impl_->cache.clear();
+  impl_->chunks.clear();
 }
 
 // ---- management -------------------------------------------------------------------------------
@@ -1160,6 +1359,7 @@ std::uint64_t content_store::rekey(std::uint64_t v) {
   for (tensor_frame f : om.tensors) {
     if (f.mode == tensor_mode::lossless) {
       f.data_at = copy_encoded(f.data_at, f.encoded_bytes);
+      set_block_index(f, data.chunks.back());  // versions from before the index get one
     } else {
       const auto recon = m.tensor_recon(v, f.tensor);
       if (f.digest && XXH3_64bits(recon->data.data(), recon->data.size()) != f.digest)
@@ -1171,6 +1371,7 @@ std::uint64_t content_store::rekey(std::uint64_t v) {
       f.base_tensor = 0;
       f.data_at = data.size;
       f.encoded_bytes = frame.size();
+      set_block_index(f, frame);
       data.add(std::move(frame));
     }
     meta.tensors.push_back(f);

@@ -68,10 +68,15 @@ std::vector<std::byte> encode_meta(const version_meta& m) {
     exact.push_back({{"o", r.offset}, {"l", r.length}, {"at", r.data_at}, {"bb", r.block_bytes},
                      {"b", r.blocks}, {"e", r.encoded_bytes}});
   json tensors = json::array();
-  for (const auto& t : m.tensors)
-    tensors.push_back({{"i", t.tensor}, {"y", int(t.type)}, {"m", int(t.mode)},
-                       {"bt", t.base_tensor}, {"at", t.data_at}, {"e", t.encoded_bytes},
-                       {"d", t.digest}});
+  for (const auto& t : m.tensors) {
+    json f{{"i", t.tensor},  {"y", int(t.type)},         {"m", int(t.mode)}, {"bt", t.base_tensor},
+           {"at", t.data_at}, {"e", t.encoded_bytes}, {"d", t.digest}};
+    if (!t.blocks.empty()) {
+      f["be"] = t.block_elements;
+      f["bo"] = t.blocks;
+    }
+    tensors.push_back(std::move(f));
+  }
   const json j{{"size", m.size},       {"kind", int(m.kind)}, {"layout", layout_to_json(m.layout)},
                {"exact", exact},       {"tensors", tensors},  {"crcs", m.member_crcs},
                {"bits", m.bits},       {"ct", m.created_ns},
@@ -100,7 +105,8 @@ version_meta decode_meta(std::span<const std::byte> cbor) {
       m.tensors.push_back({t.at("i").get<std::size_t>(), codec::dtype(t.at("y").get<int>()),
                            tensor_mode(t.at("m").get<int>()), t.at("bt").get<std::size_t>(),
                            t.at("at").get<std::uint64_t>(), t.at("e").get<std::uint64_t>(),
-                           t.value("d", std::uint64_t(0))});
+                           t.value("d", std::uint64_t(0)), t.value("be", std::uint32_t(0)),
+                           t.value("bo", std::vector<std::uint64_t>{})});
     m.member_crcs = j.at("crcs").get<std::vector<std::pair<std::size_t, std::uint32_t>>>();
     m.bits = j.at("bits").get<int>();
     m.created_ns = j.value("ct", std::int64_t(0));
@@ -113,8 +119,16 @@ version_meta decode_meta(std::span<const std::byte> cbor) {
       m.coding.exact_optimizer = cp->at("xo").get<bool>();
     }
     if (m.layout.file_size != m.size) throw corrupt_error("content: layout size mismatch");
-    for (const auto& t : m.tensors)
+    for (const auto& t : m.tensors) {
       if (t.tensor >= m.layout.tensors.size()) throw corrupt_error("content: tensor index");
+      // A block index must start at the frame's start and increase within it.
+      if (!t.blocks.empty() && (t.block_elements == 0 || t.blocks.front() != 0))
+        throw corrupt_error("content: block index");
+      for (std::size_t b = 1; b < t.blocks.size(); ++b)
+        if (t.blocks[b] <= t.blocks[b - 1]) throw corrupt_error("content: block index order");
+      if (!t.blocks.empty() && t.blocks.back() >= t.encoded_bytes)
+        throw corrupt_error("content: block index beyond its frame");
+    }
     return m;
   } catch (const nlohmann::json::exception& e) {
     throw corrupt_error(std::string("content: metadata: ") + e.what());

@@ -41,6 +41,11 @@ struct tensor_frame {
   // XXH3-64 of the reconstructed payload (what a reader gets), checked by `ckptctl verify
   // --deep`. 0 = not recorded.
   std::uint64_t digest = 0;
+  // Block index (codec::index_frame): block b starts at data_at + blocks[b] and holds elements
+  // [b * block_elements, ...). Lets a cold read decode only the blocks it needs. Empty in
+  // versions written before the index existed; those are decoded a whole tensor at a time.
+  std::uint32_t block_elements = 0;
+  std::vector<std::uint64_t> blocks;
 };
 
 // The lossy coding parameters a delta version was written with (for stat and the docs).

@@ -18,12 +18,15 @@ class page_buffer {
   page_buffer() = default;
   explicit page_buffer(std::size_t n);  // throws std::bad_alloc
   page_buffer(page_buffer&& o) noexcept
-      : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
+      : p_(std::exchange(o.p_, nullptr)),
+        n_(std::exchange(o.n_, 0)),
+        cap_(std::exchange(o.cap_, 0)) {}
   page_buffer& operator=(page_buffer&& o) noexcept {
     if (this != &o) {
       release();
       p_ = std::exchange(o.p_, nullptr);
       n_ = std::exchange(o.n_, 0);
+      cap_ = std::exchange(o.cap_, 0);
     }
     return *this;
   }
@@ -34,6 +37,10 @@ class page_buffer {
   std::byte* data() noexcept { return p_; }
   const std::byte* data() const noexcept { return p_; }
   std::size_t size() const noexcept { return n_; }
+  // Bytes allocated: a recycled buffer (fs/content/buffer_pool) is reused for any size up to it.
+  std::size_t capacity() const noexcept { return cap_; }
+  // Sets size() to n <= capacity() without reallocating; the contents stay as they were.
+  void resize_within(std::size_t n);  // throws std::length_error beyond capacity()
   operator std::span<std::byte>() noexcept { return {p_, n_}; }
   operator std::span<const std::byte>() const noexcept { return {p_, n_}; }
 
@@ -41,6 +48,7 @@ class page_buffer {
   void release() noexcept;
   std::byte* p_ = nullptr;
   std::size_t n_ = 0;
+  std::size_t cap_ = 0;
 };
 
 }  // namespace ckpt::store

@@ -1,0 +1,86 @@
+// Version metadata: the block index round-trips, metadata written before it existed still
+// decodes (with no index, so readers decode whole tensors), and a damaged index is refused
+// rather than followed to the wrong bytes.
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include "codec/error.hpp"
+#include "codec/format/layout.hpp"
+#include "fs/content/version_meta.hpp"
+
+using namespace ckpt;
+using namespace ckpt::fs;
+using nlohmann::json;
+
+namespace {
+
+version_meta sample() {
+  version_meta m;
+  m.size = 4096;
+  m.kind = version_kind::keyframe;
+  m.layout = format::opaque_layout(4096);
+  format::tensor_info t;
+  t.name = "w";
+  t.type = format::element_type::f32;
+  t.shape = {512};
+  t.offset = 1024;
+  t.length = 2048;
+  t.compress = true;
+  m.layout.tensors.push_back(t);
+  m.layout.format = format::file_format::npy;
+  m.layout.segments = {};
+  format::finish_layout(m.layout);
+  tensor_frame f;
+  f.tensor = 0;
+  f.data_at = 10;
+  f.encoded_bytes = 900;
+  f.block_elements = 256;
+  f.blocks = {0, 400};
+  m.tensors.push_back(f);
+  return m;
+}
+
+json as_json(const version_meta& m) {
+  const auto b = encode_meta(m);
+  return json::from_cbor(reinterpret_cast<const std::uint8_t*>(b.data()),
+                         reinterpret_cast<const std::uint8_t*>(b.data() + b.size()));
+}
+
+version_meta from_json(const json& j) {
+  const auto v = json::to_cbor(j);
+  return decode_meta(std::span(reinterpret_cast<const std::byte*>(v.data()), v.size()));
+}
+
+}  // namespace
+
+TEST_CASE("version_meta: the block index round-trips", "[version_meta]") {
+  const version_meta m = from_json(as_json(sample()));
+  REQUIRE(m.tensors.size() == 1);
+  REQUIRE(m.tensors[0].block_elements == 256);
+  REQUIRE(m.tensors[0].blocks == std::vector<std::uint64_t>{0, 400});
+}
+
+TEST_CASE("version_meta: metadata without a block index decodes with none", "[version_meta]") {
+  json j = as_json(sample());
+  j["tensors"][0].erase("be");
+  j["tensors"][0].erase("bo");
+  const version_meta m = from_json(j);
+  REQUIRE(m.tensors[0].blocks.empty());
+  REQUIRE(m.tensors[0].block_elements == 0);
+  REQUIRE(m.tensors[0].encoded_bytes == 900);
+}
+
+TEST_CASE("version_meta: a damaged block index is refused", "[version_meta]") {
+  const json good = as_json(sample());
+  auto refused = [&](auto edit) {
+    json j = good;
+    edit(j["tensors"][0]);
+    REQUIRE_THROWS_AS(from_json(j), corrupt_error);
+  };
+  refused([](json& f) { f["bo"] = {0, 400, 300}; });  // not increasing
+  refused([](json& f) { f["bo"] = {0, 400, 400}; });  // repeated
+  refused([](json& f) { f["bo"] = {8, 400}; });       // does not start at the frame
+  refused([](json& f) { f["bo"] = {0, 900}; });       // past the frame's end
+  refused([](json& f) { f["be"] = 0; });              // no element count
+  refused([](json& f) { f["bo"] = "x"; });            // wrong type
+}
