@@ -1,6 +1,9 @@
 #pragma once
 // Entropy coding of a byte-symbol stream, the mode chosen per stream by estimated size:
 // stored, constant (one distinct symbol), canonical Huffman (4 streams) or rANS (4 states).
+// Under entropy_policy::best a coded mode must save at least 1/32 of the stored size: a
+// stream that barely shrinks is stored, because decoding it would cost as much as one that
+// shrinks a lot.
 //
 // Layout: u8 mode | mode payload. The symbol count is stored by the caller.
 #include <cstddef>

@@ -219,6 +219,25 @@ void decode(std::span<const std::byte> in, std::span<std::uint8_t> out) {
       at += size[s] + kSlack;
     }
   }
+  // Multi-symbol table: one lookup of 11 bits yields every whole code in them, up to three.
+  // Exponent planes of floats average under 3 bits a code, so most lookups yield three symbols.
+  // Entry: symbols in bytes 0-2, count in bits 24-25, their total length in bits 26-31.
+  std::array<std::uint32_t, 1u << kTableBits> multi;
+  for (unsigned j = 0; j < (1u << kTableBits); ++j) {
+    std::uint32_t syms = 0, count = 0;
+    unsigned used = 0, rest = j;
+    while (count < 3) {
+      const std::uint16_t e = table[rest & ((1u << kTableBits) - 1)];
+      const unsigned l = e >> 8;
+      if (used + l > unsigned(kTableBits)) break;
+      syms |= std::uint32_t(e & 0xff) << (8 * count);
+      ++count;
+      used += l;
+      rest >>= l;
+    }
+    multi[j] = syms | count << 24 | used << 26;
+  }
+
   std::array<std::uint64_t, kStreams> bb{};
   std::array<unsigned, kStreams> bc{};
   const std::size_t n = out.size();
@@ -229,30 +248,44 @@ void decode(std::span<const std::byte> in, std::span<std::uint8_t> out) {
     ptr[s] += (63 - bc[s]) >> 3;
     bc[s] |= 56;
   };
-  auto one = [&](int s) -> std::uint8_t {
-    const std::uint16_t e = table[bb[s] & ((1u << kTableBits) - 1)];
-    const unsigned l = e >> 8;
-    bb[s] >>= l;
-    bc[s] -= l;
-    return std::uint8_t(e);
-  };
-  // 56 valid bits cover five codes of at most 11 bits: refill once per five symbols a stream.
-  constexpr std::size_t kRound = 5 * kStreams;
-  std::size_t i = 0;
-  for (; i + kRound <= n; i += kRound) {
+  // Stream s holds the symbols at s, s + 4, s + 8, ...: pos[s] is its next output index and
+  // left[s] how many it still has.
+  std::array<std::size_t, kStreams> pos{}, left{};
+  for (int s = 0; s < kStreams; ++s) {
+    pos[s] = std::size_t(s);
+    left[s] = n > std::size_t(s) ? (n - std::size_t(s) + kStreams - 1) / kStreams : 0;
+  }
+  // 56 valid bits cover five lookups of at most 11 bits: refill once per five lookups a stream.
+  // A lookup writes three symbols whatever it decoded (the extra ones are overwritten by later
+  // lookups), so the loop runs while every stream has room for fifteen.
+  constexpr std::size_t kLookups = 5, kMost = 3 * kLookups;
+  std::uint8_t* const o = out.data();
+  while (std::min({left[0], left[1], left[2], left[3]}) >= kMost) {
     for (int s = 0; s < kStreams; ++s) refill(s);
-    std::uint8_t* o = out.data() + i;
-    for (int t = 0; t < 5; ++t, o += kStreams) {
-      o[0] = one(0);
-      o[1] = one(1);
-      o[2] = one(2);
-      o[3] = one(3);
+    for (std::size_t t = 0; t < kLookups; ++t) {
+      for (int s = 0; s < kStreams; ++s) {
+        const std::uint32_t e = multi[bb[s] & ((1u << kTableBits) - 1)];
+        std::uint8_t* d = o + pos[s];
+        d[0] = std::uint8_t(e);
+        d[kStreams] = std::uint8_t(e >> 8);
+        d[2 * kStreams] = std::uint8_t(e >> 16);
+        const unsigned count = (e >> 24) & 3, len = e >> 26;
+        bb[s] >>= len;
+        bc[s] -= len;
+        pos[s] += kStreams * count;
+        left[s] -= count;
+      }
     }
   }
-  for (; i < n; ++i) {
-    const int s = int(i % kStreams);
-    if (bc[s] < kTableBits) refill(s);
-    out[i] = one(s);
+  for (int s = 0; s < kStreams; ++s) {
+    for (; left[s]; --left[s], pos[s] += kStreams) {
+      if (bc[s] < unsigned(kTableBits)) refill(s);
+      const std::uint16_t e = table[bb[s] & ((1u << kTableBits) - 1)];
+      const unsigned l = e >> 8;
+      bb[s] >>= l;
+      bc[s] -= l;
+      o[pos[s]] = std::uint8_t(e);
+    }
   }
   // Bits consumed must lie within each stream (the unconsumed remainder of bc is lookahead).
   for (int s = 0; s < kStreams; ++s) {

@@ -143,3 +143,22 @@ TEST_CASE("truncated or damaged entropy streams are refused without crashing", "
     }
   }
 }
+
+TEST_CASE("mode choice: a stream that saves under 1/32 is stored, 1/16 is coded", "[entropy]") {
+  // 128 symbols equally likely: 7 bits each, 12.5% saved -> coded. 240 of 256 equally likely:
+  // log2(240) = 7.91 bits, 1.2% saved -> stored (a float's low mantissa planes look like this).
+  std::mt19937 rng(7);
+  entropy_mode m;
+  std::size_t size;
+  std::vector<std::uint8_t> half(200000), most(200000);
+  for (auto& x : half) x = std::uint8_t(rng() % 128);
+  for (auto& x : most) x = std::uint8_t(rng() % 240);
+  REQUIRE(round_trip(half, entropy_policy::best, &m, &size) == half);
+  REQUIRE(m != entropy_mode::stored);
+  REQUIRE(size < half.size() * 15 / 16);
+  REQUIRE(round_trip(most, entropy_policy::best, &m, &size) == most);
+  REQUIRE(m == entropy_mode::stored);
+  // The paper's policy has no stored mode: it still codes.
+  REQUIRE(round_trip(most, entropy_policy::huffman_only, &m, &size) == most);
+  REQUIRE(m == entropy_mode::huffman);
+}
