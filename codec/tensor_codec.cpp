@@ -150,8 +150,10 @@ frame_index index_frame(std::span<const std::byte> encoded) {
   return fi;
 }
 
-void decode(std::span<const std::byte> encoded, std::span<const std::byte> base,
-            std::span<std::byte> out) {
+namespace {
+
+void decode_frame(std::span<const std::byte> encoded, std::span<const std::byte> base,
+                  std::span<std::byte> out, bool parallel) {
   struct piece {
     std::size_t at, out_at;
   };
@@ -172,11 +174,27 @@ void decode(std::span<const std::byte> encoded, std::span<const std::byte> base,
                         std::to_string(out.size()));
   if (lossy && base.size() != out.size())
     throw invalid_argument("frame: lossy frame needs a base of the same size");
-  tbb::parallel_for(std::size_t(0), pieces.size(), [&](std::size_t i) {
+  auto one = [&](std::size_t i) {
     const piece& p = pieces[i];
     decode_block(encoded.subspan(p.at), lossy ? base.data() + p.out_at : nullptr,
                  out.data() + p.out_at);
-  });
+  };
+  if (parallel)
+    tbb::parallel_for(std::size_t(0), pieces.size(), one);
+  else
+    for (std::size_t i = 0; i < pieces.size(); ++i) one(i);
+}
+
+}  // namespace
+
+void decode(std::span<const std::byte> encoded, std::span<const std::byte> base,
+            std::span<std::byte> out) {
+  decode_frame(encoded, base, out, true);
+}
+
+void decode_here(std::span<const std::byte> encoded, std::span<const std::byte> base,
+                 std::span<std::byte> out) {
+  decode_frame(encoded, base, out, false);
 }
 
 }  // namespace ckpt::codec

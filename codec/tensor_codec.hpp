@@ -79,4 +79,9 @@ frame_index index_frame(std::span<const std::byte> encoded);
 void decode(std::span<const std::byte> encoded, std::span<const std::byte> base,
             std::span<std::byte> out);
 
+// The same on the calling thread alone: for callers that already run one decode per core (the
+// read-ahead workers), where oneTBB's workers would only spin and switch.
+void decode_here(std::span<const std::byte> encoded, std::span<const std::byte> base,
+                 std::span<std::byte> out);
+
 }  // namespace ckpt::codec

@@ -514,7 +514,7 @@ struct content_store::impl {
     thread_local byte_buffer scratch;
     const std::span<const std::byte> enc =
         objects.read_uncached(m->obj_id, m->data_base + f->data_at + from, to - from, scratch);
-    codec::decode(enc, base, out);
+    codec::decode_here(enc, base, out);
   }
 
   // --- reclaiming ----------------------------------------------------------------------------
