@@ -71,6 +71,7 @@ store_session::store_session(const bf::path& store_dir, const store_session_opti
   cfg.store_dir = dir_.string();
   cfg.staging_dir = (dir_ / "staging").string();
   cfg.buffer_bytes = opt.buffer_bytes;
+  cfg.direct_checkpoint_reads = opt.direct_checkpoint_reads;
   if (opt.compact_bytes) cfg.compact_bytes = *opt.compact_bytes;
   fs_.emplace(*journal_, *content_, cfg);
 

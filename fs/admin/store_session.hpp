@@ -25,6 +25,7 @@ struct store_session_options {
   content_options content;
   std::uint64_t buffer_bytes = std::uint64_t(1) << 30;  // fs_config::buffer_bytes
   std::optional<std::uint64_t> compact_bytes;           // fs_config::compact_bytes if set
+  bool direct_checkpoint_reads = true;                  // fs_config::direct_checkpoint_reads
   // true (the daemon): a missing store directory is created. false (tools): the directory must
   // already be a store (is_store_dir), else ckpt::io_error(ENOENT) — a typo must not create an
   // empty store.

@@ -1219,6 +1219,12 @@ void content_store::unref(const content_ref& ref) {
   impl_->collect(ref.version, impl_->unneeded);
 }
 
+bool content_store::reconstructed(const content_ref& ref) const {
+  std::lock_guard lock(impl_->mu);
+  auto it = impl_->versions.find(ref.version);
+  return it != impl_->versions.end() && it->second.kind != version_kind::exact;
+}
+
 version_info content_store::info(const content_ref& ref) const {
   version_info i;
   if (!ref.version) {

@@ -147,6 +147,9 @@ class content_store {
   void unref(const content_ref& ref);  // may reclaim space (after the caller's journal sync)
 
   version_info info(const content_ref& ref) const;
+  // Whether reads of the version decode tensors (a keyframe or delta checkpoint), as opposed to
+  // serving stored bytes (exact files). Cheap: no I/O. False for unknown versions.
+  bool reconstructed(const content_ref& ref) const;
   // Records that recreate the live content state, for journal::compact().
   void snapshot(std::vector<std::vector<std::byte>>& out) const;
   // Drops every cached reconstruction and decoded block (tests: "after the cache is emptied").

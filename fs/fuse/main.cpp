@@ -128,6 +128,7 @@ int serve(const fuse::daemon_options& opt, const std::string& program, parent_li
   admin::store_session_options so;
   so.content = opt.content;
   so.buffer_bytes = opt.buffer_bytes;
+  so.direct_checkpoint_reads = opt.direct_checkpoint_reads;
   so.create = true;
   // Tests: snapshot the journal early and often (default 64 MiB).
   if (const char* c = std::getenv("CKPTFS_COMPACT_BYTES"))

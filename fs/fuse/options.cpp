@@ -94,6 +94,9 @@ void take_option(daemon_options& d, const std::string& o) {
   } else if (key == "buffer") {
     need_value();
     d.buffer_bytes = parse_size(val, key);
+  } else if (key == "reads") {
+    need_value();
+    d.direct_checkpoint_reads = choose(val, key, {"direct", "cached"}) == 0;
   } else if (!dropped_mount_option(o)) {
     d.fuse_options.push_back(o);
   }
@@ -199,6 +202,10 @@ std::string usage_text(std::string_view program) {
          "  -o cache=SIZE          memory for reconstructed checkpoints (default 2G)\n"
          "  -o buffer=SIZE         memory for files being written; more spills to STORE/staging\n"
          "                         (default 1G)\n"
+         "  -o reads=MODE          direct (default): checkpoints are read past the kernel page\n"
+         "                         cache, from the daemon's caches into the reader's buffer;\n"
+         "                         cached: through the page cache, kept across opens (faster\n"
+         "                         for a checkpoint read many times; exact files always are)\n"
          "  -o allow_other, ro, ...  passed to FUSE (see fuse(8))\n"
          "SIZE accepts K, M, G, T suffixes (powers of 1024).\n"
          "\n"

@@ -27,6 +27,7 @@ struct daemon_options {
   bool version = false;
   content_options content;
   std::uint64_t buffer_bytes = std::uint64_t(1) << 30;
+  bool direct_checkpoint_reads = true;  // -o reads=direct (default) or reads=cached
   std::vector<std::string> fuse_options;  // passed to libfuse as -o
 };
 

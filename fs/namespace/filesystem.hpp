@@ -52,12 +52,18 @@ struct fs_config {
   std::chrono::milliseconds sync_interval{1000};
   std::uint64_t sync_every = 1024;                        // records
   std::uint64_t compact_bytes = std::uint64_t(64) << 20;  // journal size that triggers a snapshot
+  // Read-only opens of reconstructed checkpoints bypass the kernel page cache: every read is
+  // served from the daemon's caches straight into the reader's buffer. A checkpoint is large and
+  // usually read once; through the page cache it is copied twice and held twice (page cache and
+  // daemon), and on the benchmark VM the fresh page-cache memory cost more than the decode
+  // (docs/benchmarks.md). false: through the page cache, kept across opens (keep_cache).
+  bool direct_checkpoint_reads = true;
 };
 
 struct open_result {
   std::uint64_t fh = 0;
   bool keep_cache = false;  // the kernel may keep cached pages of this file
-  bool direct_io = false;   // bypass the page cache (files being written)
+  bool direct_io = false;   // bypass the page cache (files being written, checkpoints read)
 };
 
 struct dir_entry {

@@ -42,8 +42,12 @@ open_result filesystem::open(ino_t ino, int flags) {
     ++r.writers;
     res.direct_io = true;
   } else {
-    res.keep_cache = r.cache_ok && !r.buf;
-    if (!r.buf) r.cache_ok = true;
+    if (!r.buf && cfg_.direct_checkpoint_reads && content_.reconstructed(n.content)) {
+      res.direct_io = true;
+    } else {
+      res.keep_cache = r.cache_ok && !r.buf;
+      if (!r.buf) r.cache_ok = true;
+    }
   }
   ++r.opens;
   res.fh = next_fh_++;

@@ -114,3 +114,14 @@ TEST_CASE("fuse options: other options go to libfuse, mount(8)'s generic ones ar
   CHECK_THROWS_AS(parse({"store", "mnt", "-o"}), usage_error);
   CHECK(parse({"ckptfs#/data/store", "mnt"}).store == "/data/store");
 }
+
+TEST_CASE("fuse options: reads=direct (default) or cached", "[fuse]") {
+  CHECK(parse({"store", "mnt"}).direct_checkpoint_reads);
+  CHECK(parse_o("reads=direct").direct_checkpoint_reads);
+  CHECK_FALSE(parse_o("reads=cached").direct_checkpoint_reads);
+  CHECK_THAT(usage_text("ckptfs"), Catch::Contains("direct (default)"));
+  CHECK_THROWS_WITH(parse_o("reads=mmap"),
+                    Catch::Contains("reads") && Catch::Contains("direct, cached"));
+  CHECK_THROWS_AS(parse_o("reads"), usage_error);
+  CHECK(parse_o("reads=cached").fuse_options.empty());  // ours, not libfuse's
+}
