@@ -1219,10 +1219,11 @@ void content_store::unref(const content_ref& ref) {
   impl_->collect(ref.version, impl_->unneeded);
 }
 
-bool content_store::reconstructed(const content_ref& ref) const {
+bool content_store::direct_read_ok(const content_ref& ref) const {
   std::lock_guard lock(impl_->mu);
   auto it = impl_->versions.find(ref.version);
-  return it != impl_->versions.end() && it->second.kind != version_kind::exact;
+  return it != impl_->versions.end() && it->second.kind != version_kind::exact &&
+         it->second.format == format::name(format::file_format::torch_zip);
 }
 
 version_info content_store::info(const content_ref& ref) const {

@@ -147,9 +147,11 @@ class content_store {
   void unref(const content_ref& ref);  // may reclaim space (after the caller's journal sync)
 
   version_info info(const content_ref& ref) const;
-  // Whether reads of the version decode tensors (a keyframe or delta checkpoint), as opposed to
-  // serving stored bytes (exact files). Cheap: no I/O. False for unknown versions.
-  bool reconstructed(const content_ref& ref) const;
+  // Whether the version may be read past the kernel page cache: a reconstructed torch checkpoint
+  // (its tensors are decoded, and torch.load copies records out rather than mapping them).
+  // Formats that readers map shared (safetensors, .npy) are not: FUSE refuses MAP_SHARED of a
+  // direct-I/O file (ENODEV) with libfuse 3.14. Cheap: no I/O. False for unknown versions.
+  bool direct_read_ok(const content_ref& ref) const;
   // Records that recreate the live content state, for journal::compact().
   void snapshot(std::vector<std::vector<std::byte>>& out) const;
   // Drops every cached reconstruction and decoded block (tests: "after the cache is emptied").

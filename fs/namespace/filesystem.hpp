@@ -52,11 +52,13 @@ struct fs_config {
   std::chrono::milliseconds sync_interval{1000};
   std::uint64_t sync_every = 1024;                        // records
   std::uint64_t compact_bytes = std::uint64_t(64) << 20;  // journal size that triggers a snapshot
-  // Read-only opens of reconstructed checkpoints bypass the kernel page cache: every read is
-  // served from the daemon's caches straight into the reader's buffer. A checkpoint is large and
-  // usually read once; through the page cache it is copied twice and held twice (page cache and
-  // daemon), and on the benchmark VM the fresh page-cache memory cost more than the decode
-  // (docs/benchmarks.md). false: through the page cache, kept across opens (keep_cache).
+  // Read-only opens of reconstructed torch checkpoints bypass the kernel page cache: every read
+  // is served from the daemon's caches straight into the reader's buffer. A checkpoint is large
+  // and usually read once; through the page cache it is copied twice and held twice (page cache
+  // and daemon), and on the benchmark VM the fresh page-cache memory cost more than the decode
+  // (docs/benchmarks.md). Only torch zips (content_store::direct_read_ok): FUSE refuses shared
+  // mappings of direct-I/O files, and numpy and safetensors readers map .npy and safetensors
+  // files. false: through the page cache, kept across opens (keep_cache).
   bool direct_checkpoint_reads = true;
 };
 

@@ -42,7 +42,7 @@ open_result filesystem::open(ino_t ino, int flags) {
     ++r.writers;
     res.direct_io = true;
   } else {
-    if (!r.buf && cfg_.direct_checkpoint_reads && content_.reconstructed(n.content)) {
+    if (!r.buf && cfg_.direct_checkpoint_reads && content_.direct_read_ok(n.content)) {
       res.direct_io = true;
     } else {
       res.keep_cache = r.cache_ok && !r.buf;
