@@ -76,6 +76,7 @@ struct cache_item {
   // one record, so that a decode never mixes a rewritten version's old and new state.
   std::uint64_t obj_id = 0;
   std::uint64_t base = 0;
+  std::vector<std::uint32_t> frame_at;  // metadata items: tensor index -> frame index + 1, 0 none
   byte_buffer data;
   // Decoded chunks: the pool their buffer goes back to when the last holder lets go.
   std::shared_ptr<buffer_pool> home;
@@ -88,11 +89,10 @@ struct cache_item {
   }
 };
 
-// The frame of tensor t in a version, or nullptr when t is not stored as a frame.
-const tensor_frame* frame_of(const version_meta& m, std::size_t t) {
-  auto f = std::find_if(m.tensors.begin(), m.tensors.end(),
-                        [&](const tensor_frame& x) { return x.tensor == t; });
-  return f == m.tensors.end() ? nullptr : &*f;
+// The frame of tensor t in a version (a metadata item), or nullptr when t is not a frame.
+const tensor_frame* frame_of(const cache_item& m, std::size_t t) {
+  if (t >= m.frame_at.size() || !m.frame_at[t]) return nullptr;
+  return &m.meta->tensors[m.frame_at[t] - 1];
 }
 
 // Payload bytes per chunk of a frame with a block index; 0 without one (decoded whole).
@@ -245,7 +245,8 @@ struct content_store::impl {
 
   // Decoded chunks of cold reads: a small cache carved out of cache=, its buffers recycled.
   static std::uint64_t chunk_budget(std::uint64_t cache_bytes) {
-    return std::clamp<std::uint64_t>(cache_bytes / 8, 16u << 20, 128u << 20);
+    return std::min(std::clamp<std::uint64_t>(cache_bytes / 8, 16u << 20, 128u << 20),
+                    cache_bytes / 2);
   }
   impl(store::object_store& o, store::journal& j, content_options op)
       : objects(o),
@@ -294,7 +295,7 @@ struct content_store::impl {
         if (job.chunk == whole_tensor)
           tensor_recon(job.version, job.tensor);
         else if (!cache.get({job.version, k_tensor, job.tensor}))  // not already whole
-          chunk_recon(job.version, job.tensor, job.chunk, job.bytes);
+          chunk_recon(job.version, job.tensor, job.chunk, job.bytes, false);
       } catch (...) {
         // The reader's own request reports the error; a version may also have been reclaimed.
       }
@@ -341,6 +342,9 @@ struct content_store::impl {
         throw corrupt_error("content: metadata checksum mismatch in version " + std::to_string(v));
       auto item = std::make_shared<cache_item>();
       item->meta = std::make_shared<const version_meta>(decode_meta(meta));
+      item->frame_at.assign(item->meta->layout.tensors.size(), 0);
+      for (std::size_t i = 0; i < item->meta->tensors.size(); ++i)
+        item->frame_at[item->meta->tensors[i].tensor] = std::uint32_t(i + 1);
       item->data_base = content_prefix_size + meta_len;
       item->obj_id = r.obj.id;
       item->base = r.base;
@@ -455,14 +459,16 @@ struct content_store::impl {
 
   // Chunk c of tensor t of version v (payload bytes [c * chunk_bytes, ...) of a frame with a
   // block index), decoded through its chain a chunk at a time.
+  // `parallel`: decode the chunk's blocks on oneTBB's workers (a reader waiting for it) or on the
+  // calling thread alone (the read-ahead workers, which already run one decode per core).
   std::shared_ptr<const cache_item> chunk_recon(std::uint64_t v, std::size_t t, std::size_t c,
-                                                std::uint64_t bytes) {
+                                                std::uint64_t bytes, bool parallel) {
     read_guard guard(*this);  // the whole chain decode
     return chunks.get_or_load({v, k_chunk, chunk_index(t, c)}, [&] {
       auto item = std::make_shared<cache_item>();
       item->home = chunk_pool;  // also when decoding throws
       item->data = chunk_pool->take(bytes);
-      decode_chunk_into(v, t, c, item->data);
+      decode_chunk_into(v, t, c, item->data, parallel);
       const std::uint64_t charged = item->data.capacity();
       return std::pair{std::shared_ptr<const cache_item>(item), charged};
     });
@@ -472,9 +478,10 @@ struct content_store::impl {
   // chunk comes from the caches when they have it; otherwise a base with the same block geometry
   // is decoded into `out` and the delta applied in place, and any other base (a version written
   // before block indexes) is reconstructed whole.
-  void decode_chunk_into(std::uint64_t v, std::size_t t, std::size_t c, std::span<std::byte> out) {
+  void decode_chunk_into(std::uint64_t v, std::size_t t, std::size_t c, std::span<std::byte> out,
+                         bool parallel) {
     const auto m = meta_of(v);
-    const tensor_frame* f = frame_of(*m->meta, t);
+    const tensor_frame* f = frame_of(*m, t);
     if (!f || f->blocks.empty()) throw corrupt_error("content: tensor has no block index");
     const std::uint64_t length = m->meta->layout.tensors.at(t).length;
     const std::uint64_t cb = chunk_bytes(*f), begin = std::uint64_t(c) * cb;
@@ -488,7 +495,7 @@ struct content_store::impl {
     if (f->mode == tensor_mode::delta) {
       const std::uint64_t base_id = m->base;
       const auto bm = meta_of(base_id);
-      const tensor_frame* bf = frame_of(*bm->meta, f->base_tensor);
+      const tensor_frame* bf = frame_of(*bm, f->base_tensor);
       const bool same_geometry = bf && !bf->blocks.empty() && bf->type == f->type &&
                                  bf->block_elements == f->block_elements &&
                                  bm->meta->layout.tensors.at(f->base_tensor).length == length;
@@ -500,7 +507,7 @@ struct content_store::impl {
         if (held->data.size() != out.size()) throw corrupt_error("content: base size mismatch");
         base = held->data;
       } else if (same_geometry) {
-        decode_chunk_into(base_id, f->base_tensor, c, out);
+        decode_chunk_into(base_id, f->base_tensor, c, out, parallel);
         base = out;
       } else {
         held = tensor_recon(base_id, f->base_tensor);
@@ -514,7 +521,28 @@ struct content_store::impl {
     thread_local byte_buffer scratch;
     const std::span<const std::byte> enc =
         objects.read_uncached(m->obj_id, m->data_base + f->data_at + from, to - from, scratch);
-    codec::decode_here(enc, base, out);
+    if (parallel)
+      codec::decode(enc, base, out);
+    else
+      codec::decode_here(enc, base, out);
+  }
+
+  // Bytes per chunk for tensor t of version v when its whole chain can be decoded a chunk at a
+  // time (every frame down to the keyframe has a block index of the same geometry), else 0: a
+  // chunk over a base without an index would decode that whole base for every chunk.
+  std::uint64_t chain_chunk_bytes(std::uint64_t v, std::size_t t) {
+    std::shared_ptr<const cache_item> m = meta_of(v);
+    const tensor_frame* f = frame_of(*m, t);
+    if (!f) return 0;
+    const std::uint64_t cb = chunk_bytes(*f);
+    for (std::size_t depth = 0; cb && f->mode == tensor_mode::delta; ++depth) {
+      if (depth > 1'000'000) throw corrupt_error("content: base chain does not end");
+      m = meta_of(m->base);
+      const tensor_frame* b = frame_of(*m, f->base_tensor);
+      if (!b || b->type != f->type || chunk_bytes(*b) != cb) return 0;
+      f = b;
+    }
+    return cb;
   }
 
   // --- reclaiming ----------------------------------------------------------------------------
@@ -912,7 +940,7 @@ content_ref content_store::put(std::string_view path, const format::source& src)
         recon->data = std::move(cur);
       }
       f.encoded_bytes = frame.size();
-      set_block_index(f, frame);
+      if (m.opt.block_index) set_block_index(f, frame);
       f.digest = XXH3_64bits(recon->data.data(), recon->data.size());
       data.add(std::move(frame));
       meta.tensors.push_back(f);
@@ -1005,7 +1033,12 @@ class content_store::impl::reader final : public content_reader {
     for (std::size_t t = 0; t < replaced.size(); ++t) {
       if (!replaced[t]) continue;
       const std::uint64_t len = m.layout.tensors[t].length;
-      const std::uint64_t cb = chunk_bytes(*frame_of(m, t));
+      std::uint64_t cb = 0;
+      try {
+        cb = store_.chain_chunk_bytes(version_, t);
+      } catch (const std::exception&) {
+        // A damaged or missing link: decoded whole, and the read reports the error.
+      }
       chunk_bytes_[t] = cb;
       first_unit_[t] = units_.size();
       chunked |= cb != 0;
@@ -1093,20 +1126,20 @@ class content_store::impl::reader final : public content_reader {
     const std::uint64_t in_seg = offset - it->offset;
     if (in_seg + len > it->length) return {};
     const std::size_t t = *it->tensor;
+    const std::uint64_t cb = chunk_bytes_[t];
+    const std::size_t c = cb ? std::size_t(in_seg / cb) : 0;
+    // Read-ahead follows the reader also through tensors served from the cache.
+    queue(ahead_->touch(first_unit_[t] + c));
     if (auto w = store_.cache.get({version_, k_tensor, t}))
       return {w, std::span<const std::byte>(w->data.data() + in_seg, len)};
-    const std::uint64_t cb = chunk_bytes_[t];
     if (!cb) {
-      queue(ahead_->touch(first_unit_[t]));
       auto r = store_.tensor_recon(version_, t);
       const std::span<const std::byte> bytes(r->data.data() + in_seg, len);
       return {std::move(r), bytes};
     }
-    const std::size_t c = std::size_t(in_seg / cb);
     const unit& u = units_[first_unit_[t] + c];
     if (in_seg % cb + len > u.bytes) return {};  // spans two chunks: read() copies it
-    queue(ahead_->touch(first_unit_[t] + c));
-    auto r = store_.chunk_recon(version_, t, c, u.bytes);
+    auto r = chunk(t, c);
     const std::span<const std::byte> bytes(r->data.data() + in_seg % cb, len);
     return {std::move(r), bytes};
   }
@@ -1115,14 +1148,14 @@ class content_store::impl::reader final : public content_reader {
   // Bytes [off, off + out.size()) of tensor t's reconstruction: from the whole tensor when the
   // cache has it (a version just written, or read warm), else chunk by chunk.
   void fill(std::size_t t, std::uint64_t off, std::span<std::byte> out) const {
+    const std::uint64_t cb = chunk_bytes_[t];
+    // Queue what comes next before (perhaps) waiting for this one; also when it is cached.
+    queue(ahead_->touch(first_unit_[t] + (cb ? std::size_t(off / cb) : 0)));
     if (auto w = store_.cache.get({version_, k_tensor, t})) {
       std::memcpy(out.data(), w->data.data() + off, out.size());
       return;
     }
-    const std::uint64_t cb = chunk_bytes_[t];
     if (!cb) {
-      // Queue what comes next before (perhaps) waiting for this one.
-      queue(ahead_->touch(first_unit_[t]));
       const auto r = store_.tensor_recon(version_, t);
       std::memcpy(out.data(), r->data.data() + off, out.size());
       return;
@@ -1130,13 +1163,21 @@ class content_store::impl::reader final : public content_reader {
     while (!out.empty()) {
       const std::size_t c = std::size_t(off / cb);
       const unit& u = units_.at(first_unit_[t] + c);
-      queue(ahead_->touch(first_unit_[t] + c));
-      const auto r = store_.chunk_recon(version_, t, c, u.bytes);
+      if (off % cb == 0) queue(ahead_->touch(first_unit_[t] + c));
+      const auto r = chunk(t, c);
       const std::size_t n = std::size_t(std::min<std::uint64_t>(out.size(), u.bytes - off % cb));
       std::memcpy(out.data(), r->data.data() + off % cb, n);
       out = out.subspan(n);
       off += n;
     }
+  }
+
+  // Chunk c of tensor t, decoded now if no worker has it (in parallel: the reader is waiting).
+  std::shared_ptr<const cache_item> chunk(std::size_t t, std::size_t c) const {
+    const unit& u = units_.at(first_unit_[t] + c);
+    auto r = store_.chunk_recon(version_, t, c, u.bytes, true);
+    if (r->data.size() != u.bytes) throw corrupt_error("content: chunk of an unexpected size");
+    return r;
   }
 
   void queue(const std::vector<std::size_t>& next) const {
@@ -1366,7 +1407,7 @@ std::uint64_t content_store::rekey(std::uint64_t v) {
   for (tensor_frame f : om.tensors) {
     if (f.mode == tensor_mode::lossless) {
       f.data_at = copy_encoded(f.data_at, f.encoded_bytes);
-      set_block_index(f, data.chunks.back());  // versions from before the index get one
+      if (m.opt.block_index) set_block_index(f, data.chunks.back());  // older versions get one
     } else {
       const auto recon = m.tensor_recon(v, f.tensor);
       if (f.digest && XXH3_64bits(recon->data.data(), recon->data.size()) != f.digest)
@@ -1378,7 +1419,7 @@ std::uint64_t content_store::rekey(std::uint64_t v) {
       f.base_tensor = 0;
       f.data_at = data.size;
       f.encoded_bytes = frame.size();
-      set_block_index(f, frame);
+      if (m.opt.block_index) set_block_index(f, frame);
       data.add(std::move(frame));
     }
     meta.tensors.push_back(f);
@@ -1483,6 +1524,14 @@ std::string content_store::verify(std::uint64_t v, bool deep,
       const std::uint64_t length = meta.layout.tensors.at(f.tensor).length;
       byte_buffer enc(f.encoded_bytes);
       m.objects.read(item->obj_id, item->data_base + f.data_at, enc);
+      if (!f.blocks.empty()) {
+        // A block index that is well-formed but wrong would serve shifted blocks whose own
+        // checksums pass: compare it with the frame's headers.
+        const auto fi = codec::index_frame(enc);
+        if (fi.block_elements != f.block_elements || fi.offsets != f.blocks)
+          return "tensor '" + meta.layout.tensors.at(f.tensor).name +
+                 "' has a block index that does not match its frame";
+      }
       byte_buffer out(length);
       if (f.mode == tensor_mode::delta) {
         const auto base = m.tensor_recon(r.base, f.base_tensor);

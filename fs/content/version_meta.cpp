@@ -121,6 +121,8 @@ version_meta decode_meta(std::span<const std::byte> cbor) {
     if (m.layout.file_size != m.size) throw corrupt_error("content: layout size mismatch");
     for (const auto& t : m.tensors) {
       if (t.tensor >= m.layout.tensors.size()) throw corrupt_error("content: tensor index");
+      if (t.type > codec::dtype::bytes || t.mode > tensor_mode::delta)
+        throw corrupt_error("content: frame dtype or mode");
       // A block index must start at the frame's start and increase within it.
       if (!t.blocks.empty() && (t.block_elements == 0 || t.blocks.front() != 0))
         throw corrupt_error("content: block index");
@@ -128,6 +130,14 @@ version_meta decode_meta(std::span<const std::byte> cbor) {
         if (t.blocks[b] <= t.blocks[b - 1]) throw corrupt_error("content: block index order");
       if (!t.blocks.empty() && t.blocks.back() >= t.encoded_bytes)
         throw corrupt_error("content: block index beyond its frame");
+      // One entry per block of the tensor's elements (a wrong count would misplace chunks).
+      if (!t.blocks.empty()) {
+        const std::uint64_t es = codec::element_size(t.type);
+        const std::uint64_t elements = m.layout.tensors[t.tensor].length / es;
+        if (elements == 0 ||
+            t.blocks.size() != (elements + t.block_elements - 1) / t.block_elements)
+          throw corrupt_error("content: block index does not cover its tensor");
+      }
     }
     return m;
   } catch (const nlohmann::json::exception& e) {

@@ -83,4 +83,8 @@ TEST_CASE("version_meta: a damaged block index is refused", "[version_meta]") {
   refused([](json& f) { f["bo"] = {0, 900}; });       // past the frame's end
   refused([](json& f) { f["be"] = 0; });              // no element count
   refused([](json& f) { f["bo"] = "x"; });            // wrong type
+  refused([](json& f) { f["be"] = 128; });            // 512 elements are 4 blocks, not 2
+  refused([](json& f) { f["bo"] = {0, 300, 600}; });  // 3 entries for 2 blocks
+  refused([](json& f) { f["bo"] = {0}; });            // 1 entry for 2 blocks
+  refused([](json& f) { f["y"] = 9; });               // no such dtype
 }
