@@ -3,6 +3,7 @@
 #include <xxhash.h>
 #include <zstd.h>
 
+#include <array>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -104,19 +105,20 @@ void to_planes(dtype t, const std::byte* in, std::size_t n, std::uint8_t* planes
   }
 }
 
-void from_planes(dtype t, const std::uint8_t* planes, std::size_t n, std::byte* out) {
+// Planes by pointer: a stored plane is read where it lies in the payload, not copied first.
+void from_planes(dtype t, const std::array<const std::uint8_t*, 4>& p, std::size_t n,
+                 std::byte* out) {
   if (t == dtype::f32) {
     auto* w = reinterpret_cast<std::uint32_t*>(out);
     for (std::size_t i = 0; i < n; ++i) {
-      const std::uint32_t r = std::uint32_t(planes[i]) | std::uint32_t(planes[n + i]) << 8 |
-                              std::uint32_t(planes[2 * n + i]) << 16 |
-                              std::uint32_t(planes[3 * n + i]) << 24;
+      const std::uint32_t r = std::uint32_t(p[0][i]) | std::uint32_t(p[1][i]) << 8 |
+                              std::uint32_t(p[2][i]) << 16 | std::uint32_t(p[3][i]) << 24;
       w[i] = std::rotr(r, 1);
     }
   } else {
     auto* w = reinterpret_cast<std::uint16_t*>(out);
     for (std::size_t i = 0; i < n; ++i)
-      w[i] = std::rotr(std::uint16_t(planes[i] | planes[n + i] << 8), 1);
+      w[i] = std::rotr(std::uint16_t(p[0][i] | p[1][i] << 8), 1);
   }
 }
 
@@ -282,12 +284,19 @@ void decode_block(std::span<const std::byte> in, const std::byte* base, std::byt
     case block_codec::float_lossless: {
       thread_local std::vector<std::uint8_t> planes;
       planes.resize(n * esize);
+      std::array<const std::uint8_t*, 4> src{};
       for (std::size_t pl = 0; pl < esize; ++pl) {
         const auto len = r.get<std::uint32_t>();
-        decode_bytes(r.get_bytes(len), std::span(planes.data() + pl * n, n));
+        const auto coded = r.get_bytes(len);
+        if (!coded.empty() && coded[0] == std::byte(entropy_mode::stored) && coded.size() == n + 1) {
+          src[pl] = reinterpret_cast<const std::uint8_t*>(coded.data() + 1);
+        } else {
+          decode_bytes(coded, std::span(planes.data() + pl * n, n));
+          src[pl] = planes.data() + pl * n;
+        }
       }
       if (r.remaining()) throw corrupt_error("block: trailing bytes");
-      from_planes(h.type, planes.data(), n, out);
+      from_planes(h.type, src, n, out);
       return;
     }
     case block_codec::lc_delta: {
