@@ -9,6 +9,7 @@
 #include <random>
 
 #include "codec/format/source.hpp"
+#include "content_test_util.hpp"
 #include "fs/content/content_store.hpp"
 #include "fs/store/journal.hpp"
 #include "fs/store/object_store.hpp"
@@ -16,55 +17,13 @@
 namespace bfs = boost::filesystem;
 using namespace ckpt;
 using bytes = std::vector<std::byte>;
+using namespace ckpt::test;
 
 namespace {
 
-struct temp_dir {
-  bfs::path path = bfs::temp_directory_path() / bfs::unique_path("ckptfs-chunked-%%%%-%%%%");
-  temp_dir() { bfs::create_directories(path); }
-  ~temp_dir() { bfs::remove_all(path); }
-};
-
-struct opened {
-  store::object_store objects;
-  store::journal journal;
-  fs::content_store content;
-  opened(const bfs::path& dir, fs::content_options opt, std::vector<fs::content_ref> live = {})
-      : objects(dir / "objects"), journal(dir / "journal"), content(objects, journal, opt) {
-    journal.replay([&](std::span<const std::byte> r) { REQUIRE(content.apply(r)); });
-    content.replay_done(live);
-  }
-};
-
-bytes safetensors(const std::vector<std::pair<std::string, std::vector<float>>>& tensors) {
-  nlohmann::json h = nlohmann::json::object();
-  std::uint64_t at = 0;
-  for (const auto& [name, v] : tensors) {
-    h[name] = {{"dtype", "F32"}, {"shape", {v.size()}}, {"data_offsets", {at, at + 4 * v.size()}}};
-    at += 4 * v.size();
-  }
-  std::string js = h.dump();
-  while ((8 + js.size()) % 8) js += ' ';
-  bytes out(8 + js.size() + at);
-  const std::uint64_t n = js.size();
-  std::memcpy(out.data(), &n, 8);
-  std::memcpy(out.data() + 8, js.data(), js.size());
-  std::size_t p = 8 + js.size();
-  for (const auto& [name, v] : tensors) {
-    std::memcpy(out.data() + p, v.data(), 4 * v.size());
-    p += 4 * v.size();
-  }
-  return out;
-}
-
 // Compared without REQUIRE(a == b): Catch would print both megabyte vectors on a mismatch.
-bool same(const bytes& a, const bytes& b) { return a == b; }
-
-bytes read_all(fs::content_store& c, const fs::content_ref& r) {
-  auto reader = c.open(r);
-  bytes out(reader->size());
-  REQUIRE(reader->read(0, out) == out.size());
-  return out;
+bool same(const bytes& a, const bytes& b) {
+  return a == b;
 }
 
 // Reads of random offsets and lengths (up to 3 chunks, so that some span several), each
@@ -98,7 +57,8 @@ void random_reads(fs::content_store& c, const fs::content_ref& r, const bytes& e
 
 }  // namespace
 
-TEST_CASE("chunked cold reads equal the written reconstruction at any offset", "[content][chunked]") {
+TEST_CASE("chunked cold reads equal the written reconstruction at any offset",
+          "[content][chunked]") {
   temp_dir d;
   fs::content_options opt;
   opt.bits = 3;
@@ -140,7 +100,8 @@ TEST_CASE("chunked cold reads equal the written reconstruction at any offset", "
     s.journal.sync();
   }
   opened s(d.path, opt, refs);
-  for (std::size_t v = 0; v < refs.size(); ++v) REQUIRE(same(read_all(s.content, refs[v]), served[v]));
+  for (std::size_t v = 0; v < refs.size(); ++v)
+    REQUIRE(same(read_all(s.content, refs[v]), served[v]));
   random_reads(s.content, refs[3], served[3], 5);
 }
 

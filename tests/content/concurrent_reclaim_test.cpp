@@ -15,43 +15,14 @@
 #include "fs/content/content_store.hpp"
 #include "fs/store/journal.hpp"
 #include "fs/store/object_store.hpp"
+#include "content_test_util.hpp"
 
 namespace bfs = boost::filesystem;
 using namespace ckpt;
 using bytes = std::vector<std::byte>;
+using namespace ckpt::test;
 
 namespace {
-struct tdir {
-  bfs::path path = bfs::temp_directory_path() / bfs::unique_path("ckptfs-reclaim-%%%%-%%%%");
-  tdir() { bfs::create_directories(path); }
-  ~tdir() { bfs::remove_all(path); }
-};
-struct opened {
-  store::object_store objects;
-  store::journal journal;
-  fs::content_store content;
-  opened(const bfs::path& dir, fs::content_options opt, std::vector<fs::content_ref> live = {})
-      : objects(dir / "objects"), journal(dir / "journal"), content(objects, journal, opt) {
-    journal.replay([&](std::span<const std::byte> r) { REQUIRE(content.apply(r)); });
-    content.replay_done(live);
-  }
-};
-bytes st(const std::vector<float>& w, const std::vector<float>& v) {
-  nlohmann::json h = nlohmann::json::object();
-  h["w"] = {{"dtype", "F32"}, {"shape", {w.size()}}, {"data_offsets", {0, 4 * w.size()}}};
-  h["v"] = {{"dtype", "F32"},
-            {"shape", {v.size()}},
-            {"data_offsets", {4 * w.size(), 4 * (w.size() + v.size())}}};
-  std::string js = h.dump();
-  while ((8 + js.size()) % 8) js += ' ';
-  bytes out(8 + js.size() + 4 * (w.size() + v.size()));
-  const std::uint64_t n = js.size();
-  std::memcpy(out.data(), &n, 8);
-  std::memcpy(out.data() + 8, js.data(), js.size());
-  std::memcpy(out.data() + 8 + js.size(), w.data(), 4 * w.size());
-  std::memcpy(out.data() + 8 + js.size() + 4 * w.size(), v.data(), 4 * v.size());
-  return out;
-}
 struct trainer {
   std::mt19937 rng{7};
   std::vector<float> w, v;
@@ -64,15 +35,9 @@ struct trainer {
     std::normal_distribution<float> d(0, 1e-3f);
     for (auto& x : w) x += d(rng);
     for (auto& x : v) x += d(rng);
-    return st(w, v);
+    return safetensors({{"w", w}, {"v", v}});
   }
 };
-bytes read_all(fs::content_store& c, const fs::content_ref& r) {
-  auto reader = c.open(r);
-  bytes out(reader->size());
-  if (reader->read(0, out) != out.size()) throw std::runtime_error("short read");
-  return out;
-}
 // What a crash leaves: the journal's synced bytes and the object files, copied aside.
 void crash_copy(const bfs::path& from, const bfs::path& to) {
   bfs::create_directories(to / "objects");
@@ -89,7 +54,7 @@ void sync_like_fs(opened& s) {  // filesystem::sync_journal
 
 TEST_CASE("a reader pin released between a rekey and its sync keeps the old base until the sync",
           "[content]") {
-  tdir a, b;
+  temp_dir a, b;
   trainer t;
   fs::content_ref r1, r2;
   bytes want2;
@@ -113,7 +78,7 @@ TEST_CASE("a reader pin released between a rekey and its sync keeps the old base
 
 TEST_CASE("gc between a sync's take_unneeded_objects and the journal sync keeps what it took",
           "[content]") {
-  tdir a, b;
+  temp_dir a, b;
   trainer t;
   fs::content_ref r1, r2;
   {
@@ -135,7 +100,7 @@ TEST_CASE("reads of a kept delta while its base chain is rekeyed and reclaimed a
   int failures = 0, rounds = 0;
   std::string last;
   for (int round = 0; round < 15; ++round) {
-    tdir a;
+    temp_dir a;
     trainer t(1 << 20);
     opened s(a.path, {});
     std::vector<fs::content_ref> refs;

@@ -57,7 +57,8 @@ TEST_CASE("frame index: runs of blocks decode like slices of the whole frame", "
       check_runs(exact, fe, t, {}, whole);
 
       const delta_input in{t, p.cur, p.base};
-      const auto q = plan_tables(std::span(&in, 1), 3, representative::mean, bucket_scope::tensor)[0];
+      const auto q =
+          plan_tables(std::span(&in, 1), 3, representative::mean, bucket_scope::tensor)[0];
       auto recon = tensor(t, n);
       const auto delta = encode_delta(in, q, lossy_params{}, recon, kBlockBytes);
       const auto fd = index_frame(delta);

@@ -1,0 +1,72 @@
+#pragma once
+// Shared by the content store tests: a temporary store directory, a store opened on it as the
+// daemon opens one (objects, journal, replay, content store), safetensors files built in memory,
+// and whole-version reads.
+#include <boost/filesystem.hpp>
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "fs/content/content_store.hpp"
+#include "fs/store/journal.hpp"
+#include "fs/store/object_store.hpp"
+
+namespace ckpt::test {
+
+namespace bfs = boost::filesystem;
+using bytes = std::vector<std::byte>;
+
+struct temp_dir {
+  bfs::path path = bfs::temp_directory_path() / bfs::unique_path("ckptfs-content-%%%%-%%%%");
+  temp_dir() { bfs::create_directories(path); }
+  ~temp_dir() { bfs::remove_all(path); }
+  temp_dir(const temp_dir&) = delete;
+  temp_dir& operator=(const temp_dir&) = delete;
+};
+
+// A store opened on a directory, as the daemon does: objects, journal, replay, content store.
+struct opened {
+  store::object_store objects;
+  store::journal journal;
+  fs::content_store content;
+  opened(const bfs::path& dir, fs::content_options opt, std::vector<fs::content_ref> live = {})
+      : objects(dir / "objects"), journal(dir / "journal"), content(objects, journal, opt) {
+    journal.replay([&](std::span<const std::byte> r) { REQUIRE(content.apply(r)); });
+    content.replay_done(live);
+  }
+};
+
+// A safetensors file: header JSON padded to 8 bytes, then the tensors' bytes in order.
+inline bytes safetensors(const std::vector<std::pair<std::string, std::vector<float>>>& tensors) {
+  nlohmann::json h = nlohmann::json::object();
+  std::uint64_t at = 0;
+  for (const auto& [name, v] : tensors) {
+    h[name] = {{"dtype", "F32"}, {"shape", {v.size()}}, {"data_offsets", {at, at + 4 * v.size()}}};
+    at += 4 * v.size();
+  }
+  std::string js = h.dump();
+  while ((8 + js.size()) % 8) js += ' ';
+  bytes out(8 + js.size() + at);
+  const std::uint64_t n = js.size();
+  std::memcpy(out.data(), &n, 8);
+  std::memcpy(out.data() + 8, js.data(), js.size());
+  std::size_t p = 8 + js.size();
+  for (const auto& [name, v] : tensors) {
+    std::memcpy(out.data() + p, v.data(), 4 * v.size());
+    p += 4 * v.size();
+  }
+  return out;
+}
+
+inline bytes read_all(fs::content_store& c, const fs::content_ref& r) {
+  auto reader = c.open(r);
+  bytes out(reader->size());
+  if (reader->read(0, out) != out.size()) throw std::runtime_error("short read");
+  return out;
+}
+
+}  // namespace ckpt::test
