@@ -75,8 +75,9 @@ void do_flush(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
   });
 }
 
-// The end of a file (not flush: numpy dup()s the fd). The kernel ignores the reply's errno;
-// failures are kept for the next flush/fsync of the file.
+// The end of a file (not flush: numpy dup()s the fd). The kernel ignores the reply's errno; a
+// failure of the commit it starts is reported by the flush/fsync of the file's other handles and
+// of later opens (filesystem::runtime::error).
 void do_release(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
   guarded(req, "release", [&] {
     fs_of(req).release(fi->fh);

@@ -12,8 +12,10 @@
 //   bytes changed, a worker stores them (content_store::put), then the inode points at the new
 //   version (one record), the journal is synced, and the old version is released. Until then the
 //   file is *pending*: open, read and getattr wait, so a file never reads as two contents.
-// - A failed commit leaves the previous content; its errno is returned by the next flush or
-//   fsync of the file. fsync of a file being written commits synchronously.
+// - A failed commit leaves the previous content. Its errno is reported like Linux's errseq_t:
+//   once to every handle of the file that was open when it failed (by the handle's next flush or
+//   fsync), and to handles opened after it until one of those reported it (see runtime::error).
+//   fsync of a file being written commits synchronously and returns its own failure directly.
 // - Content versions are released (content_store::unref, which may delete objects) only after
 //   the journal records that stopped referencing them are durable: a crash never leaves a name
 //   pointing at deleted data.
@@ -193,10 +195,26 @@ class filesystem {
     std::uint32_t opens = 0;    // file and directory handles
     std::uint32_t writers = 0;  // writable file handles
     std::unique_ptr<write_buffer> buf;
-    bool loaded = false;    // buf holds the file's bytes (else reads go to the committed version)
-    bool dirty = false;     // buf differs from the committed version
-    bool pending = false;   // a commit (or a synchronous load/commit) is in progress
-    int error = 0;          // errno of the last failed commit, reported once
+    bool loaded = false;   // buf holds the file's bytes (else reads go to the committed version)
+    bool dirty = false;    // buf differs from the committed version
+    bool pending = false;  // a commit (or a synchronous load/commit) is in progress
+    // Failed commits (at release or fsync), reported like Linux's errseq_t. error_seq counts
+    // them; a handle reports the last errno once, by its next flush or fsync, if error_seq moved
+    // past the handle's error_since. So every handle open at a failure reports it: one reader's
+    // close does not swallow it for the others. A handle opened later starts at error_claimed,
+    // so it reports a failure nobody claimed yet: a background commit runs after the writer's
+    // last close, and the writer learns of its failure only through a descriptor it opens
+    // afterwards. A failure is claimed by such a later handle reporting it, or by the fsync whose
+    // commit failed returning it; reports to handles that were merely open when it happened do
+    // not claim it.
+    int error = 0;                    // errno of the last failed commit
+    std::uint64_t error_seq = 0;      // failed commits so far
+    std::uint64_t error_claimed = 0;  // error_seq when a failure was last claimed (see above)
+    bool error_unclaimed() const { return error_claimed != error_seq; }
+    void commit_failed(int err) {
+      error = err;
+      ++error_seq;
+    }
     bool cache_ok = false;  // the kernel's cached pages match the committed version
     timespec mtime{};       // of the last write into buf
     std::string path;       // last known path (lineage matching)
@@ -208,6 +226,10 @@ class filesystem {
     std::shared_ptr<const content_reader> reader;
     content_ref reader_ref;
     std::vector<dir_entry> entries;  // directories
+    // Files (see runtime::error): failed commits up to error_since are not reported to this
+    // handle; error_opened is the inode's error_seq at open.
+    std::uint64_t error_since = 0;
+    std::uint64_t error_opened = 0;
   };
 
   using lock_t = std::unique_lock<std::mutex>;
@@ -222,6 +244,10 @@ class filesystem {
   void release_content(const content_ref& ref);  // mu_ held: unref after the next sync
   std::string path_of(ino_t parent, std::string_view name) const;
   handle& handle_at(std::uint64_t fh);
+  // mu_ held. A file handle for `ino`, with its starting point for failed commits.
+  std::uint64_t add_file_handle(ino_t ino, bool writable);
+  // mu_ held. Throws the errno of a failed commit `fh` has not reported yet (runtime::error).
+  void report_commit_error(std::uint64_t fh);
   // Stores `buf` as the inode's new content and syncs; returns 0 or an errno. mu_ not held.
   int commit(ino_t ino, const write_buffer& buf, const std::string& path, timespec mtime);
   void sync_journal();

@@ -50,8 +50,7 @@ open_result filesystem::open(ino_t ino, int flags) {
     }
   }
   ++r.opens;
-  res.fh = next_fh_++;
-  handles_[res.fh] = handle{ino, writable, false, nullptr, {}, {}};
+  res.fh = add_file_handle(ino, writable);
   return res;
 }
 
@@ -74,9 +73,33 @@ std::pair<struct stat, open_result> filesystem::create(ino_t parent, std::string
   ++r.opens;
   open_result res;
   res.direct_io = writable;
-  res.fh = next_fh_++;
-  handles_[res.fh] = handle{ino, writable, false, nullptr, {}, {}};
+  res.fh = add_file_handle(ino, writable);
   return {entry_of(ino), res};
+}
+
+std::uint64_t filesystem::add_file_handle(ino_t ino, bool writable) {
+  const runtime& r = rt(ino);
+  handle h;
+  h.ino = ino;
+  h.writable = writable;
+  // Failures some handle claimed are old news; an unclaimed one is reported (runtime::error).
+  h.error_since = r.error_claimed;
+  h.error_opened = r.error_seq;
+  const std::uint64_t fh = next_fh_++;
+  handles_[fh] = std::move(h);
+  return fh;
+}
+
+void filesystem::report_commit_error(std::uint64_t fh) {
+  handle& h = handle_at(fh);
+  runtime& r = rt(h.ino);  // exists: an open handle keeps its inode's runtime
+  if (r.error_seq == h.error_since) return;
+  h.error_since = r.error_seq;  // one report covers every failure up to now
+  // The failure is older than the handle, which was opened (as a writer reopens its file after
+  // close) and learned of it: claimed. A handle that was just open when it happened does not
+  // claim it, or a reader closing its descriptor would hide it from the writer's reopen.
+  if (h.error_opened == r.error_seq) r.error_claimed = r.error_seq;
+  fail(r.error, "an earlier commit of this file failed");
 }
 
 std::size_t filesystem::read(std::uint64_t fh, std::uint64_t offset, std::span<std::byte> out) {
@@ -150,8 +173,7 @@ void filesystem::write(std::uint64_t fh, std::uint64_t offset, std::span<const s
 
 void filesystem::flush(std::uint64_t fh) {
   std::lock_guard lk(mu_);
-  runtime& r = rt(handle_at(fh).ino);
-  if (int err = std::exchange(r.error, 0)) fail(err, "an earlier commit of this file failed");
+  report_commit_error(fh);
 }
 
 int filesystem::commit(ino_t ino, const write_buffer& buf, const std::string& path,
@@ -235,7 +257,9 @@ void filesystem::release(std::uint64_t fh) {
           auto it = rt_.find(ino);
           if (it != rt_.end()) {
             it->second.pending = false;
-            if (err) it->second.error = err;
+            // The writer's handles are closed: the file's other handles and the next opens
+            // report it (runtime::error).
+            if (err) it->second.commit_failed(err);
           }
           try {
             maybe_drop(ino);
@@ -293,6 +317,11 @@ void filesystem::fsync(std::uint64_t fh) {
       r2.cache_ok = false;
       if (err) {
         r2.dirty = true;  // still ours to store at release
+        // Returned to this caller below (claimed, and not reported to this handle again); the
+        // file's other open handles report it by their next flush or fsync.
+        r2.commit_failed(err);
+        r2.error_claimed = r2.error_seq;
+        if (auto h = handles_.find(fh); h != handles_.end()) h->second.error_since = r2.error_seq;
       } else {
         r2.buf = std::make_unique<write_buffer>(budget_, cfg_.staging_dir);
         r2.loaded = tree_.get(ino).content.size == 0;
@@ -302,10 +331,11 @@ void filesystem::fsync(std::uint64_t fh) {
       // does the same after its commit). The hook only queues the inode: fine under mu_.
       if (!err && invalidate_) invalidate_(ino);
       if (err) fail(err, "fsync: storing the file failed");
+      report_commit_error(fh);  // stored now, but a commit failed since this handle last reported
       return;
     }
   }
-  if (int err = std::exchange(r.error, 0)) fail(err, "an earlier commit of this file failed");
+  report_commit_error(fh);
   lk.unlock();
   sync_journal();
 }

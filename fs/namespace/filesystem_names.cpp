@@ -36,10 +36,13 @@ void filesystem::forget(ino_t ino, std::uint64_t n) {
   it->second.nlookup -= std::min(n, it->second.nlookup);
   if (it->second.nlookup == 0) {
     maybe_drop(ino);
-    // Runtime state of a named, idle, forgotten inode is not needed any more.
+    // Runtime state of a named, idle, forgotten inode is not needed any more, unless it holds a
+    // failed commit no handle claimed: the next open must report it (runtime::error). Handles
+    // that have not reported a failure yet are open, so they keep it too. A claimed failure
+    // goes with the state: later opens would not report it anyway.
     auto again = rt_.find(ino);
     if (again != rt_.end() && !again->second.opens && !again->second.pending &&
-        !again->second.buf && !again->second.error && !again->second.nlookup)
+        !again->second.buf && !again->second.error_unclaimed() && !again->second.nlookup)
       rt_.erase(again);
   }
 }

@@ -1,6 +1,7 @@
 // fs::filesystem without FUSE, on a real store in a temporary directory: the write path (buffer,
 // commit at the last release, pending waits), reads, unlinked-open files, fsync, truncate,
-// concurrent writers, and a restart that replays the journal.
+// concurrent writers, a restart that replays the journal, and how failed commits (objects on a
+// full tmpfs: ENOSPC) are reported to the file's handles.
 #include <fcntl.h>
 #include <linux/fs.h>
 
@@ -15,6 +16,7 @@
 
 #include "codec/error.hpp"
 #include "namespace_test_util.hpp"
+#include "store_test_util.hpp"
 #include "fs/content/content_store.hpp"
 #include "fs/namespace/filesystem.hpp"
 #include "fs/store/journal.hpp"
@@ -27,8 +29,12 @@ namespace {
 
 // One daemon's worth of objects over a store directory; destroyed in the daemon's order.
 struct mounted_store {
-  explicit mounted_store(const bf::path& dir, std::uint64_t buffer = 64 << 20)
-      : objects(dir / "objects"), journal(dir / "journal"), content(objects, journal, {}) {
+  // objects_dir: where the objects go (default dir/objects), e.g. a small tmpfs.
+  explicit mounted_store(const bf::path& dir, std::uint64_t buffer = 64 << 20,
+                         const bf::path& objects_dir = {})
+      : objects(objects_dir.empty() ? dir / "objects" : objects_dir),
+        journal(dir / "journal"),
+        content(objects, journal, {}) {
     bf::create_directories(dir / "staging");
     fs_config cfg;
     cfg.store_dir = dir.string();
@@ -184,4 +190,109 @@ TEST_CASE("filesystem: concurrent writers of different files", "[namespace]") {
   auto dir = fs.opendir(root_ino);
   CHECK(fs.readdir(dir, 0, 1000).size() == 2 + 40);
   fs.releasedir(dir);
+}
+
+namespace {
+
+// A store whose objects live on a 1 MiB tmpfs: committing a file of a few MiB fails with ENOSPC
+// (the journal, on the ordinary temporary directory, keeps working). ok() is false where a tmpfs
+// cannot be mounted (not root): the test is skipped with a printed reason.
+struct full_store {
+  full_store() {
+    if (small.ok()) m = std::make_unique<mounted_store>(tmp.dir, 64 << 20, small.path());
+  }
+  bool ok() const { return small.ok(); }
+  ckpt::test::tmpfs_mount small{"1m"};
+  temp_store tmp;
+  std::unique_ptr<mounted_store> m;  // declared last: gone before the tmpfs is unmounted
+};
+
+const std::vector<std::byte> too_big = ckpt::test::random_bytes(3 << 20, 7);  // incompressible
+
+}  // namespace
+
+TEST_CASE("filesystem: a failed fsync commit is reported once to every other open handle",
+          "[namespace]") {
+  full_store s;
+  if (!s.ok()) {
+    WARN("skipped: " << s.small.reason());
+    return;
+  }
+  auto& fs = *s.m->fs;
+  auto [st, w] = fs.create(root_ino, "ckpt.bin", 0644, O_RDWR | O_CREAT, 0, 0);
+  const ino_t ino = st.st_ino;
+  fs.write(w.fh, 0, too_big);
+  auto r = fs.open(ino, O_RDONLY).fh;  // a reader, open while the file is written
+  auto f = fs.open(ino, O_RDONLY).fh;  // its fsync stores the writer's buffer, and fails
+  CHECK(errno_of([&] { fs.fsync(f); }) == ENOSPC);
+  auto late = fs.open(ino, O_RDONLY).fh;  // opened after the failure, which fsync returned
+
+  // The reader's close reports it, once; it does not swallow it: the writer still sees it.
+  CHECK(errno_of([&] { fs.flush(r); }) == ENOSPC);
+  CHECK(errno_of([&] { fs.flush(r); }) == 0);
+  CHECK(errno_of([&] { fs.flush(w.fh); }) == ENOSPC);
+  CHECK(errno_of([&] { fs.flush(w.fh); }) == 0);
+  // The handle whose fsync returned the failures, and the one opened after: nothing more.
+  CHECK(errno_of([&] { fs.flush(f); }) == 0);
+  CHECK(errno_of([&] { fs.flush(late); }) == 0);
+  for (auto fh : {r, f, late}) fs.release(fh);
+
+  // The writer's data is still buffered: a later fsync that succeeds reports no old failure.
+  fs.setattr(ino, {}, 1000, w.fh);  // small enough for the tmpfs now
+  CHECK(errno_of([&] { fs.fsync(w.fh); }) == 0);
+  CHECK(fs.content_of(ino).size == 1000);
+  fs.release(w.fh);
+  CHECK(fs.getattr(ino).st_size == 1000);
+}
+
+TEST_CASE("filesystem: a failed background commit reaches the writer's reopen past a reader",
+          "[namespace]") {
+  full_store s;
+  if (!s.ok()) {
+    WARN("skipped: " << s.small.reason());
+    return;
+  }
+  auto& fs = *s.m->fs;
+  auto [st, w] = fs.create(root_ino, "ckpt.bin", 0644, O_WRONLY | O_CREAT, 0, 0);
+  const ino_t ino = st.st_ino;
+  fs.write(w.fh, 0, too_big);
+  auto r = fs.open(ino, O_RDONLY).fh;  // a reader, open across the commit
+  CHECK(errno_of([&] { fs.flush(w.fh); }) == 0);
+  fs.release(w.fh);                     // stored on a worker: fails
+  CHECK(fs.getattr(ino).st_size == 0);  // waits for the commit; the old content stays
+
+  // The reader was open when it failed: its close reports it, once.
+  CHECK(errno_of([&] { fs.flush(r); }) == ENOSPC);
+  CHECK(errno_of([&] { fs.flush(r); }) == 0);
+  fs.release(r);
+
+  // The kernel forgets the inode: the failure is still unclaimed, so its state stays.
+  fs.forget(ino, 1);
+  CHECK(fs.lookup(root_ino, "ckpt.bin").st_ino == ino);
+
+  // The writer reopens the file to make sure it is stored: the reader did not swallow the
+  // failure, this handle reports it (once) and claims it.
+  auto again = fs.open(ino, O_RDONLY).fh;
+  auto both = fs.open(ino, O_RDONLY).fh;  // also opened before anyone claimed it
+  CHECK(errno_of([&] { fs.fsync(again); }) == ENOSPC);
+  CHECK(errno_of([&] { fs.fsync(again); }) == 0);
+  CHECK(errno_of([&] { fs.flush(again); }) == 0);
+  CHECK(errno_of([&] { fs.flush(both); }) == ENOSPC);
+  CHECK(errno_of([&] { fs.flush(both); }) == 0);
+
+  // Opened after it was claimed: an old failure is not reported.
+  auto after = fs.open(ino, O_RDONLY).fh;
+  CHECK(errno_of([&] { fs.flush(after); }) == 0);
+  CHECK(errno_of([&] { fs.fsync(after); }) == 0);
+  for (auto fh : {again, both, after}) fs.release(fh);
+
+  // Claimed and forgotten (the state may go): the file is written again, and its writer's
+  // close reports nothing old.
+  fs.forget(ino, 1);
+  CHECK(fs.lookup(root_ino, "ckpt.bin").st_ino == ino);
+  auto w2 = fs.open(ino, O_WRONLY | O_TRUNC).fh;
+  fs.write(w2, 0, bytes("small"));
+  CHECK(errno_of([&] { fs.flush(w2); }) == 0);
+  fs.release(w2);
+  CHECK(read_all(fs, ino) == "small");
 }
