@@ -547,6 +547,17 @@ struct content_store::impl {
 
   // --- reclaiming ----------------------------------------------------------------------------
 
+  // Deltas between v and the keyframe its chain ends in (0 for a keyframe or none); caller holds
+  // mu. Counted on the chain, not taken from the records' counters: a rekey turns a version
+  // inside a chain into a keyframe without rewriting the records of the versions above it.
+  std::uint64_t deltas_since_keyframe(std::uint64_t v) const {
+    std::uint64_t n = 0;
+    for (auto it = versions.find(v); it != versions.end() && it->second.kind == version_kind::delta;
+         it = versions.find(it->second.base))
+      if (++n > versions.size()) throw corrupt_error("content: base chain does not end");
+    return n;
+  }
+
   bool is_head(const version_rec& r) const {
     if (!r.lineage) return false;
     auto it = lineages.find(r.lineage);
@@ -781,8 +792,8 @@ content_ref content_store::put(std::string_view path, const format::source& src)
     std::lock_guard lock(m.mu);
     const auto& l = m.lineages.at(lineage_id);
     base_id = l.head;
-    since = l.since_keyframe;
     if (base_id && !m.versions.count(base_id)) base_id = 0;
+    since = m.deltas_since_keyframe(base_id);
     if (!l.head) {
       // A lineage's first version: content matching another lineage (a renamed run, temp files
       // with random names) starts from the most recently extended matching head instead of a
@@ -794,7 +805,7 @@ content_ref content_store::put(std::string_view path, const format::source& src)
           donor = &o;
       if (donor) {
         base_id = donor->head;
-        since = donor->since_keyframe;
+        since = m.deltas_since_keyframe(base_id);
       }
     }
   }

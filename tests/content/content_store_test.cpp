@@ -325,3 +325,37 @@ TEST_CASE("object ids are not reused after reclaimed versions (their records out
   opened s(d.path, {}, {rb});
   REQUIRE(read_all(s.content, rb) == b);
 }
+
+TEST_CASE("keyframes follow the chain after a rekey turned a version inside it into one",
+          "[content]") {
+  temp_dir d;
+  fs::content_options opt;
+  opt.bits = 3;
+  opt.keyframe_interval = 4;
+  std::mt19937_64 rng(9);
+  std::normal_distribution<float> w(0.0f, 0.05f), step(0.0f, 1e-3f);
+  std::vector<float> big(50000);
+  for (auto& x : big) x = w(rng);
+  std::vector<fs::content_ref> refs;
+  auto put = [&](opened& s) {
+    for (auto& x : big) x += step(rng);
+    refs.push_back(s.content.put("run/step_" + std::to_string(refs.size()) + ".safetensors",
+                                 format::memory_source(safetensors({{"w", big}}))));
+    return s.content.info(refs.back()).kind;
+  };
+  {
+    opened s(d.path, opt);
+    REQUIRE(put(s) == "keyframe");  // v0
+    REQUIRE(put(s) == "delta");     // v1
+    REQUIRE(put(s) == "delta");     // v2: two deltas above v0
+    REQUIRE(s.content.rekey(refs[1].version) > 0);  // v1 becomes a keyframe: v2 is one above it
+    // The interval counts from v1 now: v3 and v4 are deltas (2 and 3 above v1), v5 a keyframe.
+    // Counting from v0 would make v4 the keyframe.
+    REQUIRE(put(s) == "delta");  // v3
+    s.journal.sync();
+  }
+  // After a restart too: the records of v2 and v3 still carry the counters from before the rekey.
+  opened s(d.path, opt, refs);
+  REQUIRE(put(s) == "delta");     // v4
+  REQUIRE(put(s) == "keyframe");  // v5
+}
