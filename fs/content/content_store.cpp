@@ -425,11 +425,19 @@ struct content_store::impl {
       return copy;
     }
     auto m = meta_of(v);
-    const auto& frames = m->meta->tensors;
-    auto f = std::find_if(frames.begin(), frames.end(),
-                          [&](const tensor_frame& x) { return x.tensor == t; });
-    if (f == frames.end()) throw corrupt_error("content: tensor has no frame");
+    const tensor_frame* f = frame_of(*m, t);
+    if (!f) throw corrupt_error("content: tensor has no frame");
     const std::uint64_t length = m->meta->layout.tensors.at(t).length;
+    // An indexed chain is decoded a chunk at a time into the one output buffer: the frames are
+    // read a chunk at a time too, so the per-thread scratch stays a chunk's size instead of
+    // growing to the largest frame ever read (and staying there).
+    if (const std::uint64_t cb = chain_chunk_bytes(v, t)) {
+      byte_buffer whole(length);
+      for (std::uint64_t at = 0, c = 0; at < length; at += cb, ++c)
+        decode_chunk_into(v, t, std::size_t(c),
+                          std::span<std::byte>(whole).subspan(at, std::min(cb, length - at)), true);
+      return whole;
+    }
     byte_buffer out;
     std::shared_ptr<const cache_item> cached_base;
     if (f->mode == tensor_mode::delta) {
