@@ -1145,45 +1145,48 @@ class content_store::impl::reader final : public content_reader {
     const std::uint64_t in_seg = offset - it->offset;
     if (in_seg + len > it->length) return {};
     const std::size_t t = *it->tensor;
-    const std::uint64_t cb = chunk_bytes_[t];
-    const std::size_t c = cb ? std::size_t(in_seg / cb) : 0;
     // Read-ahead follows the reader also through tensors served from the cache.
-    queue(ahead_->touch(first_unit_[t] + c));
-    if (auto w = store_.cache.get({version_, k_tensor, t}))
+    queue(ahead_->touch(unit_at(t, in_seg)));
+    const std::uint64_t cb = chunk_bytes_[t];
+    // The whole tensor when the cache has it, or when it is decoded whole anyway.
+    if (auto w = cb ? store_.cache.get({version_, k_tensor, t}) : store_.tensor_recon(version_, t))
       return {w, std::span<const std::byte>(w->data.data() + in_seg, len)};
-    if (!cb) {
-      auto r = store_.tensor_recon(version_, t);
-      const std::span<const std::byte> bytes(r->data.data() + in_seg, len);
-      return {std::move(r), bytes};
-    }
-    const unit& u = units_[first_unit_[t] + c];
-    if (in_seg % cb + len > u.bytes) return {};  // spans two chunks: read() copies it
+    const std::size_t c = std::size_t(in_seg / cb);
+    if (in_seg % cb + len > units_[unit_at(t, in_seg)].bytes) return {};  // spans two: read()
     auto r = chunk(t, c);
     const std::span<const std::byte> bytes(r->data.data() + in_seg % cb, len);
     return {std::move(r), bytes};
   }
 
  private:
+  // The unit holding byte `off` of tensor t's payload.
+  std::size_t unit_at(std::size_t t, std::uint64_t off) const {
+    const std::uint64_t cb = chunk_bytes_[t];
+    return first_unit_[t] + (cb ? std::size_t(off / cb) : 0);
+  }
+
   // Bytes [off, off + out.size()) of tensor t's reconstruction: from the whole tensor when the
-  // cache has it (a version just written, or read warm), else chunk by chunk.
+  // cache has it (a version just written, or read warm), else chunk by chunk. Each unit is
+  // queued for read-ahead before (perhaps) waiting for it, also when it is cached.
   void fill(std::size_t t, std::uint64_t off, std::span<std::byte> out) const {
     const std::uint64_t cb = chunk_bytes_[t];
-    // Queue what comes next before (perhaps) waiting for this one; also when it is cached.
-    queue(ahead_->touch(first_unit_[t] + (cb ? std::size_t(off / cb) : 0)));
-    if (auto w = store_.cache.get({version_, k_tensor, t})) {
-      std::memcpy(out.data(), w->data.data() + off, out.size());
-      return;
-    }
     if (!cb) {
-      const auto r = store_.tensor_recon(version_, t);
+      queue(ahead_->touch(unit_at(t, off)));
+      const auto r = store_.tensor_recon(version_, t);  // from the cache when it is there
       std::memcpy(out.data(), r->data.data() + off, out.size());
       return;
     }
     while (!out.empty()) {
       const std::size_t c = std::size_t(off / cb);
-      const unit& u = units_.at(first_unit_[t] + c);
-      if (off % cb == 0) queue(ahead_->touch(first_unit_[t] + c));
-      const auto r = chunk(t, c);
+      const std::size_t ui = unit_at(t, off);
+      const unit& u = units_.at(ui);
+      queue(ahead_->touch(ui));
+      std::shared_ptr<const cache_item> r = store_.cache.get({version_, k_tensor, t});
+      if (r) {  // the whole tensor: no chunk needed
+        std::memcpy(out.data(), r->data.data() + off, out.size());
+        return;
+      }
+      r = chunk(t, c);
       const std::size_t n = std::size_t(std::min<std::uint64_t>(out.size(), u.bytes - off % cb));
       std::memcpy(out.data(), r->data.data() + off % cb, n);
       out = out.subspan(n);
@@ -1208,7 +1211,6 @@ class content_store::impl::reader final : public content_reader {
     store_.prefetch(std::move(jobs));
   }
 
- private:
   content_store::impl& store_;
   std::uint64_t version_;
   std::shared_ptr<const cache_item> meta_;

@@ -22,19 +22,16 @@
 #include "fs/namespace/filesystem.hpp"
 #include "fs/store/journal.hpp"
 #include "fs/store/object_store.hpp"
+#include "../content/content_test_util.hpp"
 
 namespace bf = boost::filesystem;
 using namespace ckpt;
 using namespace ckpt::fs;
 using nlohmann::json;
+using test::temp_dir;
+using test::trainer;
 
 namespace {
-
-struct temp_dir {
-  bf::path path = bf::temp_directory_path() / bf::unique_path("ckptfs-admin-%%%%-%%%%");
-  temp_dir() { bf::create_directories(path); }
-  ~temp_dir() { bf::remove_all(path); }
-};
 
 // A store opened as the daemon (or ckptctl offline) does.
 struct opened {
@@ -58,40 +55,6 @@ struct opened {
   }
   ~opened() { fs->shutdown(); }
   json run(const json& req) { return admin->handle(req); }
-};
-
-std::vector<std::byte> safetensors(const std::vector<float>& a, const std::vector<float>& b) {
-  json h = json::object();
-  h["w"] = {{"dtype", "F32"}, {"shape", {a.size()}}, {"data_offsets", {0, 4 * a.size()}}};
-  h["v"] = {{"dtype", "F32"},
-            {"shape", {b.size()}},
-            {"data_offsets", {4 * a.size(), 4 * (a.size() + b.size())}}};
-  std::string js = h.dump();
-  while ((8 + js.size()) % 8) js += ' ';
-  std::vector<std::byte> out(8 + js.size() + 4 * (a.size() + b.size()));
-  const std::uint64_t n = js.size();
-  std::memcpy(out.data(), &n, 8);
-  std::memcpy(out.data() + 8, js.data(), js.size());
-  std::memcpy(out.data() + 8 + js.size(), a.data(), 4 * a.size());
-  std::memcpy(out.data() + 8 + js.size() + 4 * a.size(), b.data(), 4 * b.size());
-  return out;
-}
-
-// A training-like sequence: weights drift a little each step.
-struct trainer {
-  std::mt19937 rng{7};
-  std::vector<float> w, v;
-  explicit trainer(std::size_t n = 200000) : w(n), v(n / 2) {
-    std::normal_distribution<float> d(0, 1);
-    for (auto& x : w) x = d(rng);
-    for (auto& x : v) x = d(rng);
-  }
-  std::vector<std::byte> step() {
-    std::normal_distribution<float> d(0, 1e-3f);
-    for (auto& x : w) x += d(rng);
-    for (auto& x : v) x += d(rng);
-    return safetensors(w, v);
-  }
 };
 
 ino_t mkdir_p(filesystem& fs, const std::string& name) {

@@ -23,21 +23,6 @@ using bytes = std::vector<std::byte>;
 using namespace ckpt::test;
 
 namespace {
-struct trainer {
-  std::mt19937 rng{7};
-  std::vector<float> w, v;
-  explicit trainer(std::size_t n = 200000) : w(n), v(n / 2) {
-    std::normal_distribution<float> d(0, 1);
-    for (auto& x : w) x = d(rng);
-    for (auto& x : v) x = d(rng);
-  }
-  bytes step() {
-    std::normal_distribution<float> d(0, 1e-3f);
-    for (auto& x : w) x += d(rng);
-    for (auto& x : v) x += d(rng);
-    return safetensors({{"w", w}, {"v", v}});
-  }
-};
 // What a crash leaves: the journal's synced bytes and the object files, copied aside.
 void crash_copy(const bfs::path& from, const bfs::path& to) {
   bfs::create_directories(to / "objects");

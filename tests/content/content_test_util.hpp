@@ -1,11 +1,12 @@
 #pragma once
 // Shared by the content store tests: a temporary store directory, a store opened on it as the
 // daemon opens one (objects, journal, replay, content store), safetensors files built in memory,
-// and whole-version reads.
+// a drifting two-tensor model, and whole-version reads.
 #include <boost/filesystem.hpp>
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -61,6 +62,23 @@ inline bytes safetensors(const std::vector<std::pair<std::string, std::vector<fl
   }
   return out;
 }
+
+// A training-like sequence: two tensors "w" and "v" whose weights drift a little each step.
+struct trainer {
+  std::mt19937 rng{7};
+  std::vector<float> w, v;
+  explicit trainer(std::size_t n = 200000) : w(n), v(n / 2) {
+    std::normal_distribution<float> d(0, 1);
+    for (auto& x : w) x = d(rng);
+    for (auto& x : v) x = d(rng);
+  }
+  bytes step() {
+    std::normal_distribution<float> d(0, 1e-3f);
+    for (auto& x : w) x += d(rng);
+    for (auto& x : v) x += d(rng);
+    return safetensors({{"w", w}, {"v", v}});
+  }
+};
 
 inline bytes read_all(fs::content_store& c, const fs::content_ref& r) {
   auto reader = c.open(r);
