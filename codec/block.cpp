@@ -20,6 +20,7 @@ std::string_view name(block_codec c) noexcept {
   switch (c) {
     case block_codec::raw: return "raw";
     case block_codec::lc_delta: return "lc_delta";
+    case block_codec::lc_ratio: return "lc_ratio";
     case block_codec::float_lossless: return "float_lossless";
     case block_codec::zstd: return "zstd";
   }
@@ -155,7 +156,7 @@ void encode_delta_block(dtype t, const std::byte* cur, const std::byte* base, st
   pack_groups(symbols.data(), n, p.bits, k, groups.data());
 
   block_header h;
-  h.codec = block_codec::lc_delta;
+  h.codec = q.kind == delta_kind::ratio ? block_codec::lc_ratio : block_codec::lc_delta;
   h.type = t;
   h.elements = std::uint32_t(n);
   h.bits = std::uint8_t(p.bits);
@@ -234,7 +235,7 @@ block_header read_block_header(std::span<const std::byte> in) {
   const auto codec = r.get<std::uint8_t>();
   const auto type = r.get<std::uint8_t>();
   r.get<std::uint8_t>();
-  if (codec > std::uint8_t(block_codec::zstd)) throw corrupt_error("block: unknown codec");
+  if (codec > std::uint8_t(block_codec::lc_ratio)) throw corrupt_error("block: unknown codec");
   if (type > std::uint8_t(dtype::bytes)) throw corrupt_error("block: unknown dtype");
   h.codec = block_codec(codec);
   h.type = dtype(type);
@@ -249,7 +250,7 @@ block_header read_block_header(std::span<const std::byte> in) {
   h.policy = entropy_policy(policy);
   if (std::uint64_t(h.elements) * element_size(h.type) > max_block_bytes)
     throw corrupt_error("block: element count too large");
-  if (h.codec == block_codec::lc_delta &&
+  if (is_lossy(h.codec) &&
       (h.bits < 1 || h.bits > max_bits || h.group < 1 || h.bits * h.group > 8 ||
        !is_float(h.type)))
     throw corrupt_error("block: bad lossy parameters");
@@ -299,10 +300,13 @@ void decode_block(std::span<const std::byte> in, const std::byte* base, std::byt
       from_planes(h.type, src, n, out);
       return;
     }
-    case block_codec::lc_delta: {
+    case block_codec::lc_delta:
+    case block_codec::lc_ratio: {
       if (!base) throw invalid_argument("block: delta block decoded without its base");
+      const delta_kind kind =
+          h.codec == block_codec::lc_ratio ? delta_kind::ratio : delta_kind::difference;
       std::array<float, 1 << max_bits> rep{};
-      rep[0] = -0.0f;
+      rep[0] = kind == delta_kind::ratio ? 1.0f : -0.0f;
       for (int s = 1; s < (1 << h.bits); ++s) rep[s] = r.get<float>();
       const auto nesc = r.get<std::uint32_t>();
       if (nesc > n) throw corrupt_error("block: too many escapes");
@@ -311,7 +315,7 @@ void decode_block(std::span<const std::byte> in, const std::byte* base, std::byt
       thread_local std::vector<std::uint8_t> groups;
       groups.resize((n + h.group - 1) / h.group);
       decode_bytes(r.get_bytes(r.remaining()), groups);
-      lc_decode_symbols(h.type, base, n, groups.data(), h.bits, h.group, rep.data(), out);
+      lc_decode_symbols(h.type, kind, base, n, groups.data(), h.bits, h.group, rep.data(), out);
       for (std::uint32_t e = 0; e < nesc; ++e) {
         std::uint32_t i;
         std::memcpy(&i, idx_bytes.data() + 4 * e, 4);

@@ -24,8 +24,13 @@ enum class block_codec : std::uint8_t {
   lc_delta = 1,        // quantised delta against a base (lossy)
   float_lossless = 2,  // exponent/mantissa byte planes, each entropy-coded (exact)
   zstd = 3,            // non-float bytes (exact)
+  lc_ratio = 4,        // quantised relative change against a base (lossy; delta_kind::ratio)
 };
 std::string_view name(block_codec c) noexcept;
+// Lossy blocks: they decode against a base.
+constexpr bool is_lossy(block_codec c) noexcept {
+  return c == block_codec::lc_delta || c == block_codec::lc_ratio;
+}
 
 // Parameters of the lossy coder. group = LC symbols packed per entropy-coded byte (k); 0 picks
 // the default for `bits`. The paper's mode is group = 1 with entropy_policy::huffman_only.
@@ -62,7 +67,7 @@ void encode_delta_block(dtype t, const std::byte* cur, const std::byte* base, st
 void encode_exact_block(dtype t, const std::byte* data, std::size_t n, std::vector<std::byte>& out);
 
 // Decodes the block at the start of `in` into `out` (header.elements elements). `base` is needed
-// by lc_delta blocks only. Verifies the checksum first; throws corrupt_error on any mismatch.
+// by lossy blocks only. Verifies the checksum first; throws corrupt_error on any mismatch.
 void decode_block(std::span<const std::byte> in, const std::byte* base, std::byte* out);
 
 }  // namespace ckpt::codec

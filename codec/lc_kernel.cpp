@@ -14,7 +14,7 @@
 namespace ckpt::codec {
 namespace {
 
-template <dtype T>
+template <dtype T, delta_kind K>
 void encode_scalar(const std::byte* cur_b, const std::byte* base_b, std::size_t first,
                    std::size_t last, const quant_table& q, std::byte* recon_b,
                    std::uint8_t* symbols, std::vector<std::uint32_t>& escapes) {
@@ -25,7 +25,7 @@ void encode_scalar(const std::byte* cur_b, const std::byte* base_b, std::size_t 
   S* recon = reinterpret_cast<S*>(recon_b);
   for (std::size_t i = first; i < last; ++i) {
     const float c = E::to_f32(cur[i]), b = E::to_f32(base[i]);
-    const float d = c - b;
+    const float d = delta_of<K>(c, b);
     const std::uint32_t db = std::bit_cast<std::uint32_t>(d);
     if ((db & 0x7f800000u) == 0x7f800000u) {
       escapes.push_back(std::uint32_t(i));
@@ -34,8 +34,8 @@ void encode_scalar(const std::byte* cur_b, const std::byte* base_b, std::size_t 
       continue;
     }
     const unsigned s = q.symbol_of_key[db >> 23];
-    const S cand = reconstruct<T>(base[i], q.rep[s]);
-    const bool keep = std::fabs(E::to_f32(cand) - c) < std::fabs(d);
+    const S cand = reconstruct<T, K>(base[i], q.rep[s]);
+    const bool keep = std::fabs(E::to_f32(cand) - c) < std::fabs(c - b);
     recon[i] = keep ? cand : base[i];
     symbols[i] = std::uint8_t(keep ? s : 0);
   }
@@ -94,7 +94,7 @@ bool encode_f32_avx2(const float* cur, const float* base, std::size_t n, const q
 }
 #endif
 
-template <dtype T, int K>
+template <dtype T, delta_kind D, int K>
 void decode_groups(const std::byte* base_b, std::size_t n, const std::uint8_t* groups, int bits,
                    int k_runtime, const float* rep, std::byte* out_b) {
   using S = typename element<T>::storage;
@@ -112,25 +112,45 @@ void decode_groups(const std::byte* base_b, std::size_t n, const std::uint8_t* g
     S* o = out + g * k;
     const S* bs = base + g * k;
     if constexpr (K != 0) {
-      for (int j = 0; j < K; ++j) o[j] = reconstruct<T>(bs[j], r[j]);
+      for (int j = 0; j < K; ++j) o[j] = reconstruct<T, D>(bs[j], r[j]);
     } else {
-      for (int j = 0; j < k; ++j) o[j] = reconstruct<T>(bs[j], r[j]);
+      for (int j = 0; j < k; ++j) o[j] = reconstruct<T, D>(bs[j], r[j]);
     }
   }
   for (std::size_t i = full * k; i < n; ++i)
-    out[i] = reconstruct<T>(base[i], table[groups[full]][i - full * k]);
+    out[i] = reconstruct<T, D>(base[i], table[groups[full]][i - full * k]);
+}
+
+template <dtype T, delta_kind D>
+void decode_k(const std::byte* base, std::size_t n, const std::uint8_t* groups, int bits, int k,
+              const float* rep, std::byte* out) {
+  switch (k) {
+    case 1: return decode_groups<T, D, 1>(base, n, groups, bits, k, rep, out);
+    case 2: return decode_groups<T, D, 2>(base, n, groups, bits, k, rep, out);
+    case 4: return decode_groups<T, D, 4>(base, n, groups, bits, k, rep, out);
+    case 8: return decode_groups<T, D, 8>(base, n, groups, bits, k, rep, out);
+    default: return decode_groups<T, D, 0>(base, n, groups, bits, k, rep, out);
+  }
 }
 
 template <dtype T>
-void decode_dispatch(const std::byte* base, std::size_t n, const std::uint8_t* groups, int bits,
-                     int k, const float* rep, std::byte* out) {
-  switch (k) {
-    case 1: return decode_groups<T, 1>(base, n, groups, bits, k, rep, out);
-    case 2: return decode_groups<T, 2>(base, n, groups, bits, k, rep, out);
-    case 4: return decode_groups<T, 4>(base, n, groups, bits, k, rep, out);
-    case 8: return decode_groups<T, 8>(base, n, groups, bits, k, rep, out);
-    default: return decode_groups<T, 0>(base, n, groups, bits, k, rep, out);
-  }
+void decode_dispatch(delta_kind kind, const std::byte* base, std::size_t n,
+                     const std::uint8_t* groups, int bits, int k, const float* rep,
+                     std::byte* out) {
+  if (kind == delta_kind::ratio)
+    decode_k<T, delta_kind::ratio>(base, n, groups, bits, k, rep, out);
+  else
+    decode_k<T, delta_kind::difference>(base, n, groups, bits, k, rep, out);
+}
+
+template <dtype T>
+void encode_any(const std::byte* cur, const std::byte* base, std::size_t first, std::size_t last,
+                const quant_table& q, std::byte* recon, std::uint8_t* symbols,
+                std::vector<std::uint32_t>& escapes) {
+  if (q.kind == delta_kind::ratio)
+    encode_scalar<T, delta_kind::ratio>(cur, base, first, last, q, recon, symbols, escapes);
+  else
+    encode_scalar<T, delta_kind::difference>(cur, base, first, last, q, recon, symbols, escapes);
 }
 
 }  // namespace
@@ -140,23 +160,24 @@ void lc_encode_symbols(dtype t, const std::byte* cur, const std::byte* base, std
                        std::vector<std::uint32_t>& escapes) {
   switch (t) {
     case dtype::f32: {
+      if (q.kind == delta_kind::ratio)
+        return encode_any<dtype::f32>(cur, base, 0, n, q, recon, symbols, escapes);
 #if defined(__AVX2__)
       const std::size_t vec = n / 8 * 8;
       const bool redo = encode_f32_avx2(reinterpret_cast<const float*>(cur),
                                         reinterpret_cast<const float*>(base), vec, q,
                                         reinterpret_cast<float*>(recon), symbols);
       if (redo) {
-        encode_scalar<dtype::f32>(cur, base, 0, vec, q, recon, symbols, escapes);
+        encode_any<dtype::f32>(cur, base, 0, vec, q, recon, symbols, escapes);
       }
-      encode_scalar<dtype::f32>(cur, base, vec, n, q, recon, symbols, escapes);
+      encode_any<dtype::f32>(cur, base, vec, n, q, recon, symbols, escapes);
 #else
-      encode_scalar<dtype::f32>(cur, base, 0, n, q, recon, symbols, escapes);
+      encode_any<dtype::f32>(cur, base, 0, n, q, recon, symbols, escapes);
 #endif
       return;
     }
-    case dtype::f16: return encode_scalar<dtype::f16>(cur, base, 0, n, q, recon, symbols, escapes);
-    case dtype::bf16:
-      return encode_scalar<dtype::bf16>(cur, base, 0, n, q, recon, symbols, escapes);
+    case dtype::f16: return encode_any<dtype::f16>(cur, base, 0, n, q, recon, symbols, escapes);
+    case dtype::bf16: return encode_any<dtype::bf16>(cur, base, 0, n, q, recon, symbols, escapes);
     case dtype::bytes: break;
   }
   throw invalid_argument("codec: lossy coding needs a float dtype");
@@ -181,12 +202,13 @@ void pack_groups(const std::uint8_t* symbols, std::size_t n, int bits, int k, st
   }
 }
 
-void lc_decode_symbols(dtype t, const std::byte* base, std::size_t n, const std::uint8_t* groups,
-                       int bits, int k, const float* rep, std::byte* out) {
+void lc_decode_symbols(dtype t, delta_kind kind, const std::byte* base, std::size_t n,
+                       const std::uint8_t* groups, int bits, int k, const float* rep,
+                       std::byte* out) {
   switch (t) {
-    case dtype::f32: return decode_dispatch<dtype::f32>(base, n, groups, bits, k, rep, out);
-    case dtype::f16: return decode_dispatch<dtype::f16>(base, n, groups, bits, k, rep, out);
-    case dtype::bf16: return decode_dispatch<dtype::bf16>(base, n, groups, bits, k, rep, out);
+    case dtype::f32: return decode_dispatch<dtype::f32>(kind, base, n, groups, bits, k, rep, out);
+    case dtype::f16: return decode_dispatch<dtype::f16>(kind, base, n, groups, bits, k, rep, out);
+    case dtype::bf16: return decode_dispatch<dtype::bf16>(kind, base, n, groups, bits, k, rep, out);
     case dtype::bytes: break;
   }
   throw invalid_argument("codec: lossy coding needs a float dtype");

@@ -10,9 +10,10 @@
 
 namespace ckpt::codec {
 
-// For each element: delta d = cur - base in fp32; candidate symbol from the table; the symbol is
-// kept iff fl32|ũ - u| < fl32|u - base| (strict: IEEE rounding is monotone, so this implies the
-// exact inequality, and it also drops symbols that would not move the element). Writes one symbol
+// For each element: delta d = delta_of<q.kind>(cur, base) in fp32; candidate symbol from the
+// table; the symbol is kept iff fl32|ũ - u| < fl32|u - base| (strict: IEEE rounding is monotone,
+// so this implies the exact inequality, and it also drops symbols that would not move the
+// element). Writes one symbol
 // per byte to `symbols` and the reconstruction to `recon`. Elements with a non-finite delta get
 // symbol 0 and their exact value, and their indices are appended to `escapes` (ascending).
 void lc_encode_symbols(dtype t, const std::byte* cur, const std::byte* base, std::size_t n,
@@ -23,8 +24,9 @@ void lc_encode_symbols(dtype t, const std::byte* cur, const std::byte* base, std
 // padded with symbol 0. `symbols` must have 8 readable bytes past n.
 void pack_groups(const std::uint8_t* symbols, std::size_t n, int bits, int k, std::uint8_t* groups);
 
-// out[i] = reconstruct(base[i], rep[symbol i]) with symbols unpacked from groups.
-void lc_decode_symbols(dtype t, const std::byte* base, std::size_t n, const std::uint8_t* groups,
-                       int bits, int k, const float* rep, std::byte* out);
+// out[i] = reconstruct<t, kind>(base[i], rep[symbol i]) with symbols unpacked from groups.
+void lc_decode_symbols(dtype t, delta_kind kind, const std::byte* base, std::size_t n,
+                       const std::uint8_t* groups, int bits, int k, const float* rep,
+                       std::byte* out);
 
 }  // namespace ckpt::codec

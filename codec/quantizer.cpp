@@ -13,6 +13,10 @@ std::string_view name(representative r) noexcept {
   return r == representative::mean ? "mean" : "midrange";
 }
 
+std::string_view name(delta_kind k) noexcept {
+  return k == delta_kind::difference ? "difference" : "ratio";
+}
+
 void delta_stats::merge(const delta_stats& o) {
   for (int k = 0; k < key_count; ++k) {
     count[k] += o.count[k];
@@ -24,7 +28,7 @@ void delta_stats::merge(const delta_stats& o) {
 
 namespace {
 
-template <class Load>
+template <delta_kind K, class Load>
 void accumulate_with(delta_stats& s, std::size_t n, bool track_range, Load load) {
   if (!track_range) {
     // Two interleaved tables keep consecutive equal keys from serialising on one counter.
@@ -33,8 +37,8 @@ void accumulate_with(delta_stats& s, std::size_t n, bool track_range, Load load)
     for (; i + 2 <= n; i += 2) {
       const auto [c0, b0] = load(i);
       const auto [c1, b1] = load(i + 1);
-      const std::uint32_t d0 = std::bit_cast<std::uint32_t>(c0 - b0);
-      const std::uint32_t d1 = std::bit_cast<std::uint32_t>(c1 - b1);
+      const std::uint32_t d0 = std::bit_cast<std::uint32_t>(delta_of<K>(c0, b0));
+      const std::uint32_t d1 = std::bit_cast<std::uint32_t>(delta_of<K>(c1, b1));
       ++s.count[d0 >> 23];
       s.mantissa_sum[d0 >> 23] += d0 & 0x7fffffu;
       ++t.count[d1 >> 23];
@@ -42,7 +46,7 @@ void accumulate_with(delta_stats& s, std::size_t n, bool track_range, Load load)
     }
     for (; i < n; ++i) {
       const auto [c, b] = load(i);
-      const std::uint32_t d = std::bit_cast<std::uint32_t>(c - b);
+      const std::uint32_t d = std::bit_cast<std::uint32_t>(delta_of<K>(c, b));
       ++s.count[d >> 23];
       s.mantissa_sum[d >> 23] += d & 0x7fffffu;
     }
@@ -54,7 +58,7 @@ void accumulate_with(delta_stats& s, std::size_t n, bool track_range, Load load)
   }
   for (std::size_t i = 0; i < n; ++i) {
     const auto [c, b] = load(i);
-    const std::uint32_t d = std::bit_cast<std::uint32_t>(c - b);
+    const std::uint32_t d = std::bit_cast<std::uint32_t>(delta_of<K>(c, b));
     const std::uint32_t k = d >> 23, m = d & 0x7fffffu;
     ++s.count[k];
     s.mantissa_sum[k] += m;
@@ -66,28 +70,28 @@ void accumulate_with(delta_stats& s, std::size_t n, bool track_range, Load load)
 // |value| of a float with biased exponent e (1..254) and mantissa bits m, exactly, in double.
 double magnitude(int e, double m) { return std::ldexp(1.0 + m / 8388608.0, e - 127); }
 
-}  // namespace
-
-void accumulate(delta_stats& s, dtype t, const std::byte* cur, const std::byte* base, std::size_t n,
-                bool track_range) {
+template <delta_kind K>
+void accumulate_kind(delta_stats& s, dtype t, const std::byte* cur, const std::byte* base,
+                     std::size_t n, bool track_range) {
   switch (t) {
     case dtype::f32: {
       auto c = reinterpret_cast<const float*>(cur);
       auto b = reinterpret_cast<const float*>(base);
-      accumulate_with(s, n, track_range, [&](std::size_t i) { return std::pair{c[i], b[i]}; });
+      accumulate_with<K>(s, n, track_range, [&](std::size_t i) { return std::pair{c[i], b[i]}; });
       return;
     }
     case dtype::f16: {
       auto c = reinterpret_cast<const std::uint16_t*>(cur);
       auto b = reinterpret_cast<const std::uint16_t*>(base);
-      accumulate_with(s, n, track_range,
-                      [&](std::size_t i) { return std::pair{f16_to_f32(c[i]), f16_to_f32(b[i])}; });
+      accumulate_with<K>(s, n, track_range, [&](std::size_t i) {
+        return std::pair{f16_to_f32(c[i]), f16_to_f32(b[i])};
+      });
       return;
     }
     case dtype::bf16: {
       auto c = reinterpret_cast<const std::uint16_t*>(cur);
       auto b = reinterpret_cast<const std::uint16_t*>(base);
-      accumulate_with(s, n, track_range, [&](std::size_t i) {
+      accumulate_with<K>(s, n, track_range, [&](std::size_t i) {
         return std::pair{bf16_to_f32(c[i]), bf16_to_f32(b[i])};
       });
       return;
@@ -97,11 +101,52 @@ void accumulate(delta_stats& s, dtype t, const std::byte* cur, const std::byte* 
   throw invalid_argument("quantizer: only float tensors have deltas");
 }
 
-quant_table select_buckets(const delta_stats& s, int bits, representative r) {
+}  // namespace
+
+void accumulate(delta_stats& s, dtype t, const std::byte* cur, const std::byte* base, std::size_t n,
+                bool track_range, delta_kind kind) {
+  if (kind == delta_kind::ratio)
+    accumulate_kind<delta_kind::ratio>(s, t, cur, base, n, track_range);
+  else
+    accumulate_kind<delta_kind::difference>(s, t, cur, base, n, track_range);
+}
+
+bool nonnegative(dtype t, std::span<const std::byte> data) noexcept {
+  // Sign bit clear, or the value is -0.0; NaN (any sign) fails. Branch-free so it vectorises.
+  switch (t) {
+    case dtype::f32: {
+      const std::size_t n = data.size() / 4;
+      auto v = reinterpret_cast<const std::uint32_t*>(data.data());
+      std::uint32_t bad = 0;
+      for (std::size_t i = 0; i < n; ++i) {
+        const std::uint32_t x = v[i];
+        bad |= std::uint32_t((x > 0x80000000u) | ((x & 0x7fffffffu) > 0x7f800000u));
+      }
+      return bad == 0;
+    }
+    case dtype::f16:
+    case dtype::bf16: {
+      const std::size_t n = data.size() / 2;
+      const std::uint16_t inf = t == dtype::f16 ? 0x7c00 : 0x7f80;
+      auto v = reinterpret_cast<const std::uint16_t*>(data.data());
+      unsigned bad = 0;
+      for (std::size_t i = 0; i < n; ++i) {
+        const unsigned x = v[i];
+        bad |= unsigned((x > 0x8000u) | ((x & 0x7fffu) > inf));
+      }
+      return bad == 0;
+    }
+    case dtype::bytes: break;
+  }
+  return false;
+}
+
+quant_table select_buckets(const delta_stats& s, int bits, representative r, delta_kind kind) {
   if (bits < 1 || bits > max_bits) throw invalid_argument("quantizer: bits must be 1..4");
   struct candidate {
     int key;
     float rep;
+    double priority;
   };
   std::vector<candidate> cands;
   for (int key = 0; key < key_count; ++key) {
@@ -116,20 +161,30 @@ quant_table select_buckets(const delta_stats& s, int bits, representative r) {
       mag = 0.5 * (magnitude(e, s.mantissa_min[key]) + magnitude(e, s.mantissa_max[key]));
     }
     const float rep = float(key & 0x100 ? -mag : mag);
-    cands.push_back({key, rep});
+    // Differences: the paper's priority, largest magnitude first. Ratios: the most log-error
+    // removed, count * |log2(1 + r)|. By magnitude alone, a tensor whose ratios span 2^-10..2^40
+    // (Adam's v growing from near zero in the first steps) would spend every symbol on the few
+    // elements that grew a billionfold and leave the many that grew 4x stale. Only the encoder
+    // ranks (the table is stored), so libm's log2 does not affect what decoders compute.
+    const double priority = kind == delta_kind::ratio
+                                ? double(s.count[key]) * std::fabs(std::log2(1.0 + double(rep)))
+                                : std::fabs(double(rep));
+    cands.push_back({key, rep, priority});
   }
-  // Largest magnitude first; equal magnitudes by key, so the table is fully determined.
+  // Highest priority first; ties by key, so the table is fully determined.
   std::sort(cands.begin(), cands.end(), [](const candidate& a, const candidate& b) {
-    const float ma = std::fabs(a.rep), mb = std::fabs(b.rep);
-    return ma != mb ? ma > mb : a.key < b.key;
+    return a.priority != b.priority ? a.priority > b.priority : a.key < b.key;
   });
   quant_table q;
   q.bits = bits;
-  q.rep.fill(0.0f);
-  q.rep[0] = -0.0f;
+  q.kind = kind;
+  const bool ratio = kind == delta_kind::ratio;
+  q.rep.fill(ratio ? 1.0f : 0.0f);
+  q.rep[0] = ratio ? 1.0f : -0.0f;
   const int keep = std::min<int>(int(cands.size()), (1 << bits) - 1);
   for (int i = 0; i < keep; ++i) {
-    q.rep[i + 1] = cands[i].rep;
+    // The factor is rounded once, here; the encoder checks every element against it.
+    q.rep[i + 1] = ratio ? float(1.0 + double(cands[i].rep)) : cands[i].rep;
     q.symbol_of_key[cands[i].key] = std::uint8_t(i + 1);
   }
   return q;

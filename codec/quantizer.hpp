@@ -2,6 +2,12 @@
 // LC-Checkpoint quantisation (DESIGN.md §2 items 2-4): every delta element falls in a bucket keyed
 // by (sign, binary exponent); the 2^b - 1 buckets of largest magnitude survive (ranked across both
 // signs); every other element becomes the zero symbol. Each survivor decodes to one representative.
+//
+// Deltas are differences (the paper) or ratios (relative changes, for tensors that are never
+// negative, such as Adam's second moment). Their values span many octaves and grow from zero, so
+// the few buckets of the largest differences leave the small elements stale at a fraction of
+// their value, and Adam's step m / sqrt(v) blows up after a restore (DESIGN.md §2 item 4). Ratio
+// buckets put every element's relative change on one scale.
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -9,6 +15,7 @@
 #include <string_view>
 
 #include "codec/dtype.hpp"
+#include "codec/reconstruct.hpp"
 
 namespace ckpt::codec {
 
@@ -17,6 +24,7 @@ enum class representative : std::uint8_t {
   midrange = 1,  // (max + min) / 2 (the paper's wording; min worst-case error)
 };
 std::string_view name(representative r) noexcept;
+std::string_view name(delta_kind k) noexcept;
 
 inline constexpr int max_bits = 4;
 inline constexpr int key_count = 512;  // sign bit + 8 exponent bits of the fp32 delta
@@ -32,21 +40,27 @@ struct delta_stats {
   void merge(const delta_stats& o);
 };
 
-// Adds the deltas cur - base (computed in fp32) of n elements of type t. `track_range` also keeps
+// Adds the deltas (delta_of<kind>, in fp32) of n elements of type t. `track_range` also keeps
 // min/max mantissas (needed by the midrange representative only; it costs time).
 void accumulate(delta_stats& s, dtype t, const std::byte* cur, const std::byte* base, std::size_t n,
-                bool track_range);
+                bool track_range, delta_kind kind = delta_kind::difference);
 
 // The decoding table: symbol -> representative, and fp32-delta key -> symbol.
 struct quant_table {
   int bits = 0;
-  // rep[0] is -0.0f: adding it is the identity for every float (also -0.0), so the zero symbol
-  // reconstructs the base bit for bit.
+  delta_kind kind = delta_kind::difference;
+  // What reconstruct<T, kind> applies to the base: the bucket's difference, or for ratios the
+  // factor 1 + r̄. rep[0] is the identity for every float, so the zero symbol reconstructs the
+  // base bit for bit: -0.0f for differences (x + -0 = x, also for x = -0), 1.0f for ratios.
   std::array<float, 1 << max_bits> rep{};
   std::array<std::uint8_t, key_count> symbol_of_key{};
   int symbols() const { return 1 << bits; }
 };
 
-quant_table select_buckets(const delta_stats& s, int bits, representative r);
+quant_table select_buckets(const delta_stats& s, int bits, representative r,
+                           delta_kind kind = delta_kind::difference);
+
+// True when every element is >= 0 and not NaN (a tensor that ratio deltas may code; -0.0 counts).
+bool nonnegative(dtype t, std::span<const std::byte> data) noexcept;
 
 }  // namespace ckpt::codec

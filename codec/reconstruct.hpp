@@ -1,7 +1,9 @@
 #pragma once
-// THE reconstruction: ũ_t = to_dtype(ũ_{t-1} + rep[symbol]), computed in fp32. Encoder and
-// decoder both call these and nothing else, so a version reads back exactly as the encoder
-// assumed when it coded the next delta (DESIGN.md §2 item 6). Compiled with -ffp-contract=off.
+// THE reconstruction: ũ_t = to_dtype(ũ_{t-1} + rep[symbol]) for differences, and
+// ũ_t = to_dtype(ũ_{t-1} * rep[symbol]) for ratios (rep holds the factor 1 + r̄), computed in
+// fp32. Encoder and decoder both call these and nothing else, so a version reads back exactly
+// as the encoder assumed when it coded the next delta (DESIGN.md §2 item 6). Compiled with
+// -ffp-contract=off.
 #include <cstdint>
 
 #include "codec/dtype.hpp"
@@ -31,9 +33,27 @@ struct element<dtype::bf16> {
   static std::uint16_t from_f32(float v) { return f32_to_bf16(v); }
 };
 
-template <dtype T>
+// What a delta is (quantizer.hpp): difference d = u - ũ_prev, or ratio d = u / ũ_prev - 1, the
+// relative change. A ratio is non-finite when ũ_prev = 0 and u != 0 (the element then goes through
+// the exact escape); 0 / 0 counts as no change.
+enum class delta_kind : std::uint8_t { difference = 0, ratio = 1 };
+
+template <delta_kind K>
+inline float delta_of(float cur, float base) {
+  if constexpr (K == delta_kind::difference) {
+    return cur - base;
+  } else {
+    return cur == base ? 0.0f : cur / base - 1.0f;
+  }
+}
+
+template <dtype T, delta_kind K = delta_kind::difference>
 inline typename element<T>::storage reconstruct(typename element<T>::storage base, float rep) {
-  return element<T>::from_f32(element<T>::to_f32(base) + rep);
+  if constexpr (K == delta_kind::difference) {
+    return element<T>::from_f32(element<T>::to_f32(base) + rep);
+  } else {
+    return element<T>::from_f32(element<T>::to_f32(base) * rep);
+  }
 }
 
 }  // namespace ckpt::codec

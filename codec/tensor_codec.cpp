@@ -4,6 +4,7 @@
 #include <tbb/combinable.h>
 #include <tbb/parallel_for.h>
 
+#include <array>
 #include <string>
 
 #include "codec/error.hpp"
@@ -38,7 +39,14 @@ void check_pair(const delta_input& in) {
 
 }  // namespace
 
-delta_stats gather_stats(std::span<const delta_input> inputs, bool track_range) {
+delta_kind choose_kind(const delta_input& in, bool relative) {
+  check_pair(in);
+  return relative && nonnegative(in.type, in.cur) && nonnegative(in.type, in.base)
+             ? delta_kind::ratio
+             : delta_kind::difference;
+}
+
+delta_stats gather_stats(std::span<const delta_input> inputs, bool track_range, delta_kind kind) {
   constexpr std::size_t chunk = 1u << 16;
   // Integer statistics merge in any order to the same result, so thread-local partials are safe.
   tbb::combinable<delta_stats> partial;
@@ -47,7 +55,7 @@ delta_stats gather_stats(std::span<const delta_input> inputs, bool track_range) 
     const std::size_t es = element_size(in.type), n = in.cur.size() / es;
     tbb::parallel_for(tbb::blocked_range<std::size_t>(0, n, chunk), [&](const auto& r) {
       accumulate(partial.local(), in.type, in.cur.data() + r.begin() * es,
-                 in.base.data() + r.begin() * es, r.size(), track_range);
+                 in.base.data() + r.begin() * es, r.size(), track_range, kind);
     });
   }
   delta_stats all;
@@ -56,14 +64,23 @@ delta_stats gather_stats(std::span<const delta_input> inputs, bool track_range) 
 }
 
 std::vector<quant_table> plan_tables(std::span<const delta_input> inputs, int bits,
-                                     representative rep, bucket_scope scope) {
+                                     representative rep, bucket_scope scope, bool relative) {
   const bool range = rep == representative::midrange;
+  std::vector<delta_kind> kinds;
+  for (const auto& in : inputs) kinds.push_back(choose_kind(in, relative));
   std::vector<quant_table> out;
   if (scope == bucket_scope::checkpoint) {
-    out.assign(inputs.size(), select_buckets(gather_stats(inputs, range), bits, rep));
+    std::array<delta_stats, 2> all;
+    for (std::size_t i = 0; i < inputs.size(); ++i)
+      all[int(kinds[i])].merge(gather_stats(inputs.subspan(i, 1), range, kinds[i]));
+    const std::array<quant_table, 2> shared{
+        select_buckets(all[0], bits, rep, delta_kind::difference),
+        select_buckets(all[1], bits, rep, delta_kind::ratio)};
+    for (auto k : kinds) out.push_back(shared[int(k)]);
   } else {
     for (std::size_t i = 0; i < inputs.size(); ++i)
-      out.push_back(select_buckets(gather_stats(inputs.subspan(i, 1), range), bits, rep));
+      out.push_back(select_buckets(gather_stats(inputs.subspan(i, 1), range, kinds[i]), bits, rep,
+                                   kinds[i]));
   }
   return out;
 }
@@ -126,7 +143,7 @@ frame_info inspect(std::span<const std::byte> encoded) {
     const block_header h = read_block_header(encoded.subspan(at));
     f.elements += h.elements;
     f.blocks += 1;
-    f.needs_base |= h.codec == block_codec::lc_delta;
+    f.needs_base |= is_lossy(h.codec);
     at += h.total_size();
   }
   return f;
@@ -164,7 +181,7 @@ void decode_frame(std::span<const std::byte> encoded, std::span<const std::byte>
     const block_header h = read_block_header(encoded.subspan(at));
     const std::size_t bytes = std::size_t(h.elements) * element_size(h.type);
     if (bytes > out.size() - out_at) throw corrupt_error("frame: more elements than expected");
-    lossy |= h.codec == block_codec::lc_delta;
+    lossy |= is_lossy(h.codec);
     pieces.push_back({at, out_at});
     at += h.total_size();
     out_at += bytes;

@@ -28,13 +28,21 @@ struct delta_input {
   std::span<const std::byte> base;
 };
 
+// How an input's deltas are taken: ratios when `relative` is allowed and the tensor and its base
+// are both nonnegative (Adam's second moment, Adagrad sums), differences otherwise. Ratio coding
+// keeps such state positive and within a bounded factor of its value (quantizer.hpp).
+delta_kind choose_kind(const delta_input& in, bool relative);
+
 // Bucket statistics of the deltas of all inputs (in parallel; exact, so order-independent).
 // Merge the results of several calls with delta_stats::merge, then select_buckets().
-delta_stats gather_stats(std::span<const delta_input> inputs, bool track_range);
+delta_stats gather_stats(std::span<const delta_input> inputs, bool track_range,
+                         delta_kind kind = delta_kind::difference);
 
-// One table per input: the same table repeated (checkpoint scope) or each its own.
+// One table per input: per tensor, or one table shared by all inputs of a kind (checkpoint
+// scope). Each input's kind is choose_kind(input, relative).
 std::vector<quant_table> plan_tables(std::span<const delta_input> inputs, int bits,
-                                     representative rep, bucket_scope scope);
+                                     representative rep, bucket_scope scope,
+                                     bool relative = false);
 
 // Lossy: the delta of `cur` against `base`, quantised with `q`. `recon` (same size as cur)
 // receives exactly what decode() will return; it is the base of the next version.

@@ -867,6 +867,7 @@ content_ref content_store::put(std::string_view path, const format::source& src)
       meta.coding.scope = m.opt.scope == codec::bucket_scope::tensor ? "tensor" : "checkpoint";
       meta.coding.coder = m.opt.paper_coding ? "paper" : "grouped";
       meta.coding.exact_optimizer = m.opt.exact_optimizer;
+      meta.coding.relative = m.opt.relative;
     }
     // Exact regions: maximal runs of segments that are not compressed tensors.
     std::uint64_t run_start = 0, run_len = 0;
@@ -898,6 +899,7 @@ content_ref content_store::put(std::string_view path, const format::source& src)
       std::size_t tensor;
       codec::dtype type;
       std::optional<std::size_t> base_tensor;
+      codec::delta_kind kind = codec::delta_kind::difference;
     };
     std::vector<job> jobs;
     for (std::size_t i = 0; i < layout.tensors.size(); ++i) {
@@ -913,18 +915,22 @@ content_ref content_store::put(std::string_view path, const format::source& src)
       jobs.push_back(j);
     }
     const bool range = m.opt.rep == codec::representative::midrange;
-    std::optional<codec::quant_table> shared_table;
+    // Checkpoint scope: one table per delta kind, shared by the tensors of that kind.
+    std::optional<std::array<codec::quant_table, 2>> shared_tables;
     if (m.opt.scope == codec::bucket_scope::checkpoint && base_meta) {
-      codec::delta_stats all;
-      for (const auto& j : jobs) {
+      std::array<codec::delta_stats, 2> all;
+      for (auto& j : jobs) {
         if (!j.base_tensor) continue;
         const auto& t = layout.tensors[j.tensor];
         const bytes cur = src.read(t.offset, t.length);
         const auto base = m.tensor_recon(base_id, *j.base_tensor);
         const codec::delta_input in{j.type, cur, base->data};
-        all.merge(codec::gather_stats(std::span(&in, 1), range));
+        j.kind = codec::choose_kind(in, m.opt.relative);
+        all[int(j.kind)].merge(codec::gather_stats(std::span(&in, 1), range, j.kind));
       }
-      shared_table = codec::select_buckets(all, m.opt.bits, m.opt.rep);
+      shared_tables = {
+          codec::select_buckets(all[0], m.opt.bits, m.opt.rep, codec::delta_kind::difference),
+          codec::select_buckets(all[1], m.opt.bits, m.opt.rep, codec::delta_kind::ratio)};
     }
     for (const auto& j : jobs) {
       const auto& t = layout.tensors[j.tensor];
@@ -939,10 +945,14 @@ content_ref content_store::put(std::string_view path, const format::source& src)
       if (j.base_tensor) {
         const auto base = m.tensor_recon(base_id, *j.base_tensor);
         const codec::delta_input in{j.type, cur, base->data};
-        const codec::quant_table table =
-            shared_table ? *shared_table
-                         : codec::select_buckets(codec::gather_stats(std::span(&in, 1), range),
-                                                 m.opt.bits, m.opt.rep);
+        codec::quant_table table;
+        if (shared_tables) {
+          table = (*shared_tables)[int(j.kind)];
+        } else {
+          const auto kind = codec::choose_kind(in, m.opt.relative);
+          table = codec::select_buckets(codec::gather_stats(std::span(&in, 1), range, kind),
+                                        m.opt.bits, m.opt.rep, kind);
+        }
         f.mode = tensor_mode::delta;
         f.base_tensor = *j.base_tensor;
         recon->data = byte_buffer(cur.size());

@@ -47,6 +47,9 @@ struct content_options {
   // Optimizer state (Adam's exp_avg/exp_avg_sq, momentum buffers; see is_optimizer_state) is
   // stored losslessly in every version instead of as a lossy delta.
   bool exact_optimizer = true;
+  // Tensors that are nonnegative in both versions (Adam's exp_avg_sq) are coded as relative
+  // changes (codec::delta_kind::ratio) instead of differences.
+  bool relative = true;
   // Record each frame's block index (chunked cold reads). false only in tests, to write objects
   // as stores from before the index did and check that they still read.
   bool block_index = true;

@@ -82,7 +82,8 @@ std::vector<std::byte> encode_meta(const version_meta& m) {
                {"bits", m.bits},       {"ct", m.created_ns},
                {"cp",
                 {{"b", m.coding.bits}, {"g", m.coding.group}, {"r", m.coding.rep},
-                 {"s", m.coding.scope}, {"c", m.coding.coder}, {"xo", m.coding.exact_optimizer}}}};
+                 {"s", m.coding.scope}, {"c", m.coding.coder}, {"xo", m.coding.exact_optimizer},
+                 {"rl", m.coding.relative}}}};
   const auto bytes = json::to_cbor(j);
   return {reinterpret_cast<const std::byte*>(bytes.data()),
           reinterpret_cast<const std::byte*>(bytes.data() + bytes.size())};
@@ -117,6 +118,7 @@ version_meta decode_meta(std::span<const std::byte> cbor) {
       m.coding.scope = cp->at("s").get<std::string>();
       m.coding.coder = cp->at("c").get<std::string>();
       m.coding.exact_optimizer = cp->at("xo").get<bool>();
+      m.coding.relative = cp->value("rl", false);
     }
     if (m.layout.file_size != m.size) throw corrupt_error("content: layout size mismatch");
     for (const auto& t : m.tensors) {

@@ -56,6 +56,7 @@ struct coding_params {
   std::string scope;  // "tensor" / "checkpoint"
   std::string coder;  // "grouped" / "paper"
   bool exact_optimizer = false;
+  bool relative = false;  // nonnegative tensors coded as ratios (absent before: false)
 };
 
 enum class version_kind : std::uint8_t { exact = 0, keyframe = 1, delta = 2 };

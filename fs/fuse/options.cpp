@@ -88,6 +88,9 @@ void take_option(daemon_options& d, const std::string& o) {
   } else if (key == "optimizer") {
     need_value();
     d.content.exact_optimizer = choose(val, key, {"lossy", "exact"}) == 1;
+  } else if (key == "relative") {
+    need_value();
+    d.content.relative = choose(val, key, {"on", "off"}) == 0;
   } else if (key == "cache") {
     need_value();
     d.content.cache_bytes = parse_size(val, key);
@@ -199,6 +202,9 @@ std::string usage_text(std::string_view program) {
          "  -o optimizer=M         exact (default): Adam moments, momentum buffers... stored\n"
          "                         losslessly; lossy: coded like weights (can diverge after a\n"
          "                         restore early in training)\n"
+         "  -o relative=on|off     on (default): tensors that are never negative (Adam's\n"
+         "                         exp_avg_sq) are coded as relative changes, which keeps them\n"
+         "                         within a bounded factor of their value; off: as differences\n"
          "  -o cache=SIZE          memory for reconstructed checkpoints (default 2G)\n"
          "  -o buffer=SIZE         memory for files being written; more spills to STORE/staging\n"
          "                         (default 1G)\n"
