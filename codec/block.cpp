@@ -18,20 +18,28 @@ namespace ckpt::codec {
 
 std::string_view name(block_codec c) noexcept {
   switch (c) {
-    case block_codec::raw: return "raw";
-    case block_codec::lc_delta: return "lc_delta";
-    case block_codec::lc_ratio: return "lc_ratio";
-    case block_codec::float_lossless: return "float_lossless";
-    case block_codec::zstd: return "zstd";
+    case block_codec::raw:
+      return "raw";
+    case block_codec::lc_delta:
+      return "lc_delta";
+    case block_codec::lc_ratio:
+      return "lc_ratio";
+    case block_codec::float_lossless:
+      return "float_lossless";
+    case block_codec::zstd:
+      return "zstd";
   }
   return "?";
 }
 
 int default_group(int bits) noexcept {
   switch (bits) {
-    case 1: return 8;
-    case 2: return 4;
-    default: return 2;
+    case 1:
+      return 8;
+    case 2:
+      return 4;
+    default:
+      return 2;
   }
 }
 
@@ -39,7 +47,8 @@ namespace {
 
 constexpr std::size_t kChecksumAt = 24;
 
-std::uint64_t block_checksum(std::span<const std::byte> header24, std::span<const std::byte> payload) {
+std::uint64_t block_checksum(std::span<const std::byte> header24,
+                             std::span<const std::byte> payload) {
   return XXH3_64bits_withSeed(payload.data(), payload.size(),
                               XXH3_64bits(header24.data(), header24.size()));
 }
@@ -118,8 +127,7 @@ void from_planes(dtype t, const std::array<const std::uint8_t*, 4>& p, std::size
     }
   } else {
     auto* w = reinterpret_cast<std::uint16_t*>(out);
-    for (std::size_t i = 0; i < n; ++i)
-      w[i] = std::rotr(std::uint16_t(p[0][i] | p[1][i] << 8), 1);
+    for (std::size_t i = 0; i < n; ++i) w[i] = std::rotr(std::uint16_t(p[0][i] | p[1][i] << 8), 1);
   }
 }
 
@@ -179,7 +187,8 @@ void encode_delta_block(dtype t, const std::byte* cur, const std::byte* base, st
   end_block(out, at);
 }
 
-void encode_exact_block(dtype t, const std::byte* data, std::size_t n, std::vector<std::byte>& out) {
+void encode_exact_block(dtype t, const std::byte* data, std::size_t n,
+                        std::vector<std::byte>& out) {
   const std::size_t esize = element_size(t);
   const std::size_t bytes = n * esize;
   // Worst case is the raw fallback; reserving it avoids regrowing the output block by block.
@@ -251,8 +260,7 @@ block_header read_block_header(std::span<const std::byte> in) {
   if (std::uint64_t(h.elements) * element_size(h.type) > max_block_bytes)
     throw corrupt_error("block: element count too large");
   if (is_lossy(h.codec) &&
-      (h.bits < 1 || h.bits > max_bits || h.group < 1 || h.bits * h.group > 8 ||
-       !is_float(h.type)))
+      (h.bits < 1 || h.bits > max_bits || h.group < 1 || h.bits * h.group > 8 || !is_float(h.type)))
     throw corrupt_error("block: bad lossy parameters");
   if (h.codec == block_codec::float_lossless && !is_float(h.type))
     throw corrupt_error("block: lossless float block of non-float type");
@@ -289,7 +297,8 @@ void decode_block(std::span<const std::byte> in, const std::byte* base, std::byt
       for (std::size_t pl = 0; pl < esize; ++pl) {
         const auto len = r.get<std::uint32_t>();
         const auto coded = r.get_bytes(len);
-        if (!coded.empty() && coded[0] == std::byte(entropy_mode::stored) && coded.size() == n + 1) {
+        if (!coded.empty() && coded[0] == std::byte(entropy_mode::stored) &&
+            coded.size() == n + 1) {
           src[pl] = reinterpret_cast<const std::uint8_t*>(coded.data() + 1);
         } else {
           decode_bytes(coded, std::span(planes.data() + pl * n, n));

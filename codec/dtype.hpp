@@ -14,22 +14,31 @@ enum class dtype : std::uint8_t { f32 = 0, f16 = 1, bf16 = 2, bytes = 3 };
 
 constexpr std::size_t element_size(dtype t) noexcept {
   switch (t) {
-    case dtype::f32: return 4;
+    case dtype::f32:
+      return 4;
     case dtype::f16:
-    case dtype::bf16: return 2;
-    case dtype::bytes: return 1;
+    case dtype::bf16:
+      return 2;
+    case dtype::bytes:
+      return 1;
   }
   return 1;
 }
 
-constexpr bool is_float(dtype t) noexcept { return t != dtype::bytes; }
+constexpr bool is_float(dtype t) noexcept {
+  return t != dtype::bytes;
+}
 
 constexpr std::string_view name(dtype t) noexcept {
   switch (t) {
-    case dtype::f32: return "f32";
-    case dtype::f16: return "f16";
-    case dtype::bf16: return "bf16";
-    case dtype::bytes: return "bytes";
+    case dtype::f32:
+      return "f32";
+    case dtype::f16:
+      return "f16";
+    case dtype::bf16:
+      return "bf16";
+    case dtype::bytes:
+      return "bytes";
   }
   return "?";
 }
@@ -69,7 +78,7 @@ constexpr std::uint16_t f32_to_f16(float f) noexcept {
     return sign | 0x7e00u | std::uint16_t((ax >> 13) & 0x3ffu);
   }
   if (ax >= 0x477ff000u) return sign | 0x7c00u;  // rounds to >= 65520: Inf
-  if (ax >= 0x38800000u) {                        // normal half
+  if (ax >= 0x38800000u) {                       // normal half
     const std::uint32_t r = ax + 0xfffu + ((ax >> 13) & 1u);
     return sign | std::uint16_t((r - 0x38000000u) >> 13);
   }

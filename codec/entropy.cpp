@@ -11,10 +11,14 @@ namespace ckpt::codec {
 
 std::string_view name(entropy_mode m) noexcept {
   switch (m) {
-    case entropy_mode::stored: return "stored";
-    case entropy_mode::constant: return "constant";
-    case entropy_mode::huffman: return "huffman";
-    case entropy_mode::rans: return "rans";
+    case entropy_mode::stored:
+      return "stored";
+    case entropy_mode::constant:
+      return "constant";
+    case entropy_mode::huffman:
+      return "huffman";
+    case entropy_mode::rans:
+      return "rans";
   }
   return "?";
 }
@@ -87,8 +91,12 @@ void decode_bytes(std::span<const std::byte> in, std::span<std::uint8_t> out) {
       if (body.size() != 1) throw corrupt_error("entropy: constant length mismatch");
       std::memset(out.data(), std::to_integer<int>(body[0]), out.size());
       return;
-    case entropy_mode::huffman: huffman::decode(body, out); return;
-    case entropy_mode::rans: rans::decode(body, out); return;
+    case entropy_mode::huffman:
+      huffman::decode(body, out);
+      return;
+    case entropy_mode::rans:
+      rans::decode(body, out);
+      return;
   }
   throw corrupt_error("entropy: unknown mode " + std::to_string(int(mode)));
 }

@@ -16,7 +16,9 @@ constexpr int kStreams = 4;
 constexpr int kTableBits = max_code_length;
 constexpr std::size_t kSlack = 16;  // encoders store 8 bytes at a time; decoders load 8
 
-inline void store64(std::uint8_t* p, std::uint64_t v) { std::memcpy(p, &v, 8); }
+inline void store64(std::uint8_t* p, std::uint64_t v) {
+  std::memcpy(p, &v, 8);
+}
 inline std::uint64_t load64(const std::uint8_t* p) {
   std::uint64_t v;
   std::memcpy(&v, p, 8);
@@ -92,7 +94,9 @@ bool assign_codes(const std::array<std::uint8_t, 256>& len, canonical& c) {
   return true;
 }
 
-std::size_t stream_count(std::size_t n, int s) { return (n + kStreams - 1 - s) / kStreams; }
+std::size_t stream_count(std::size_t n, int s) {
+  return (n + kStreams - 1 - s) / kStreams;
+}
 
 }  // namespace
 
@@ -109,7 +113,8 @@ std::array<std::uint8_t, 256> code_lengths(const byte_histogram& counts) {
   }
 }
 
-std::uint64_t cost_bits(const byte_histogram& counts, const std::array<std::uint8_t, 256>& lengths) {
+std::uint64_t cost_bits(const byte_histogram& counts,
+                        const std::array<std::uint8_t, 256>& lengths) {
   std::uint64_t bits = 0;
   for (int s = 0; s < 256; ++s) bits += std::uint64_t(counts[s]) * lengths[s];
   return bits;

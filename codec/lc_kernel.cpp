@@ -45,6 +45,9 @@ void encode_scalar(const std::byte* cur_b, const std::byte* base_b, std::size_t 
 // fp32 encoder, eight elements at a time. The surviving keys are at most 15, so the key ->
 // (symbol, representative) lookup is a chain of compares and blends instead of gathers.
 // Returns true if the range held non-finite deltas; the caller then redoes those scalar.
+// Same arithmetic as encode_scalar<f32, K> (IEEE add, sub, mul and div are exact-rounded in
+// both), so the two agree bit for bit.
+template <delta_kind K>
 bool encode_f32_avx2(const float* cur, const float* base, std::size_t n, const quant_table& q,
                      float* recon, std::uint8_t* symbols) {
   int ns = 0;
@@ -60,26 +63,33 @@ bool encode_f32_avx2(const float* cur, const float* base, std::size_t n, const q
   }
   const __m256i exp_mask = _mm256_set1_epi32(0x7f800000);
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-  const __m256 neg_zero = _mm256_set1_ps(-0.0f);
+  const __m256 one = _mm256_set1_ps(1.0f);
+  const __m256 identity = K == delta_kind::ratio ? one : _mm256_set1_ps(-0.0f);
   __m256i non_finite = _mm256_setzero_si256();
   std::size_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m256 c = _mm256_loadu_ps(cur + i), b = _mm256_loadu_ps(base + i);
-    const __m256 d = _mm256_sub_ps(c, b);
+    __m256 d;
+    if constexpr (K == delta_kind::difference) {
+      d = _mm256_sub_ps(c, b);
+    } else {  // c / b - 1, and exactly 0 where c == b (also 0 / 0)
+      d = _mm256_sub_ps(_mm256_div_ps(c, b), one);
+      d = _mm256_andnot_ps(_mm256_cmp_ps(c, b, _CMP_EQ_OQ), d);
+    }
     const __m256i di = _mm256_castps_si256(d);
-    non_finite = _mm256_or_si256(
-        non_finite, _mm256_cmpeq_epi32(_mm256_and_si256(di, exp_mask), exp_mask));
+    non_finite =
+        _mm256_or_si256(non_finite, _mm256_cmpeq_epi32(_mm256_and_si256(di, exp_mask), exp_mask));
     const __m256i key = _mm256_srli_epi32(di, 23);
     __m256i s = _mm256_setzero_si256();
-    __m256 rv = neg_zero;
+    __m256 rv = identity;
     for (int j = 0; j < ns; ++j) {
       const __m256i m = _mm256_cmpeq_epi32(key, _mm256_set1_epi32(keys[j]));
       s = _mm256_blendv_epi8(s, _mm256_set1_epi32(syms[j]), m);
       rv = _mm256_blendv_ps(rv, _mm256_set1_ps(reps[j]), _mm256_castsi256_ps(m));
     }
-    const __m256 cand = _mm256_add_ps(b, rv);
+    const __m256 cand = K == delta_kind::difference ? _mm256_add_ps(b, rv) : _mm256_mul_ps(b, rv);
     const __m256 err = _mm256_and_ps(_mm256_sub_ps(cand, c), abs_mask);
-    const __m256 lim = _mm256_and_ps(d, abs_mask);
+    const __m256 lim = _mm256_and_ps(_mm256_sub_ps(c, b), abs_mask);
     const __m256 keep = _mm256_cmp_ps(err, lim, _CMP_LT_OQ);
     _mm256_storeu_ps(recon + i, _mm256_blendv_ps(b, cand, keep));
     s = _mm256_and_si256(s, _mm256_castps_si256(keep));
@@ -125,11 +135,16 @@ template <dtype T, delta_kind D>
 void decode_k(const std::byte* base, std::size_t n, const std::uint8_t* groups, int bits, int k,
               const float* rep, std::byte* out) {
   switch (k) {
-    case 1: return decode_groups<T, D, 1>(base, n, groups, bits, k, rep, out);
-    case 2: return decode_groups<T, D, 2>(base, n, groups, bits, k, rep, out);
-    case 4: return decode_groups<T, D, 4>(base, n, groups, bits, k, rep, out);
-    case 8: return decode_groups<T, D, 8>(base, n, groups, bits, k, rep, out);
-    default: return decode_groups<T, D, 0>(base, n, groups, bits, k, rep, out);
+    case 1:
+      return decode_groups<T, D, 1>(base, n, groups, bits, k, rep, out);
+    case 2:
+      return decode_groups<T, D, 2>(base, n, groups, bits, k, rep, out);
+    case 4:
+      return decode_groups<T, D, 4>(base, n, groups, bits, k, rep, out);
+    case 8:
+      return decode_groups<T, D, 8>(base, n, groups, bits, k, rep, out);
+    default:
+      return decode_groups<T, D, 0>(base, n, groups, bits, k, rep, out);
   }
 }
 
@@ -160,13 +175,14 @@ void lc_encode_symbols(dtype t, const std::byte* cur, const std::byte* base, std
                        std::vector<std::uint32_t>& escapes) {
   switch (t) {
     case dtype::f32: {
-      if (q.kind == delta_kind::ratio)
-        return encode_any<dtype::f32>(cur, base, 0, n, q, recon, symbols, escapes);
 #if defined(__AVX2__)
       const std::size_t vec = n / 8 * 8;
-      const bool redo = encode_f32_avx2(reinterpret_cast<const float*>(cur),
-                                        reinterpret_cast<const float*>(base), vec, q,
-                                        reinterpret_cast<float*>(recon), symbols);
+      auto* c = reinterpret_cast<const float*>(cur);
+      auto* b = reinterpret_cast<const float*>(base);
+      auto* r = reinterpret_cast<float*>(recon);
+      const bool redo = q.kind == delta_kind::ratio
+                            ? encode_f32_avx2<delta_kind::ratio>(c, b, vec, q, r, symbols)
+                            : encode_f32_avx2<delta_kind::difference>(c, b, vec, q, r, symbols);
       if (redo) {
         encode_any<dtype::f32>(cur, base, 0, vec, q, recon, symbols, escapes);
       }
@@ -176,14 +192,18 @@ void lc_encode_symbols(dtype t, const std::byte* cur, const std::byte* base, std
 #endif
       return;
     }
-    case dtype::f16: return encode_any<dtype::f16>(cur, base, 0, n, q, recon, symbols, escapes);
-    case dtype::bf16: return encode_any<dtype::bf16>(cur, base, 0, n, q, recon, symbols, escapes);
-    case dtype::bytes: break;
+    case dtype::f16:
+      return encode_any<dtype::f16>(cur, base, 0, n, q, recon, symbols, escapes);
+    case dtype::bf16:
+      return encode_any<dtype::bf16>(cur, base, 0, n, q, recon, symbols, escapes);
+    case dtype::bytes:
+      break;
   }
   throw invalid_argument("codec: lossy coding needs a float dtype");
 }
 
-void pack_groups(const std::uint8_t* symbols, std::size_t n, int bits, int k, std::uint8_t* groups) {
+void pack_groups(const std::uint8_t* symbols, std::size_t n, int bits, int k,
+                 std::uint8_t* groups) {
   // Byte j of an 8-byte load holds symbol j; shifting it right by j*(8-bits) lands it at bit
   // j*bits of the low byte, and no other byte reaches the low byte while k*bits <= 8.
   const unsigned step = 8 - bits;
@@ -206,10 +226,14 @@ void lc_decode_symbols(dtype t, delta_kind kind, const std::byte* base, std::siz
                        const std::uint8_t* groups, int bits, int k, const float* rep,
                        std::byte* out) {
   switch (t) {
-    case dtype::f32: return decode_dispatch<dtype::f32>(kind, base, n, groups, bits, k, rep, out);
-    case dtype::f16: return decode_dispatch<dtype::f16>(kind, base, n, groups, bits, k, rep, out);
-    case dtype::bf16: return decode_dispatch<dtype::bf16>(kind, base, n, groups, bits, k, rep, out);
-    case dtype::bytes: break;
+    case dtype::f32:
+      return decode_dispatch<dtype::f32>(kind, base, n, groups, bits, k, rep, out);
+    case dtype::f16:
+      return decode_dispatch<dtype::f16>(kind, base, n, groups, bits, k, rep, out);
+    case dtype::bf16:
+      return decode_dispatch<dtype::bf16>(kind, base, n, groups, bits, k, rep, out);
+    case dtype::bytes:
+      break;
   }
   throw invalid_argument("codec: lossy coding needs a float dtype");
 }

@@ -68,7 +68,9 @@ void accumulate_with(delta_stats& s, std::size_t n, bool track_range, Load load)
 }
 
 // |value| of a float with biased exponent e (1..254) and mantissa bits m, exactly, in double.
-double magnitude(int e, double m) { return std::ldexp(1.0 + m / 8388608.0, e - 127); }
+double magnitude(int e, double m) {
+  return std::ldexp(1.0 + m / 8388608.0, e - 127);
+}
 
 template <delta_kind K>
 void accumulate_kind(delta_stats& s, dtype t, const std::byte* cur, const std::byte* base,
@@ -96,7 +98,8 @@ void accumulate_kind(delta_stats& s, dtype t, const std::byte* cur, const std::b
       });
       return;
     }
-    case dtype::bytes: break;
+    case dtype::bytes:
+      break;
   }
   throw invalid_argument("quantizer: only float tensors have deltas");
 }
@@ -136,7 +139,8 @@ bool nonnegative(dtype t, std::span<const std::byte> data) noexcept {
       }
       return bad == 0;
     }
-    case dtype::bytes: break;
+    case dtype::bytes:
+      break;
   }
   return false;
 }

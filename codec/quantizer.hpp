@@ -20,7 +20,7 @@
 namespace ckpt::codec {
 
 enum class representative : std::uint8_t {
-  mean = 0,      // arithmetic mean of the bucket's members (public re-implementations; min L2 error)
+  mean = 0,  // arithmetic mean of the bucket's members (public re-implementations; min L2 error)
   midrange = 1,  // (max + min) / 2 (the paper's wording; min worst-case error)
 };
 std::string_view name(representative r) noexcept;

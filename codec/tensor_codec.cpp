@@ -33,7 +33,8 @@ void append_all(std::vector<std::vector<std::byte>>& parts, std::vector<std::byt
 
 void check_pair(const delta_input& in) {
   if (!is_float(in.type)) throw invalid_argument("codec: deltas need a float dtype");
-  if (in.cur.size() != in.base.size()) throw invalid_argument("codec: base and tensor differ in size");
+  if (in.cur.size() != in.base.size())
+    throw invalid_argument("codec: base and tensor differ in size");
   if (in.cur.size() % element_size(in.type)) throw invalid_argument("codec: partial element");
 }
 
@@ -79,8 +80,8 @@ std::vector<quant_table> plan_tables(std::span<const delta_input> inputs, int bi
     for (auto k : kinds) out.push_back(shared[int(k)]);
   } else {
     for (std::size_t i = 0; i < inputs.size(); ++i)
-      out.push_back(select_buckets(gather_stats(inputs.subspan(i, 1), range, kinds[i]), bits, rep,
-                                   kinds[i]));
+      out.push_back(
+          select_buckets(gather_stats(inputs.subspan(i, 1), range, kinds[i]), bits, rep, kinds[i]));
   }
   return out;
 }
@@ -155,7 +156,8 @@ frame_index index_frame(std::span<const std::byte> encoded) {
   std::uint32_t last = 0;
   while (at < encoded.size()) {
     const block_header h = read_block_header(encoded.subspan(at));
-    if (fi.offsets.empty()) fi.block_elements = h.elements;
+    if (fi.offsets.empty())
+      fi.block_elements = h.elements;
     else if (last != fi.block_elements)
       throw corrupt_error("frame: a block before the last is shorter than the first");
     if (h.elements == 0 || h.elements > fi.block_elements)

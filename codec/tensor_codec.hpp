@@ -41,8 +41,7 @@ delta_stats gather_stats(std::span<const delta_input> inputs, bool track_range,
 // One table per input: per tensor, or one table shared by all inputs of a kind (checkpoint
 // scope). Each input's kind is choose_kind(input, relative).
 std::vector<quant_table> plan_tables(std::span<const delta_input> inputs, int bits,
-                                     representative rep, bucket_scope scope,
-                                     bool relative = false);
+                                     representative rep, bucket_scope scope, bool relative = false);
 
 // Lossy: the delta of `cur` against `base`, quantised with `q`. `recon` (same size as cur)
 // receives exactly what decode() will return; it is the base of the next version.

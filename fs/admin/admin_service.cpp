@@ -244,9 +244,9 @@ json admin_service::handle(const json& req, const progress_fn& progress_in) {
       out["kind"] = "exact";
     }
     out["path"] = path;
-    out["coding"] = {{"bits", d.coding.bits},   {"group", d.coding.group},
-                     {"rep", d.coding.rep},     {"scope", d.coding.scope},
-                     {"coder", d.coding.coder}, {"exact_optimizer", d.coding.exact_optimizer},
+    out["coding"] = {{"bits", d.coding.bits},        {"group", d.coding.group},
+                     {"rep", d.coding.rep},          {"scope", d.coding.scope},
+                     {"coder", d.coding.coder},      {"exact_optimizer", d.coding.exact_optimizer},
                      {"relative", d.coding.relative}};
     out["exact_stored_bytes"] = d.exact_stored_bytes;
     json tensors = json::array();

@@ -18,7 +18,8 @@
 //        totals = {"versions":n, "live_versions":n, "logical_bytes":n, "stored_bytes":n}
 //        With P: the lineages having a live version at or under P, and the exact files there.
 //   {"op":"stat", "path":P}
-//     -> V plus {"path":P, "coding":{"bits","group","rep","scope","coder","exact_optimizer","relative"},
+//     -> V plus {"path":P,
+//     "coding":{"bits","group","rep","scope","coder","exact_optimizer","relative"},
 //               "exact_stored_bytes":n,
 //               "tensors":[{"name","dtype","elements","mode":"delta|lossless","stored_bytes"}]}
 //   {"op":"rm", "paths":[P...]}

@@ -231,7 +231,7 @@ struct content_store::impl {
   struct prefetch_job {
     std::uint64_t version;
     std::size_t tensor;
-    std::size_t chunk;  // whole_tensor: the whole tensor
+    std::size_t chunk;    // whole_tensor: the whole tensor
     std::uint64_t bytes;  // of the chunk
     std::weak_ptr<const void> alive;
   };
@@ -1088,15 +1088,15 @@ class content_store::impl::reader final : public content_reader {
     std::sort(by_offset.begin(), by_offset.end(), [&](std::size_t a, std::size_t b) {
       return m.layout.tensors[a].offset < m.layout.tensors[b].offset;
     });
-    for (auto t : by_offset) file_order.insert(file_order.end(), units_of[t].begin(), units_of[t].end());
+    for (auto t : by_offset)
+      file_order.insert(file_order.end(), units_of[t].begin(), units_of[t].end());
     const bool zip = m.layout.format == format::file_format::torch_zip ||
                      m.layout.format == format::file_format::npz;
     ahead_.emplace(std::move(predicted), std::move(file_order), std::move(length),
                    chunked ? store_.chunk_read_ahead_bytes() : store_.read_ahead_bytes(), zip);
-    served_.emplace(m.layout, original, replaced,
-                    [this](std::size_t t, std::uint64_t off, std::span<std::byte> out) {
-                      fill(t, off, out);
-                    });
+    served_.emplace(
+        m.layout, original, replaced,
+        [this](std::size_t t, std::uint64_t off, std::span<std::byte> out) { fill(t, off, out); });
     for (const auto& [member, crc] : m.member_crcs) served_->set_member_crc(member, crc);
   }
 

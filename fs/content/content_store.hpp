@@ -23,8 +23,8 @@
 #include "codec/format/source.hpp"
 #include "codec/quantizer.hpp"
 #include "codec/tensor_codec.hpp"
-#include "fs/store/journal.hpp"
 #include "fs/content/version_meta.hpp"
+#include "fs/store/journal.hpp"
 #include "fs/store/object_store.hpp"
 
 namespace ckpt::fs {
@@ -35,9 +35,9 @@ namespace ckpt::fs {
 // restores) and keyframes every 50 versions (longer chains measured no better accuracy and
 // little more compression, but a cold read decodes up to keyframe_interval - 1 deltas).
 struct content_options {
-  int bits = 4;                 // 1..4
-  bool lossless = false;        // every checkpoint stored exactly (float-aware lossless)
-  int keyframe_interval = 50;   // every N-th version of a lineage is a keyframe
+  int bits = 4;                // 1..4
+  bool lossless = false;       // every checkpoint stored exactly (float-aware lossless)
+  int keyframe_interval = 50;  // every N-th version of a lineage is a keyframe
   std::uint64_t cache_bytes = std::uint64_t(2) << 30;  // reconstructed states and decoded data
   codec::representative rep = codec::representative::mean;
   codec::bucket_scope scope = codec::bucket_scope::tensor;
@@ -90,13 +90,13 @@ class content_reader {
 // What `ckptctl stat` shows about one version.
 struct version_info {
   std::uint64_t version = 0;
-  std::string format;   // "opaque", "torch_zip", ...
-  std::string kind;     // "exact", "keyframe", "delta"
+  std::string format;         // "opaque", "torch_zip", ...
+  std::string kind;           // "exact", "keyframe", "delta"
   std::uint64_t lineage = 0;  // 0 for exact files
   std::uint64_t base = 0;     // base version of a delta, else 0
   std::uint64_t logical_bytes = 0;
   std::uint64_t stored_bytes = 0;
-  std::string path;     // the path it was written at
+  std::string path;             // the path it was written at
   std::int64_t created_ns = 0;  // when it was stored (CLOCK_REALTIME); 0 if not recorded
   std::uint64_t refs = 0;       // names pointing at it (0: a hidden base or lineage head)
   std::uint64_t object = 0;     // object id

@@ -8,9 +8,12 @@ namespace ckpt::fs {
 
 std::string_view name(version_kind k) noexcept {
   switch (k) {
-    case version_kind::exact: return "exact";
-    case version_kind::keyframe: return "keyframe";
-    case version_kind::delta: return "delta";
+    case version_kind::exact:
+      return "exact";
+    case version_kind::keyframe:
+      return "keyframe";
+    case version_kind::delta:
+      return "delta";
   }
   return "?";
 }
@@ -22,16 +25,21 @@ using nlohmann::json;
 json layout_to_json(const format::layout& l) {
   json tensors = json::array();
   for (const auto& t : l.tensors)
-    tensors.push_back({{"n", t.name}, {"a", t.aliases}, {"y", int(t.type)}, {"s", t.shape},
-                       {"o", t.offset}, {"l", t.length}, {"c", t.compress}});
+    tensors.push_back({{"n", t.name},
+                       {"a", t.aliases},
+                       {"y", int(t.type)},
+                       {"s", t.shape},
+                       {"o", t.offset},
+                       {"l", t.length},
+                       {"c", t.compress}});
   json members = json::array();
   for (const auto& m : l.members)
     members.push_back({{"n", m.name}, {"o", m.data_offset}, {"l", m.data_length}, {"c", m.crc}});
   json fixups = json::array();
   for (const auto& f : l.fixups)
     fixups.push_back({{"o", f.field_offset}, {"m", f.member}, {"c", f.original}});
-  return {{"f", int(l.format)}, {"z", l.file_size}, {"t", tensors}, {"m", members},
-          {"x", fixups},        {"note", l.note}};
+  return {{"f", int(l.format)}, {"z", l.file_size}, {"t", tensors},
+          {"m", members},       {"x", fixups},      {"note", l.note}};
 }
 
 format::layout layout_from_json(const json& j) {
@@ -53,8 +61,8 @@ format::layout layout_from_json(const json& j) {
     l.members.push_back({m.at("n").get<std::string>(), m.at("o").get<std::uint64_t>(),
                          m.at("l").get<std::uint64_t>(), m.at("c").get<std::uint32_t>()});
   for (const auto& f : j.at("x"))
-    l.fixups.push_back(
-        {f.at("o").get<std::uint64_t>(), f.at("m").get<std::size_t>(), f.at("c").get<std::uint32_t>()});
+    l.fixups.push_back({f.at("o").get<std::uint64_t>(), f.at("m").get<std::size_t>(),
+                        f.at("c").get<std::uint32_t>()});
   l.note = j.at("note").get<std::string>();
   format::finish_layout(l);  // rebuilds segments and re-checks the contract
   return l;
@@ -65,11 +73,15 @@ format::layout layout_from_json(const json& j) {
 std::vector<std::byte> encode_meta(const version_meta& m) {
   json exact = json::array();
   for (const auto& r : m.exact)
-    exact.push_back({{"o", r.offset}, {"l", r.length}, {"at", r.data_at}, {"bb", r.block_bytes},
-                     {"b", r.blocks}, {"e", r.encoded_bytes}});
+    exact.push_back({{"o", r.offset},
+                     {"l", r.length},
+                     {"at", r.data_at},
+                     {"bb", r.block_bytes},
+                     {"b", r.blocks},
+                     {"e", r.encoded_bytes}});
   json tensors = json::array();
   for (const auto& t : m.tensors) {
-    json f{{"i", t.tensor},  {"y", int(t.type)},         {"m", int(t.mode)}, {"bt", t.base_tensor},
+    json f{{"i", t.tensor},   {"y", int(t.type)},     {"m", int(t.mode)}, {"bt", t.base_tensor},
            {"at", t.data_at}, {"e", t.encoded_bytes}, {"d", t.digest}};
     if (!t.blocks.empty()) {
       f["be"] = t.block_elements;
@@ -77,12 +89,21 @@ std::vector<std::byte> encode_meta(const version_meta& m) {
     }
     tensors.push_back(std::move(f));
   }
-  const json j{{"size", m.size},       {"kind", int(m.kind)}, {"layout", layout_to_json(m.layout)},
-               {"exact", exact},       {"tensors", tensors},  {"crcs", m.member_crcs},
-               {"bits", m.bits},       {"ct", m.created_ns},
+  const json j{{"size", m.size},
+               {"kind", int(m.kind)},
+               {"layout", layout_to_json(m.layout)},
+               {"exact", exact},
+               {"tensors", tensors},
+               {"crcs", m.member_crcs},
+               {"bits", m.bits},
+               {"ct", m.created_ns},
                {"cp",
-                {{"b", m.coding.bits}, {"g", m.coding.group}, {"r", m.coding.rep},
-                 {"s", m.coding.scope}, {"c", m.coding.coder}, {"xo", m.coding.exact_optimizer},
+                {{"b", m.coding.bits},
+                 {"g", m.coding.group},
+                 {"r", m.coding.rep},
+                 {"s", m.coding.scope},
+                 {"c", m.coding.coder},
+                 {"xo", m.coding.exact_optimizer},
                  {"rl", m.coding.relative}}}};
   const auto bytes = json::to_cbor(j);
   return {reinterpret_cast<const std::byte*>(bytes.data()),
@@ -91,8 +112,9 @@ std::vector<std::byte> encode_meta(const version_meta& m) {
 
 version_meta decode_meta(std::span<const std::byte> cbor) {
   try {
-    const auto j = json::from_cbor(reinterpret_cast<const std::uint8_t*>(cbor.data()),
-                                   reinterpret_cast<const std::uint8_t*>(cbor.data() + cbor.size()));
+    const auto j =
+        json::from_cbor(reinterpret_cast<const std::uint8_t*>(cbor.data()),
+                        reinterpret_cast<const std::uint8_t*>(cbor.data() + cbor.size()));
     version_meta m;
     m.size = j.at("size").get<std::uint64_t>();
     m.kind = version_kind(j.at("kind").get<int>());

@@ -68,8 +68,9 @@ struct version_meta {
   format::layout layout;  // opaque layout for exact files
   std::vector<exact_region> exact;
   std::vector<tensor_frame> tensors;
-  std::vector<std::pair<std::size_t, std::uint32_t>> member_crcs;  // served CRC per rewritten member
-  int bits = 0;  // lossy parameters, for stat
+  std::vector<std::pair<std::size_t, std::uint32_t>>
+      member_crcs;  // served CRC per rewritten member
+  int bits = 0;     // lossy parameters, for stat
   coding_params coding;
   std::int64_t created_ns = 0;  // CLOCK_REALTIME when the version was stored
 };

@@ -79,7 +79,7 @@ void take_option(daemon_options& d, const std::string& o) {
   } else if (key == "rep") {
     need_value();
     d.content.rep = choose(val, key, {"mean", "midrange"}) == 1 ? codec::representative::midrange
-                                                               : codec::representative::mean;
+                                                                : codec::representative::mean;
   } else if (key == "scope") {
     need_value();
     d.content.scope = choose(val, key, {"tensor", "checkpoint"}) == 1
@@ -195,9 +195,11 @@ std::string usage_text(std::string_view program) {
          "  -o bits=N              bits per changed element, 1..4 (default 4)\n"
          "  -o lossless            store every checkpoint exactly (lossless float coding)\n"
          "  -o keyframe_interval=N every N-th version of a checkpoint is a keyframe (default 50)\n"
-         "  -o coding=MODE         grouped (default): symbol groups, best entropy coder per block;\n"
+         "  -o coding=MODE         grouped (default): symbol groups, best entropy coder per "
+         "block;\n"
          "                         paper: LC-Checkpoint's one Huffman code word per element\n"
-         "  -o rep=R               bucket representative: mean (default) or midrange ((max+min)/2)\n"
+         "  -o rep=R               bucket representative: mean (default) or midrange "
+         "((max+min)/2)\n"
          "  -o scope=S             buckets per tensor (default) or per checkpoint (the paper's)\n"
          "  -o optimizer=M         exact (default): Adam moments, momentum buffers... stored\n"
          "                         losslessly; lossy: coded like weights (can diverge after a\n"

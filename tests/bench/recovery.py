@@ -358,8 +358,10 @@ class Setting:
     10 restores move the final test metric by chaos alone (the resolution of the criterion)."""
 
     def __init__(self, coding="grouped", bits=3, rep="mean", scope="tensor", optimizer="lossy",
-                 keyframe_interval=20, lossless=False, defaults=False, perturb=0.0):
+                 keyframe_interval=20, lossless=False, defaults=False, perturb=0.0,
+                 relative="off"):
         self.coding, self.bits, self.rep, self.scope = coding, bits, rep, scope
+        self.relative = relative
         self.optimizer, self.keyframe_interval = optimizer, keyframe_interval
         self.lossless, self.defaults, self.perturb = lossless or perturb > 0, defaults, perturb
 
@@ -370,7 +372,7 @@ class Setting:
             return ["lossless"]
         return [f"coding={self.coding}", f"bits={self.bits}", f"rep={self.rep}",
                 f"scope={self.scope}", f"optimizer={self.optimizer}",
-                f"keyframe_interval={self.keyframe_interval}"]
+                f"relative={self.relative}", f"keyframe_interval={self.keyframe_interval}"]
 
     @property
     def name(self):
@@ -384,6 +386,8 @@ class Setting:
         name = f"{self.coding}-b{self.bits}-{self.rep}-{scope}"
         if self.optimizer == "exact":
             name += "-optexact"
+        if self.relative == "on":
+            name += "-rel"
         if self.keyframe_interval != 20:
             name += f"-K{self.keyframe_interval}"
         return name
@@ -401,7 +405,12 @@ def settings_matrix(quick):
     midrange); optimizer state exact for paper b=3, grouped whole-checkpoint b=3 (the same
     reconstruction as paper b=3, another coder) and grouped per-tensor b=3,4. Plus the noise
     control. (b=1 and grouped b=2 midrange were measured once and lost several points of
-    accuracy everywhere; docs/benchmarks.md.)"""
+    accuracy everywhere; docs/benchmarks.md.)
+
+    Nonnegative tensors (Adam's v) as ratios (relative=on, "-rel"): the grouped settings with
+    lossy optimizer state use them, and grouped per-tensor b=3,4 also run without them (the
+    paper's differences everywhere), to show what they change. Paper mode is the paper's:
+    differences only."""
     if quick:
         return [Setting(lossless=True), Setting("paper", 3, "mean", "checkpoint"),
                 Setting(defaults=True)]
@@ -411,11 +420,13 @@ def settings_matrix(quick):
             rows.append(Setting("paper", bits, rep, "checkpoint"))
     rows.append(Setting("paper", 3, "mean", "checkpoint", optimizer="exact"))
     for bits in (2, 3):
-        rows.append(Setting("grouped", bits, "mean", "checkpoint"))
+        rows.append(Setting("grouped", bits, "mean", "checkpoint", relative="on"))
     rows.append(Setting("grouped", 3, "mean", "checkpoint", optimizer="exact"))
     for bits in (2, 3, 4):
+        rows.append(Setting("grouped", bits, "mean", "tensor", relative="on"))
+    for bits in (3, 4):
         rows.append(Setting("grouped", bits, "mean", "tensor"))
-    rows.append(Setting("grouped", 3, "midrange", "tensor"))
+    rows.append(Setting("grouped", 3, "midrange", "tensor", relative="on"))
     for bits in (3, 4):
         rows.append(Setting("grouped", bits, "mean", "tensor", optimizer="exact"))
     return rows

@@ -41,6 +41,7 @@ TEST_CASE("fuse options: no -o gives content_options' defaults", "[fuse]") {
   CHECK(d.content.rep == def.rep);
   CHECK(d.content.scope == def.scope);
   CHECK(d.content.exact_optimizer == def.exact_optimizer);
+  CHECK(d.content.relative == def.relative);
   CHECK(d.fuse_options.empty());
 }
 
@@ -48,14 +49,16 @@ TEST_CASE("fuse options: the help names the defaults content_options has", "[fus
   const content_options def;
   const std::string help = usage_text("ckptfs");
   CHECK_THAT(help, Catch::Contains("1..4 (default " + std::to_string(def.bits) + ")"));
-  CHECK_THAT(help, Catch::Contains("keyframe (default " + std::to_string(def.keyframe_interval) +
-                                   ")"));
+  CHECK_THAT(help,
+             Catch::Contains("keyframe (default " + std::to_string(def.keyframe_interval) + ")"));
   CHECK_THAT(help, Catch::Contains(def.paper_coding ? "paper (default)" : "grouped (default)"));
   CHECK_THAT(help, Catch::Contains(def.rep == codec::representative::mean ? "mean (default)"
                                                                           : "midrange (default)"));
-  CHECK_THAT(help, Catch::Contains(def.scope == codec::bucket_scope::tensor ? "per tensor (default)"
-                                                                           : "per checkpoint (default)"));
+  CHECK_THAT(
+      help, Catch::Contains(def.scope == codec::bucket_scope::tensor ? "per tensor (default)"
+                                                                     : "per checkpoint (default)"));
   CHECK_THAT(help, Catch::Contains(def.exact_optimizer ? "exact (default)" : "lossy (default)"));
+  CHECK_THAT(help, Catch::Contains(def.relative ? "on (default)" : "off (default)"));
 }
 
 TEST_CASE("fuse options: coding, rep, scope and optimizer take each of their values", "[fuse]") {
@@ -67,6 +70,8 @@ TEST_CASE("fuse options: coding, rep, scope and optimizer take each of their val
   CHECK(parse_o("scope=checkpoint").content.scope == codec::bucket_scope::checkpoint);
   CHECK_FALSE(parse_o("optimizer=lossy").content.exact_optimizer);
   CHECK(parse_o("optimizer=exact").content.exact_optimizer);
+  CHECK(parse_o("relative=on").content.relative);
+  CHECK_FALSE(parse_o("relative=off").content.relative);
 
   // All at once, in one list, in -oOPTS form and across several -o; the last value wins.
   const auto d = parse({"store", "mnt", "-ocoding=paper,rep=midrange", "-o",
@@ -98,9 +103,12 @@ TEST_CASE("fuse options: invalid codec values are refused with the choices", "[f
                     Catch::Contains("scope") && Catch::Contains("tensor, checkpoint"));
   CHECK_THROWS_WITH(parse_o("optimizer=drop"),
                     Catch::Contains("optimizer") && Catch::Contains("lossy, exact"));
+  CHECK_THROWS_WITH(parse_o("relative=yes"),
+                    Catch::Contains("relative") && Catch::Contains("on, off"));
   // Case matters, a value is required, and an empty value is not a choice.
-  for (const char* bad : {"coding=Paper", "coding", "rep=", "scope", "optimizer=",
-                          "keyframe_interval=0", "keyframe_interval=x", "lossless=1"})
+  for (const char* bad :
+       {"coding=Paper", "coding", "rep=", "scope", "optimizer=", "keyframe_interval=0",
+        "keyframe_interval=x", "lossless=1", "relative", "relative="})
     CHECK_THROWS_AS(parse_o(bad), usage_error);
 }
 
