@@ -22,8 +22,9 @@ the mount answers. Defaults: STORE ./ckpt-store, MOUNTPOINT ./ckpt.
 
   -o OPTIONS   comma-separated: bits=1..4 (default 4), lossless, keyframe_interval=N (default
                50), coding=grouped|paper, rep=mean|midrange, scope=tensor|checkpoint,
-               optimizer=exact|lossy (defaults first), cache=SIZE (default 2G), buffer=SIZE
-               (default 1G), and FUSE options such as allow_other. SIZE takes K/M/G suffixes.
+               optimizer=exact|lossy, relative=on|off (defaults first), cache=SIZE
+               (default 2G), buffer=SIZE (default 1G), and FUSE options such as
+               allow_other. SIZE takes K/M/G suffixes.
   -u MOUNTPOINT  unmount: files still being stored are finished first; returns when the
                daemon has exited.
 
