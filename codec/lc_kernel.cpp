@@ -14,6 +14,13 @@
 namespace ckpt::codec {
 namespace {
 
+// Ratio tensors promise more than the closed-loop bound: every element reads back within a
+// factor 2 of its value. An element the table cannot bring that close (a second moment that
+// grew a millionfold from near zero in the first steps) is escaped, stored exactly.
+inline bool within_factor_2(float got, float want) {
+  return got >= want * 0.5f && got <= want * 2.0f;
+}
+
 template <dtype T, delta_kind K>
 void encode_scalar(const std::byte* cur_b, const std::byte* base_b, std::size_t first,
                    std::size_t last, const quant_table& q, std::byte* recon_b,
@@ -36,6 +43,14 @@ void encode_scalar(const std::byte* cur_b, const std::byte* base_b, std::size_t 
     const unsigned s = q.symbol_of_key[db >> 23];
     const S cand = reconstruct<T, K>(base[i], q.rep[s]);
     const bool keep = std::fabs(E::to_f32(cand) - c) < std::fabs(c - b);
+    if constexpr (K == delta_kind::ratio) {
+      if (!within_factor_2(E::to_f32(keep ? cand : base[i]), c)) {
+        escapes.push_back(std::uint32_t(i));
+        recon[i] = cur[i];
+        symbols[i] = 0;
+        continue;
+      }
+    }
     recon[i] = keep ? cand : base[i];
     symbols[i] = std::uint8_t(keep ? s : 0);
   }
@@ -44,26 +59,36 @@ void encode_scalar(const std::byte* cur_b, const std::byte* base_b, std::size_t 
 #if defined(__AVX2__)
 // fp32 encoder, eight elements at a time. The surviving keys are at most 15, so the key ->
 // (symbol, representative) lookup is a chain of compares and blends instead of gathers.
-// Returns true if the range held non-finite deltas; the caller then redoes those scalar.
+// Returns true if the range held non-finite deltas (or, for ratios, elements to escape); the
+// caller then redoes the range scalar.
 // Same arithmetic as encode_scalar<f32, K> (IEEE add, sub, mul and div are exact-rounded in
 // both), so the two agree bit for bit.
 template <delta_kind K>
 bool encode_f32_avx2(const float* cur, const float* base, std::size_t n, const quant_table& q,
                      float* recon, std::uint8_t* symbols) {
+  // Up to 15 mapped keys (the surviving buckets): a compare chain. More (ratio tables map the
+  // buckets that did not survive too): two gathers, key -> symbol -> representative.
   int ns = 0;
   std::int32_t keys[15], syms[15];
   float reps[15];
+  alignas(32) std::int32_t sym_of_key[key_count];
   for (int key = 0; key < key_count; ++key) {
-    if (const int s = q.symbol_of_key[key]) {
+    const int s = q.symbol_of_key[key];
+    sym_of_key[key] = s;
+    if (s == 0) continue;
+    if (ns < 15) {
       keys[ns] = key;
       syms[ns] = s;
       reps[ns] = q.rep[s];
-      ++ns;
     }
+    ++ns;
   }
+  const bool gather = ns > 15;
   const __m256i exp_mask = _mm256_set1_epi32(0x7f800000);
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   const __m256 one = _mm256_set1_ps(1.0f);
+  const __m256 half = _mm256_set1_ps(0.5f), two = _mm256_set1_ps(2.0f);
+  const __m256 all_ones = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
   const __m256 identity = K == delta_kind::ratio ? one : _mm256_set1_ps(-0.0f);
   __m256i non_finite = _mm256_setzero_si256();
   std::size_t i = 0;
@@ -82,16 +107,27 @@ bool encode_f32_avx2(const float* cur, const float* base, std::size_t n, const q
     const __m256i key = _mm256_srli_epi32(di, 23);
     __m256i s = _mm256_setzero_si256();
     __m256 rv = identity;
-    for (int j = 0; j < ns; ++j) {
-      const __m256i m = _mm256_cmpeq_epi32(key, _mm256_set1_epi32(keys[j]));
-      s = _mm256_blendv_epi8(s, _mm256_set1_epi32(syms[j]), m);
-      rv = _mm256_blendv_ps(rv, _mm256_set1_ps(reps[j]), _mm256_castsi256_ps(m));
+    if (gather) {
+      s = _mm256_i32gather_epi32(sym_of_key, key, 4);
+      rv = _mm256_i32gather_ps(q.rep.data(), s, 4);  // rep[0] is the identity
+    } else {
+      for (int j = 0; j < ns; ++j) {
+        const __m256i m = _mm256_cmpeq_epi32(key, _mm256_set1_epi32(keys[j]));
+        s = _mm256_blendv_epi8(s, _mm256_set1_epi32(syms[j]), m);
+        rv = _mm256_blendv_ps(rv, _mm256_set1_ps(reps[j]), _mm256_castsi256_ps(m));
+      }
     }
     const __m256 cand = K == delta_kind::difference ? _mm256_add_ps(b, rv) : _mm256_mul_ps(b, rv);
     const __m256 err = _mm256_and_ps(_mm256_sub_ps(cand, c), abs_mask);
     const __m256 lim = _mm256_and_ps(_mm256_sub_ps(c, b), abs_mask);
     const __m256 keep = _mm256_cmp_ps(err, lim, _CMP_LT_OQ);
-    _mm256_storeu_ps(recon + i, _mm256_blendv_ps(b, cand, keep));
+    const __m256 res = _mm256_blendv_ps(b, cand, keep);
+    if constexpr (K == delta_kind::ratio) {  // within_factor_2, else redone scalar (escapes)
+      const __m256 ok = _mm256_and_ps(_mm256_cmp_ps(res, _mm256_mul_ps(c, half), _CMP_GE_OQ),
+                                      _mm256_cmp_ps(res, _mm256_mul_ps(c, two), _CMP_LE_OQ));
+      non_finite = _mm256_or_si256(non_finite, _mm256_castps_si256(_mm256_xor_ps(ok, all_ones)));
+    }
+    _mm256_storeu_ps(recon + i, res);
     s = _mm256_and_si256(s, _mm256_castps_si256(keep));
     const __m256i p16 = _mm256_packus_epi32(s, s);
     const __m256i p8 = _mm256_packus_epi16(p16, p16);

@@ -191,6 +191,23 @@ quant_table select_buckets(const delta_stats& s, int bits, representative r, del
     q.rep[i + 1] = ratio ? float(1.0 + double(cands[i].rep)) : cands[i].rep;
     q.symbol_of_key[cands[i].key] = std::uint8_t(i + 1);
   }
+  if (ratio) {
+    // A ratio bucket that did not survive takes the surviving bucket of its sign with the
+    // largest magnitude below its own: that factor lies between 1 and the element's, so it
+    // moves the element strictly closer (where the zero symbol would leave it at the base).
+    // The paper's differences keep zero for them. The map is the encoder's alone: decoders
+    // see symbols, not keys.
+    for (int sign : {0, 0x100}) {
+      std::uint8_t below = 0;
+      for (int e = 1; e < 255; ++e) {
+        const int key = sign | e;
+        if (q.symbol_of_key[key] != 0)
+          below = q.symbol_of_key[key];
+        else if (s.count[key] != 0)
+          q.symbol_of_key[key] = below;
+      }
+    }
+  }
   return q;
 }
 

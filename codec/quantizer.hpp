@@ -45,7 +45,9 @@ struct delta_stats {
 void accumulate(delta_stats& s, dtype t, const std::byte* cur, const std::byte* base, std::size_t n,
                 bool track_range, delta_kind kind = delta_kind::difference);
 
-// The decoding table: symbol -> representative, and fp32-delta key -> symbol.
+// The decoding table: symbol -> representative, and fp32-delta key -> symbol (the encoder's
+// map; for ratios, a key that did not survive maps to the next smaller surviving bucket of its
+// sign, for differences to the zero symbol, as in the paper).
 struct quant_table {
   int bits = 0;
   delta_kind kind = delta_kind::difference;

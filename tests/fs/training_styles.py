@@ -13,6 +13,8 @@ Checks, for every version of every style (kind and base asked from the daemon wi
   - keyframes, integer tensors and small tensors (< 4 KiB, stored exact) are exact;
   - in a delta, every float element satisfies |u_read - u| <= |u - u_base_read| where
     u_base_read is what the version it was coded against read back as (the closed-loop bound);
+  - Adam's exp_avg_sq reads back within a factor 2 of its value, every element (ratio deltas;
+    differences leave up to a fifth of them at a small fraction early in training);
   - most versions are deltas (the test cannot pass by storing everything exactly);
   - tied weights still share one storage after torch.load;
   - non-checkpoint files (JSON) are byte-exact.
@@ -110,6 +112,11 @@ class Checker:
             bound = (u.double() - base[name].double()).abs()
             bad = (err > bound).sum().item()
             assert bad == 0, f"{label}: {name}: {bad} elements moved away from their target"
+            if name.endswith("exp_avg_sq"):
+                # Adam's second moment is coded as ratios (relative=on, the default): no element
+                # may be left at a fraction of its value, where Adam's step m / sqrt(v) explodes.
+                far = ((got.double() < u.double() / 2) | (got.double() > u.double() * 2)).sum().item()
+                assert far == 0, f"{label}: {name}: {far} elements of v read back off by > 2x"
         if isinstance(read_back, dict) and "fc2_alias" in read_back:
             ra, rb = read_back["fc2_alias"], read_back["model"]["fc2.weight"]
             assert ra.data_ptr() == rb.data_ptr(), f"{label}: tied weights no longer share storage"
