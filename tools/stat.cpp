@@ -82,7 +82,7 @@ void add_stat_command(CLI::App& app) {
       "Format, lineage, kind (exact / keyframe / delta) and base version, logical and "
       "stored size and ratio, completion time, the codec parameters it was coded with "
       "(bits, group, representative, bucket scope, coder, exact optimizer state, relative) "
-      "and every tensor with its dtype, element count, mode (delta / lossless) and stored "
+      "and every tensor with its dtype, element count, mode (delta / ratio / lossless) and stored "
       "size.\n");
   cmd->add_option("FILE", o->path, "A file inside a ckptfs mount (or, with --store, in a store)")
       ->required();

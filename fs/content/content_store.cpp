@@ -954,6 +954,7 @@ content_ref content_store::put(std::string_view path, const format::source& src)
                                         m.opt.bits, m.opt.rep, kind);
         }
         f.mode = tensor_mode::delta;
+        f.ratio = table.kind == codec::delta_kind::ratio;
         f.base_tensor = *j.base_tensor;
         recon->data = byte_buffer(cur.size());
         const codec::lossy_params params{
@@ -1390,7 +1391,10 @@ version_detail content_store::detail(const content_ref& ref) {
   for (const auto& f : meta.tensors) {
     const auto& t = meta.layout.tensors.at(f.tensor);
     d.tensors.push_back({t.name, std::string(format::name(t.type)), t.elements(),
-                         f.mode == tensor_mode::delta ? "delta" : "lossless", f.encoded_bytes});
+                         f.mode != tensor_mode::delta ? "lossless"
+                         : f.ratio                    ? "ratio"
+                                                      : "delta",
+                         f.encoded_bytes});
   }
   return d;
 }

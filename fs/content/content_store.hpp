@@ -107,7 +107,7 @@ struct tensor_detail {
   std::string name;
   std::string dtype;
   std::uint64_t elements = 0;
-  std::string mode;  // "delta" / "lossless"
+  std::string mode;  // "delta" / "ratio" / "lossless"
   std::uint64_t stored_bytes = 0;
 };
 struct version_detail {

@@ -87,6 +87,7 @@ std::vector<std::byte> encode_meta(const version_meta& m) {
       f["be"] = t.block_elements;
       f["bo"] = t.blocks;
     }
+    if (t.ratio) f["r"] = true;
     tensors.push_back(std::move(f));
   }
   const json j{{"size", m.size},
@@ -129,7 +130,7 @@ version_meta decode_meta(std::span<const std::byte> cbor) {
                            tensor_mode(t.at("m").get<int>()), t.at("bt").get<std::size_t>(),
                            t.at("at").get<std::uint64_t>(), t.at("e").get<std::uint64_t>(),
                            t.value("d", std::uint64_t(0)), t.value("be", std::uint32_t(0)),
-                           t.value("bo", std::vector<std::uint64_t>{})});
+                           t.value("bo", std::vector<std::uint64_t>{}), t.value("r", false)});
     m.member_crcs = j.at("crcs").get<std::vector<std::pair<std::size_t, std::uint32_t>>>();
     m.bits = j.at("bits").get<int>();
     m.created_ns = j.value("ct", std::int64_t(0));

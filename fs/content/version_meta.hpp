@@ -46,6 +46,8 @@ struct tensor_frame {
   // versions written before the index existed; those are decoded a whole tensor at a time.
   std::uint32_t block_elements = 0;
   std::vector<std::uint64_t> blocks;
+  // A delta coded as ratios (codec::delta_kind::ratio; informational: the blocks say so too).
+  bool ratio = false;
 };
 
 // The lossy coding parameters a delta version was written with (for stat and the docs).

@@ -12,10 +12,10 @@
 
 #include "codec/error.hpp"
 #include "codec/format/source.hpp"
+#include "content_test_util.hpp"
 #include "fs/content/content_store.hpp"
 #include "fs/store/journal.hpp"
 #include "fs/store/object_store.hpp"
-#include "content_test_util.hpp"
 
 namespace bfs = boost::filesystem;
 using namespace ckpt;

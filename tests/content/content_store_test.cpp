@@ -12,10 +12,10 @@
 
 #include "codec/error.hpp"
 #include "codec/format/source.hpp"
+#include "content_test_util.hpp"
 #include "fs/content/content_store.hpp"
 #include "fs/store/journal.hpp"
 #include "fs/store/object_store.hpp"
-#include "content_test_util.hpp"
 
 namespace bfs = boost::filesystem;
 using namespace ckpt;
@@ -295,7 +295,7 @@ TEST_CASE("an open reader pins its version until it is destroyed", "[content]") 
   CHECK(s.objects.disk_bytes(object) > 0);
   reader.reset();
   CHECK_THROWS_AS(s.content.info(ref), corrupt_error);  // reclaimed with the last pin...
-  CHECK(s.objects.disk_bytes(object) > 0);               // ...its object goes after a sync
+  CHECK(s.objects.disk_bytes(object) > 0);              // ...its object goes after a sync
   sync_journal(s);
   CHECK(s.objects.disk_bytes(object) == 0);
   CHECK_THROWS_AS(s.content.info(ref), corrupt_error);
@@ -345,9 +345,9 @@ TEST_CASE("keyframes follow the chain after a rekey turned a version inside it i
   };
   {
     opened s(d.path, opt);
-    REQUIRE(put(s) == "keyframe");  // v0
-    REQUIRE(put(s) == "delta");     // v1
-    REQUIRE(put(s) == "delta");     // v2: two deltas above v0
+    REQUIRE(put(s) == "keyframe");                  // v0
+    REQUIRE(put(s) == "delta");                     // v1
+    REQUIRE(put(s) == "delta");                     // v2: two deltas above v0
     REQUIRE(s.content.rekey(refs[1].version) > 0);  // v1 becomes a keyframe: v2 is one above it
     // The interval counts from v1 now: v3 and v4 are deltas (2 and 3 above v1), v5 a keyframe.
     // Counting from v0 would make v4 the keyframe.
@@ -358,4 +358,45 @@ TEST_CASE("keyframes follow the chain after a rekey turned a version inside it i
   opened s(d.path, opt, refs);
   REQUIRE(put(s) == "delta");     // v4
   REQUIRE(put(s) == "keyframe");  // v5
+}
+
+TEST_CASE("nonnegative tensors are stored as ratios (relative=on), within 2x of their value",
+          "[content]") {
+  for (auto scope : {codec::bucket_scope::tensor, codec::bucket_scope::checkpoint}) {
+    for (bool relative : {true, false}) {
+      CAPTURE(int(scope), relative);
+      temp_dir d;
+      fs::content_options opt;
+      opt.scope = scope;
+      opt.relative = relative;
+      opt.exact_optimizer = false;  // "exp_avg_sq" names optimizer state
+      opened s(d.path, opt);
+      std::mt19937_64 rng(11);
+      std::normal_distribution<float> w(0.0f, 0.05f), step(0.0f, 1e-3f);
+      std::uniform_real_distribution<double> lg(std::log(1e-12), std::log(1e-3)), grow(-1, 4);
+      std::vector<float> a(20000), v(20000);
+      for (auto& x : a) x = w(rng);
+      for (auto& x : v) x = float(std::exp(lg(rng)));
+      for (int ver = 0; ver < 3; ++ver) {
+        for (auto& x : a) x += step(rng);
+        for (auto& x : v) x = float(x * std::exp2(grow(rng)));  // grows, as v early in training
+        const bytes file = safetensors({{"w", a}, {"exp_avg_sq", v}});
+        const auto ref = s.content.put("opt.safetensors", format::memory_source(file));
+        if (ver == 0) continue;
+        REQUIRE(s.content.info(ref).kind == "delta");
+        const auto detail = s.content.detail(ref);
+        REQUIRE(detail.tensors.size() == 2);
+        CHECK(detail.tensors[0].mode == "delta");
+        CHECK(detail.tensors[1].mode == (relative ? "ratio" : "delta"));
+        const bytes out = read_all(s.content, ref);
+        const auto got = floats_at(out, file.size() - 4 * v.size(), v.size());
+        std::size_t far = 0;
+        for (std::size_t i = 0; i < v.size(); ++i) far += got[i] < v[i] / 2 || got[i] > v[i] * 2;
+        if (relative)
+          CHECK(far == 0);
+        else
+          CHECK(far > v.size() / 10);  // differences leave the small ones behind
+      }
+    }
+  }
 }

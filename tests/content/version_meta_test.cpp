@@ -88,3 +88,25 @@ TEST_CASE("version_meta: a damaged block index is refused", "[version_meta]") {
   refused([](json& f) { f["bo"] = {0}; });            // 1 entry for 2 blocks
   refused([](json& f) { f["y"] = 9; });               // no such dtype
 }
+
+TEST_CASE(
+    "version_meta: ratio frames and the relative setting round-trip; older metadata has "
+    "neither",
+    "[version_meta]") {
+  version_meta s = sample();
+  s.kind = version_kind::delta;
+  s.tensors[0].mode = tensor_mode::delta;
+  s.tensors[0].ratio = true;
+  s.coding.bits = 4;
+  s.coding.relative = true;
+  const json j = as_json(s);
+  const version_meta m = from_json(j);
+  CHECK(m.tensors[0].ratio);
+  CHECK(m.coding.relative);
+  json old = j;
+  old["tensors"][0].erase("r");
+  old["cp"].erase("rl");
+  const version_meta o = from_json(old);
+  CHECK_FALSE(o.tensors[0].ratio);
+  CHECK_FALSE(o.coding.relative);
+}
