@@ -43,6 +43,7 @@ struct mode {
   bucket_scope scope = bucket_scope::checkpoint;
   representative rep = representative::mean;
   enum kind_t { lossy, lossless, zstd_delta } kind = lossy;
+  bool relative = false;  // nonnegative tensors as ratios (the mount's relative=on)
 };
 
 struct options {
@@ -141,7 +142,8 @@ std::vector<delta_input> split(const dataset& d, bucket_scope scope) {
   }
   std::size_t at = 0;
   for (auto n : d.tensor_elements) {
-    in.push_back({d.type, std::span(d.cur).subspan(at, n * es), std::span(d.prev).subspan(at, n * es)});
+    in.push_back(
+        {d.type, std::span(d.cur).subspan(at, n * es), std::span(d.prev).subspan(at, n * es)});
     at += n * es;
   }
   return in;
@@ -153,13 +155,12 @@ result run_lossy(const dataset& d, const mode& m, const options& o) {
   std::vector<std::byte> recon(d.cur.size()), decoded(d.cur.size());
   std::vector<std::vector<std::byte>> frames(inputs.size());
   const double enc = median_seconds(o.repeats, [&] {
-    const auto tables = plan_tables(inputs, m.bits, m.rep, m.scope);
+    const auto tables = plan_tables(inputs, m.bits, m.rep, m.scope, m.relative);
     std::size_t at = 0;
     for (std::size_t i = 0; i < inputs.size(); ++i) {
       frames[i].clear();
-      encode_delta_into(inputs[i], tables[i], p,
-                        std::span(recon).subspan(at, inputs[i].cur.size()), frames[i],
-                        o.block_bytes);
+      encode_delta_into(inputs[i], tables[i], p, std::span(recon).subspan(at, inputs[i].cur.size()),
+                        frames[i], o.block_bytes);
       at += inputs[i].cur.size();
     }
   });
@@ -236,6 +237,13 @@ std::vector<mode> modes(bool per_tensor_available) {
   if (per_tensor_available) {
     m.push_back({"grouped-tensor", 2, 4, entropy_policy::best, bucket_scope::tensor});
     m.push_back({"grouped-tensor", 3, 2, entropy_policy::best, bucket_scope::tensor});
+    m.push_back({"grouped-tensor", 4, 2, entropy_policy::best, bucket_scope::tensor});
+    // The mount's defaults: ratios for nonnegative tensors (Adam's v).
+    for (int bits : {3, 4}) {
+      mode r{"grouped-tensor-rel", bits, 2, entropy_policy::best, bucket_scope::tensor};
+      r.relative = true;
+      m.push_back(r);
+    }
   }
   mode l;
   l.name = "lossless";
@@ -311,13 +319,15 @@ void add_bench_command(CLI::App& app) {
   bench->require_subcommand(1);
   auto o = std::make_shared<options>();
   auto* codec = bench->add_subcommand(
-      "codec", "Bits/param, ratio and GB/s of every codec mode (paper, grouped, lossless, zstd -1)");
+      "codec",
+      "Bits/param, ratio and GB/s of every codec mode (paper, grouped, lossless, zstd -1)");
   codec->add_option("--threads", o->threads, "Thread counts to run, e.g. 1,2")
       ->delimiter(',')
       ->check(CLI::Range(1, 256));
   codec->add_flag("--json", o->json, "One JSON object per line");
-  codec->add_option("--data", o->data_dir,
-                    "Directory of real deltas from tests/bench/make_real_deltas.py")
+  codec
+      ->add_option("--data", o->data_dir,
+                   "Directory of real deltas from tests/bench/make_real_deltas.py")
       ->check(CLI::ExistingDirectory);
   codec->add_option("--elements", o->elements, "Elements of the synthetic tensors")
       ->check(CLI::Range(std::size_t(1), std::size_t(1) << 31));
