@@ -238,11 +238,18 @@ bool filesystem::maybe_compact(bool force) {
   std::unique_lock gate(put_gate_, std::try_to_lock);  // never while a put is between records
   if (!gate.owns_lock()) return false;
   std::lock_guard s(sync_mu_);
+  // The snapshot and the journal's cut are taken together under the namespace lock; the new
+  // file is written and fsynced without it, so requests are not held up by the disk. Records
+  // appended meanwhile follow the snapshot in the new file and wait for the next sync, like
+  // the unrefs that come with them.
   std::vector<content_ref> unrefs;
+  std::vector<std::vector<std::byte>> records;
+  store::journal::compaction cut;
+  std::uint64_t before;
+  decltype(content_.take_unneeded_objects()) unneeded;
   {
     std::lock_guard lk(mu_);
-    const auto unneeded = content_.take_unneeded_objects();
-    std::vector<std::vector<std::byte>> records;
+    unneeded = content_.take_unneeded_objects();
     content_.snapshot(records);
     std::vector<nlohmann::json> ns;
     tree_.snapshot(ns);
@@ -251,14 +258,23 @@ bool filesystem::maybe_compact(bool force) {
       auto bytes = std::as_bytes(std::span(b));
       records.emplace_back(bytes.begin(), bytes.end());
     }
-    std::uint64_t before = journal_.size_bytes();
-    journal_.compact(records);
-    content_.remove_objects(unneeded);
-    log_info("journal compacted: " + std::to_string(before) + " -> " +
-             std::to_string(journal_.size_bytes()) + " bytes");
+    before = journal_.size_bytes();
+    cut = journal_.begin_compact();
     unrefs.swap(unref_after_sync_);
     records_since_sync_ = 0;
   }
+  gate.unlock();  // puts may append again: their records go after the cut
+  try {
+    journal_.finish_compact(std::move(cut), records);
+  } catch (...) {
+    std::lock_guard lk(mu_);  // not durable: keep them for a later sync or compaction
+    unref_after_sync_.insert(unref_after_sync_.begin(), unrefs.begin(), unrefs.end());
+    records_since_sync_ += 1;
+    throw;
+  }
+  content_.remove_objects(unneeded);
+  log_info("journal compacted: " + std::to_string(before) + " -> " +
+           std::to_string(journal_.size_bytes()) + " bytes");
   for (const auto& r : unrefs) content_.unref(r);
   return true;
 }

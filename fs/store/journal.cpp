@@ -198,8 +198,21 @@ void journal::sync() {
   }
 }
 
+journal::compaction journal::begin_compact() {
+  compaction c;
+  c.sync_lock_ = std::unique_lock(sync_mu_);
+  std::lock_guard lk(mu_);
+  c.cut_ = pending_.size();
+  return c;
+}
+
 void journal::compact(const std::vector<std::vector<std::byte>>& records) {
-  std::lock_guard s(sync_mu_);
+  finish_compact(begin_compact(), records);
+}
+
+void journal::finish_compact(compaction cut, const std::vector<std::vector<std::byte>>& records) {
+  if (!cut.sync_lock_.owns_lock() || cut.sync_lock_.mutex() != &sync_mu_)
+    throw invalid_argument("journal " + file_.string() + ": finish_compact without begin");
   std::vector<std::byte> buf;
   const auto h = make_header();
   buf.insert(buf.end(), h.begin(), h.end());
@@ -223,8 +236,9 @@ void journal::compact(const std::vector<std::vector<std::byte>>& records) {
   std::lock_guard lk(mu_);
   ::close(fd_);
   fd_ = fd.release();
-  pending_.clear();  // superseded by the snapshot
-  end_ = buf.size();
+  // The records before the cut are in the snapshot; those after it wait for the next sync().
+  pending_.erase(pending_.begin(), pending_.begin() + std::ptrdiff_t(cut.cut_));
+  end_ = buf.size() + pending_.size();
   replayed_ = true;
   // A fresh file written and synced in full is a known state again, so a journal that failed a
   // sync recovers here (rewrite from memory instead of retrying an fsync).

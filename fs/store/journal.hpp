@@ -34,10 +34,28 @@ class journal {
 
   // Atomically replaces the journal's contents by `records` (a snapshot of the live state):
   // write a new file, fsync it, rename it over the journal, fsync the directory.
-  // The snapshot supersedes every record appended before the call, synced or not (pending ones
-  // are dropped), so the caller must keep appends out between taking the snapshot and this call
-  // (hold its own metadata lock). A successful compact also clears a failed sync (the new file
-  // is a known state); a failure leaves the old journal in place.
+  // In two steps, so that a caller holds its metadata lock only while it takes the snapshot and
+  // not across the file's fsyncs:
+  //   auto cut = j.begin_compact();   // under the caller's lock, where the snapshot is taken
+  //   j.finish_compact(std::move(cut), records);   // without it
+  // The snapshot supersedes every record appended before begin_compact(), synced or not;
+  // records appended after it are kept and follow the snapshot in the new file (a sync() after
+  // finish_compact() makes them durable). Between the two calls the compaction holds the sync
+  // lock: sync() waits, so no record can be made durable in the file about to be replaced.
+  // A successful compaction also clears a failed sync (the new file is a known state); a
+  // failure leaves the old journal in place with every record still pending.
+  class compaction {
+   public:
+    compaction() = default;
+
+   private:
+    friend class journal;
+    std::unique_lock<std::mutex> sync_lock_;
+    std::size_t cut_ = 0;  // bytes of pending_ the snapshot supersedes
+  };
+  compaction begin_compact();
+  void finish_compact(compaction cut, const std::vector<std::vector<std::byte>>& records);
+  // Both at once: the caller keeps appends out meanwhile.
   void compact(const std::vector<std::vector<std::byte>>& records);
 
   // Current file size including records appended but not yet synced, to decide when to compact.

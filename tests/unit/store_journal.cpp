@@ -4,7 +4,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <string>
 #include <thread>
 
@@ -241,6 +243,41 @@ TEST_CASE("journal: compact replaces the content atomically", "[store]") {
     j.compact({});
   }
   CHECK(read_journal(file).empty());
+}
+
+TEST_CASE("journal: a two-step compaction keeps the records appended after its cut", "[store]") {
+  test::temp_dir tmp;
+  const auto file = tmp.path() / "journal";
+  const records snapshot = sample(3);
+  {
+    journal j(file);
+    replay_all(j);
+    for (auto& r : sample(50)) j.append(r);
+    j.sync();
+    j.append(rec("before the cut: in the snapshot"));
+    auto cut = j.begin_compact();
+    j.append(rec("after the cut 1"));  // appends do not wait for the compaction
+    // sync() does: a record made durable in the old file would vanish with it.
+    std::atomic<bool> synced{false};
+    std::thread t([&] {
+      j.sync();
+      synced = true;
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    CHECK_FALSE(synced);
+    j.finish_compact(std::move(cut), snapshot);
+    t.join();
+    CHECK(synced);
+    j.append(rec("after the cut 2"));
+    CHECK(j.size_bytes() > boost::filesystem::file_size(file));  // "2" is still pending
+    j.sync();
+    CHECK(j.size_bytes() == boost::filesystem::file_size(file));
+    CHECK_THROWS_AS(j.finish_compact(journal::compaction{}, snapshot), ckpt::invalid_argument);
+  }
+  records expect = snapshot;
+  expect.push_back(rec("after the cut 1"));
+  expect.push_back(rec("after the cut 2"));
+  CHECK(read_journal(file) == expect);
 }
 
 TEST_CASE("journal: a failed sync poisons it until a compaction rewrites it", "[store]") {
