@@ -29,24 +29,24 @@
 
 namespace ckpt::fs {
 
-// Defaults chosen by the recovery benchmark (tests/bench/recovery.py, docs/benchmarks.md):
-// the best compression among the settings within 0.2 pp of accuracy (MF: 1% of test MSE)
-// after 10 restores, with optimizer state exact (lossy Adam moments diverged after early
-// restores) and keyframes every 50 versions (longer chains measured no better accuracy and
-// little more compression, but a cold read decodes up to keyframe_interval - 1 deltas).
+// Defaults chosen by the recovery benchmark (tests/bench/recovery.py, docs/benchmarks.md,
+// fourth session): the best compression among the settings within 0.2 pp of accuracy (MF: 1% of
+// test MSE) after 10 restores: b=3, midrange representatives, per-tensor buckets, optimizer
+// state coded like the weights with ratio deltas for nonnegative state (Adam's v; with
+// differences lossy Adam moments diverged after early restores), a keyframe every 20 versions.
 struct content_options {
-  int bits = 4;                // 1..4
+  int bits = 3;                // 1..4
   bool lossless = false;       // every checkpoint stored exactly (float-aware lossless)
-  int keyframe_interval = 50;  // every N-th version of a lineage is a keyframe
+  int keyframe_interval = 20;  // every N-th version of a lineage is a keyframe
   std::uint64_t cache_bytes = std::uint64_t(2) << 30;  // reconstructed states and decoded data
-  codec::representative rep = codec::representative::mean;
+  codec::representative rep = codec::representative::midrange;
   codec::bucket_scope scope = codec::bucket_scope::tensor;
   // paper: LC-Checkpoint's coder (one Huffman code word per symbol); grouped: our symbol groups
   // with the best entropy coder per block.
   bool paper_coding = false;
   // Optimizer state (Adam's exp_avg/exp_avg_sq, momentum buffers; see is_optimizer_state) is
   // stored losslessly in every version instead of as a lossy delta.
-  bool exact_optimizer = true;
+  bool exact_optimizer = false;
   // Tensors that are nonnegative in both versions (Adam's exp_avg_sq) are coded as relative
   // changes (codec::delta_kind::ratio) instead of differences.
   bool relative = true;

@@ -52,8 +52,9 @@ TEST_CASE("fuse options: the help names the defaults content_options has", "[fus
   CHECK_THAT(help,
              Catch::Contains("keyframe (default " + std::to_string(def.keyframe_interval) + ")"));
   CHECK_THAT(help, Catch::Contains(def.paper_coding ? "paper (default)" : "grouped (default)"));
-  CHECK_THAT(help, Catch::Contains(def.rep == codec::representative::mean ? "mean (default)"
-                                                                          : "midrange (default)"));
+  CHECK_THAT(help,
+             Catch::Contains(def.rep == codec::representative::mean ? "mean (default)"
+                                                                    : "(max+min)/2) (default)"));
   CHECK_THAT(
       help, Catch::Contains(def.scope == codec::bucket_scope::tensor ? "per tensor (default)"
                                                                      : "per checkpoint (default)"));
