@@ -20,9 +20,9 @@ Builds ckptfs if needed (scripts/bootstrap.sh; installs missing Debian packages 
 root), creates STORE and MOUNTPOINT, starts build/bin/ckptfs in the background and returns once
 the mount answers. Defaults: STORE ./ckpt-store, MOUNTPOINT ./ckpt.
 
-  -o OPTIONS   comma-separated: bits=1..4 (default 4), lossless, keyframe_interval=N (default
-               50), coding=grouped|paper, rep=mean|midrange, scope=tensor|checkpoint,
-               optimizer=exact|lossy, relative=on|off (defaults first), cache=SIZE
+  -o OPTIONS   comma-separated: bits=1..4 (default 3), lossless, keyframe_interval=N (default
+               20), coding=grouped|paper, rep=midrange|mean, scope=tensor|checkpoint,
+               optimizer=lossy|exact, relative=on|off (defaults first), cache=SIZE
                (default 2G), buffer=SIZE (default 1G), and FUSE options such as
                allow_other. SIZE takes K/M/G suffixes.
   -u MOUNTPOINT  unmount: files still being stored are finished first; returns when the
