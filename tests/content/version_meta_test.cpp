@@ -90,7 +90,7 @@ TEST_CASE("version_meta: a damaged block index is refused", "[version_meta]") {
 }
 
 TEST_CASE(
-    "version_meta: ratio frames and the relative setting round-trip; older metadata has "
+    "version_meta: ratio frames and the relative setting round-trip, older metadata has "
     "neither",
     "[version_meta]") {
   version_meta s = sample();

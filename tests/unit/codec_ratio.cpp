@@ -89,7 +89,7 @@ TEST_CASE("ratio: chosen only for tensors nonnegative in both versions", "[ratio
   }
 }
 
-TEST_CASE("ratio: decode equals the encoder's reconstruction; the error bound holds", "[ratio]") {
+TEST_CASE("ratio: decode equals the encoder's reconstruction, and the error bound holds", "[ratio]") {
   const std::size_t n = 100000;
   for (dtype t : {dtype::f32, dtype::f16, dtype::bf16}) {
     const auto p = second_moments(t, n, 3);
