@@ -8,7 +8,7 @@ in one run (issue 4's speed and memory targets):
   - the daemon's peak RSS (VmHWM) while saving v2 against v1 (reset before v2), and for v1;
   - bytes the store grew by for v2, against its logical size.
 
-Usage: fs_speed.py CKPTFS_BINARY [--size-mib 1024] [--bits 3] [--dir BASE] [--json]
+Usage: fs_speed.py CKPTFS_BINARY [--size-mib 1024] [--bits 3] [--opts O,...] [--dir BASE] [--json]
 Needs root (drop_caches). BASE defaults to a temp dir on /var/tmp (a real disk, not tmpfs).
 """
 import argparse
@@ -66,7 +66,9 @@ def main():
     ap.add_argument("--bits", type=int, default=3)
     ap.add_argument("--dir", default="/var/tmp")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--opts", default="", help="more -o options for the mount, e.g. rep=mean")
     args = ap.parse_args()
+    opts = f"bits={args.bits}" + ("," + args.opts if args.opts else "")
     torch.set_num_threads(1)
 
     work = tempfile.mkdtemp(prefix="ckptfs-bench-", dir=args.dir)
@@ -84,7 +86,7 @@ def main():
         drop_caches()
         r["plain_load_cold"] = timed(lambda: torch.load(os.path.join(plain, "v2.pt")))
 
-        with mounted(args.ckptfs, store, mnt, f"bits={args.bits}") as proc:
+        with mounted(args.ckptfs, store, mnt, opts) as proc:
             # One save at a time, each against the committed previous version (the issue's case).
             r["mount_save_v1"] = timed(lambda: save(v1, os.path.join(mnt, "v1.pt"), True))
             r["daemon_peak_rss_v1"] = peak_rss(proc.pid)
@@ -101,7 +103,7 @@ def main():
             r["mount_load_warm"] = timed(lambda: torch.load(os.path.join(mnt, "v2.pt")))
             r["mount_load_warm2"] = timed(lambda: torch.load(os.path.join(mnt, "v2.pt")))
         drop_caches()
-        with mounted(args.ckptfs, store, mnt, f"bits={args.bits}") as proc:
+        with mounted(args.ckptfs, store, mnt, opts) as proc:
             r["mount_load_remount"] = timed(lambda: torch.load(os.path.join(mnt, "v2.pt")))
             r["daemon_peak_rss_reader"] = peak_rss(proc.pid)
         logical = os.path.getsize(os.path.join(plain, "v2.pt"))
