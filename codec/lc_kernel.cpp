@@ -59,13 +59,13 @@ void encode_scalar(const std::byte* cur_b, const std::byte* base_b, std::size_t 
 #if defined(__AVX2__)
 // fp32 encoder, eight elements at a time. The surviving keys are at most 15, so the key ->
 // (symbol, representative) lookup is a chain of compares and blends instead of gathers.
-// Returns true if the range held non-finite deltas (or, for ratios, elements to escape); the
-// caller then redoes the range scalar.
+// Eight elements holding a non-finite delta (or, for ratios, an element to escape) are redone
+// by encode_scalar right there, which keeps the escapes in ascending order.
 // Same arithmetic as encode_scalar<f32, K> (IEEE add, sub, mul and div are exact-rounded in
 // both), so the two agree bit for bit.
 template <delta_kind K>
-bool encode_f32_avx2(const float* cur, const float* base, std::size_t n, const quant_table& q,
-                     float* recon, std::uint8_t* symbols) {
+void encode_f32_avx2(const float* cur, const float* base, std::size_t n, const quant_table& q,
+                     float* recon, std::uint8_t* symbols, std::vector<std::uint32_t>& escapes) {
   // Up to 15 mapped keys (the surviving buckets): a compare chain. More (ratio tables map the
   // buckets that did not survive too): two gathers, key -> symbol -> representative.
   int ns = 0;
@@ -90,7 +90,6 @@ bool encode_f32_avx2(const float* cur, const float* base, std::size_t n, const q
   const __m256 half = _mm256_set1_ps(0.5f), two = _mm256_set1_ps(2.0f);
   const __m256 all_ones = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
   const __m256 identity = K == delta_kind::ratio ? one : _mm256_set1_ps(-0.0f);
-  __m256i non_finite = _mm256_setzero_si256();
   std::size_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m256 c = _mm256_loadu_ps(cur + i), b = _mm256_loadu_ps(base + i);
@@ -102,8 +101,7 @@ bool encode_f32_avx2(const float* cur, const float* base, std::size_t n, const q
       d = _mm256_andnot_ps(_mm256_cmp_ps(c, b, _CMP_EQ_OQ), d);
     }
     const __m256i di = _mm256_castps_si256(d);
-    non_finite =
-        _mm256_or_si256(non_finite, _mm256_cmpeq_epi32(_mm256_and_si256(di, exp_mask), exp_mask));
+    __m256i bad = _mm256_cmpeq_epi32(_mm256_and_si256(di, exp_mask), exp_mask);
     const __m256i key = _mm256_srli_epi32(di, 23);
     __m256i s = _mm256_setzero_si256();
     __m256 rv = identity;
@@ -125,7 +123,7 @@ bool encode_f32_avx2(const float* cur, const float* base, std::size_t n, const q
     if constexpr (K == delta_kind::ratio) {  // within_factor_2, else redone scalar (escapes)
       const __m256 ok = _mm256_and_ps(_mm256_cmp_ps(res, _mm256_mul_ps(c, half), _CMP_GE_OQ),
                                       _mm256_cmp_ps(res, _mm256_mul_ps(c, two), _CMP_LE_OQ));
-      non_finite = _mm256_or_si256(non_finite, _mm256_castps_si256(_mm256_xor_ps(ok, all_ones)));
+      bad = _mm256_or_si256(bad, _mm256_castps_si256(_mm256_xor_ps(ok, all_ones)));
     }
     _mm256_storeu_ps(recon + i, res);
     s = _mm256_and_si256(s, _mm256_castps_si256(keep));
@@ -135,8 +133,11 @@ bool encode_f32_avx2(const float* cur, const float* base, std::size_t n, const q
     const std::uint32_t hi = std::uint32_t(_mm_cvtsi128_si32(_mm256_extracti128_si256(p8, 1)));
     std::memcpy(symbols + i, &lo, 4);
     std::memcpy(symbols + i + 4, &hi, 4);
+    if (!_mm256_testz_si256(bad, bad))
+      encode_scalar<dtype::f32, K>(reinterpret_cast<const std::byte*>(cur),
+                                   reinterpret_cast<const std::byte*>(base), i, i + 8, q,
+                                   reinterpret_cast<std::byte*>(recon), symbols, escapes);
   }
-  return !_mm256_testz_si256(non_finite, non_finite);
 }
 #endif
 
@@ -216,12 +217,10 @@ void lc_encode_symbols(dtype t, const std::byte* cur, const std::byte* base, std
       auto* c = reinterpret_cast<const float*>(cur);
       auto* b = reinterpret_cast<const float*>(base);
       auto* r = reinterpret_cast<float*>(recon);
-      const bool redo = q.kind == delta_kind::ratio
-                            ? encode_f32_avx2<delta_kind::ratio>(c, b, vec, q, r, symbols)
-                            : encode_f32_avx2<delta_kind::difference>(c, b, vec, q, r, symbols);
-      if (redo) {
-        encode_any<dtype::f32>(cur, base, 0, vec, q, recon, symbols, escapes);
-      }
+      if (q.kind == delta_kind::ratio)
+        encode_f32_avx2<delta_kind::ratio>(c, b, vec, q, r, symbols, escapes);
+      else
+        encode_f32_avx2<delta_kind::difference>(c, b, vec, q, r, symbols, escapes);
       encode_any<dtype::f32>(cur, base, vec, n, q, recon, symbols, escapes);
 #else
       encode_any<dtype::f32>(cur, base, 0, n, q, recon, symbols, escapes);
