@@ -1,8 +1,10 @@
-// Encoded bytes and reconstructions are identical whatever the number of threads.
+// Encoded bytes and reconstructions are identical whatever the number of threads, for difference
+// and ratio deltas.
 #include <tbb/global_control.h>
 #include <tbb/task_arena.h>
 
 #include <catch2/catch.hpp>
+#include <cmath>
 
 #include "codec/tensor_codec.hpp"
 #include "codec_test_util.hpp"
@@ -15,8 +17,19 @@ namespace {
 struct output {
   std::vector<std::vector<std::byte>> frames;
   std::vector<std::byte> recon;
+  std::vector<delta_kind> kinds;
   bool operator==(const output&) const = default;
 };
+
+// A nonnegative pair (|x| of a random one): coded with ratio deltas when relative is allowed.
+pair_data nonnegative_pair(dtype t, std::size_t n, std::uint64_t seed) {
+  pair_data p = random_pair(t, n, seed);
+  for (std::size_t i = 0; i < n; ++i) {
+    set_f32(p.base, t, i, std::fabs(get_f32(p.base, t, i)));
+    set_f32(p.cur, t, i, std::fabs(get_f32(p.cur, t, i)));
+  }
+  return p;
+}
 
 output encode_all(int threads, dtype t, representative rep, bucket_scope scope) {
   tbb::global_control limit(tbb::global_control::max_allowed_parallelism, std::size_t(threads));
@@ -24,9 +37,11 @@ output encode_all(int threads, dtype t, representative rep, bucket_scope scope) 
   output o;
   arena.execute([&] {
     const auto a = random_pair(t, 300001, 1), b = random_pair(t, 77777, 2);
-    const delta_input in[] = {{t, a.cur, a.base}, {t, b.cur, b.base}};
-    const auto tables = plan_tables(in, 3, rep, scope);
-    for (int i = 0; i < 2; ++i) {
+    const auto c = nonnegative_pair(t, 200003, 3);
+    const delta_input in[] = {{t, a.cur, a.base}, {t, b.cur, b.base}, {t, c.cur, c.base}};
+    const auto tables = plan_tables(in, 3, rep, scope, /*relative=*/true);
+    for (int i = 0; i < 3; ++i) {
+      o.kinds.push_back(tables[i].kind);
       auto recon = tensor(t, in[i].cur.size() / element_size(t));
       o.frames.push_back(encode_delta(in[i], tables[i], {3, 0, rep}, recon, 65536));
       o.recon.insert(o.recon.end(), recon.begin(), recon.end());
@@ -44,6 +59,8 @@ TEST_CASE("identical bytes with 1, 2 and 8 threads", "[determinism]") {
       for (auto scope : {bucket_scope::checkpoint, bucket_scope::tensor}) {
         const auto one = encode_all(1, t, rep, scope);
         REQUIRE(one.frames.at(0).size() > 0);
+        REQUIRE(one.kinds ==
+                std::vector{delta_kind::difference, delta_kind::difference, delta_kind::ratio});
         REQUIRE(encode_all(2, t, rep, scope) == one);
         REQUIRE(encode_all(8, t, rep, scope) == one);
       }
