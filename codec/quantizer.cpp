@@ -114,31 +114,39 @@ void accumulate(delta_stats& s, dtype t, const std::byte* cur, const std::byte* 
     accumulate_kind<delta_kind::difference>(s, t, cur, base, n, track_range);
 }
 
+namespace {
+
+// Every element's sign bit clear (or the value -0.0) and none a NaN. Branch-free within a chunk
+// so that it vectorises; the first chunk holding a negative value ends the scan, so a signed
+// tensor (the usual case on the write path) costs one chunk, not a pass over the tensor.
+template <class U>
+bool nonnegative_bits(const U* v, std::size_t n, U sign, U inf) {
+  constexpr std::size_t chunk = 4096;
+  const U abs_mask = U(sign - 1);
+  for (std::size_t at = 0; at < n; at += chunk) {
+    const std::size_t end = std::min(n, at + chunk);
+    unsigned bad = 0;
+    for (std::size_t i = at; i < end; ++i) {
+      const U x = v[i];
+      bad |= unsigned((x > sign) | (U(x & abs_mask) > inf));
+    }
+    if (bad) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 bool nonnegative(dtype t, std::span<const std::byte> data) noexcept {
-  // Sign bit clear, or the value is -0.0; NaN (any sign) fails. Branch-free so it vectorises.
   switch (t) {
-    case dtype::f32: {
-      const std::size_t n = data.size() / 4;
-      auto v = reinterpret_cast<const std::uint32_t*>(data.data());
-      std::uint32_t bad = 0;
-      for (std::size_t i = 0; i < n; ++i) {
-        const std::uint32_t x = v[i];
-        bad |= std::uint32_t((x > 0x80000000u) | ((x & 0x7fffffffu) > 0x7f800000u));
-      }
-      return bad == 0;
-    }
+    case dtype::f32:
+      return nonnegative_bits(reinterpret_cast<const std::uint32_t*>(data.data()), data.size() / 4,
+                              std::uint32_t(0x80000000u), std::uint32_t(0x7f800000u));
     case dtype::f16:
-    case dtype::bf16: {
-      const std::size_t n = data.size() / 2;
-      const std::uint16_t inf = t == dtype::f16 ? 0x7c00 : 0x7f80;
-      auto v = reinterpret_cast<const std::uint16_t*>(data.data());
-      unsigned bad = 0;
-      for (std::size_t i = 0; i < n; ++i) {
-        const unsigned x = v[i];
-        bad |= unsigned((x > 0x8000u) | ((x & 0x7fffu) > inf));
-      }
-      return bad == 0;
-    }
+    case dtype::bf16:
+      return nonnegative_bits(reinterpret_cast<const std::uint16_t*>(data.data()), data.size() / 2,
+                              std::uint16_t(0x8000),
+                              std::uint16_t(t == dtype::f16 ? 0x7c00 : 0x7f80));
     case dtype::bytes:
       break;
   }
