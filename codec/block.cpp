@@ -1,7 +1,7 @@
 #include "codec/block.hpp"
 
-#include <xxhash.h>
 #include <zstd.h>
+#include "codec/xxh3.hpp"
 
 #include <array>
 #include <bit>

@@ -1,6 +1,6 @@
 #include "fs/content/lineage_key.hpp"
 
-#include <xxhash.h>
+#include "codec/xxh3.hpp"
 
 #include <cctype>
 #include <regex>

@@ -9,7 +9,7 @@
 #include "fs/store/journal.hpp"
 
 #include <sys/stat.h>
-#include <xxhash.h>
+#include "codec/xxh3.hpp"
 
 #include <array>
 #include <string>

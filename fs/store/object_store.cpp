@@ -4,7 +4,6 @@
 // put(): write `<name>.tmp` through io_uring, fdatasync it, rename it to `<name>`, fsync the
 // directory. So a `.obj` name only ever appears for a complete, durable object; a crash leaves
 // at most a `.tmp` file, removed the next time the store is opened.
-#define XXH_STATIC_LINKING_ONLY
 #include "fs/store/object_store.hpp"
 
 #include <dirent.h>
@@ -12,7 +11,7 @@
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
-#include <xxhash.h>
+#include "codec/xxh3.hpp"
 
 #include <algorithm>
 #include <array>
