@@ -1,6 +1,6 @@
 #include "fs/content/content_store.hpp"
 
-#include <xxhash.h>
+#include "codec/xxh3.hpp"
 
 #include <algorithm>
 #include <array>
@@ -226,7 +226,9 @@ struct content_store::impl {
   // Read-ahead of reconstructed tensors: each reader names the tensors it will need next
   // (read_ahead: predicted order, a byte budget ahead) and background workers decode them, so
   // that object reads and decoding overlap with the kernel copying the current tensor out
-  // (torch.load after a remount). Two workers: one can wait for the disk while the other decodes.
+  // (torch.load after a remount). A worker reads a frame (blocking on the disk) and then decodes
+  // it; one worker more than there are cores keeps every core decoding while one waits for the
+  // disk (with one a core, a cold load left the two cores here 40-50% idle).
   // A job carries its reader's liveness token and is dropped once the reader is gone.
   struct prefetch_job {
     std::uint64_t version;
@@ -236,7 +238,9 @@ struct content_store::impl {
     std::weak_ptr<const void> alive;
   };
   static constexpr std::size_t whole_tensor = ~std::size_t(0);
-  static constexpr std::size_t kPrefetchWorkers = 2;
+  static std::size_t prefetch_workers() {
+    return std::clamp<std::size_t>(std::thread::hardware_concurrency() + 1, 3, 17);
+  }
   static constexpr std::size_t kPrefetchQueueMax = 64;  // across readers; extra jobs are dropped
   std::mutex prefetch_mu;
   std::condition_variable_any prefetch_cv;  // waits are stop_token-aware: no lost wakeup
@@ -256,9 +260,9 @@ struct content_store::impl {
         chunk_pool(std::make_shared<buffer_pool>(
             kChunkBlocks * codec::default_block_bytes,
             chunk_budget(op.cache_bytes) / (kChunkBlocks * codec::default_block_bytes) +
-                kPrefetchWorkers + 4)),
+                prefetch_workers() + 4)),
         chunks(chunk_budget(op.cache_bytes)) {
-    for (std::size_t i = 0; i < kPrefetchWorkers; ++i)
+    for (std::size_t i = 0, n = prefetch_workers(); i < n; ++i)
       prefetchers.emplace_back([this](std::stop_token stop) { prefetch_loop(stop); });
   }
 
