@@ -28,6 +28,7 @@
 #include "fs/content/buffer_pool.hpp"
 #include "fs/content/lineage_key.hpp"
 #include "fs/content/read_ahead.hpp"
+#include "fs/content/spill_file.hpp"
 #include "fs/content/version_meta.hpp"
 
 namespace ckpt::fs {
@@ -115,13 +116,34 @@ bytes to_bytes(const json& j) {
 
 // The encoded data area of a version, as separately allocated chunks (one per exact region or
 // tensor frame): growing one vector to the size of a keyframe would transiently need twice that.
-// The object store writes the chunks as pieces without copying them.
+// The object store writes the chunks as pieces without copying them. Exact regions larger than
+// content_options::spill_bytes go to a spill file instead (spill_file.hpp); a piece is then a
+// range of that file.
 struct data_area {
-  std::vector<bytes> chunks;
+  struct piece {
+    bytes memory;
+    std::uint64_t spill_at = 0, spill_len = 0;  // spill_len > 0: the range of `spill`
+  };
+  std::vector<piece> pieces;
+  std::unique_ptr<spill_file> spill;
   std::uint64_t size = 0;
+
   void add(bytes&& b) {
     size += b.size();
-    chunks.push_back(std::move(b));
+    pieces.push_back({std::move(b)});
+  }
+  // Appends to the spill file (created in `dir` on first use); consecutive appends extend one
+  // piece.
+  void add_spilled(const std::string& dir, std::span<const std::byte> b) {
+    if (b.empty()) return;
+    if (!spill) spill = std::make_unique<spill_file>(dir);
+    const std::uint64_t at = spill->append(b);
+    if (!pieces.empty() && pieces.back().spill_len &&
+        pieces.back().spill_at + pieces.back().spill_len == at)
+      pieces.back().spill_len += b.size();
+    else
+      pieces.push_back({{}, at, b.size()});
+    size += b.size();
   }
 };
 
@@ -137,8 +159,12 @@ store::object_ref write_object(store::object_store& objects, const version_meta&
   std::memcpy(prefix + 4, &fmt, 4);
   std::memcpy(prefix + 8, &meta_len, 8);
   std::memcpy(prefix + 16, &meta_sum, 8);
+  std::optional<spill_file::mapping> spilled;
+  if (data.spill) spilled.emplace(*data.spill);
   std::vector<std::span<const std::byte>> pieces{prefix, meta_bytes};
-  for (const auto& c : data.chunks) pieces.emplace_back(c);
+  for (const auto& p : data.pieces)
+    pieces.push_back(p.spill_len ? spilled->bytes().subspan(p.spill_at, p.spill_len)
+                                 : std::span<const std::byte>(p.memory));
   return objects.put(pieces);
 }
 
@@ -674,15 +700,19 @@ struct content_store::impl {
 
   // --- writing -------------------------------------------------------------------------------
 
-  // Appends the exact coding of src[offset, offset + length) to `area` as a region.
-  static exact_region put_exact_region(const format::source& src, std::uint64_t offset,
-                                       std::uint64_t length, data_area& area) {
+  // Appends the exact coding of src[offset, offset + length) to `area` as a region, a chunk of
+  // input at a time. A region longer than spill_bytes goes to the spill file chunk by chunk, so
+  // memory holds one chunk of it, never the whole encoding.
+  exact_region put_exact_region(const format::source& src, std::uint64_t offset,
+                                std::uint64_t length, data_area& area) const {
+    const bool spill = !opt.spill_dir.empty() && length > opt.spill_bytes;
     bytes data;
     exact_region r;
     r.offset = offset;
     r.length = length;
     r.data_at = area.size;
     r.block_bytes = std::uint32_t(kExactBlock);
+    std::uint64_t spilled = 0;  // encoded bytes of this region already in the spill file
     bytes chunk;
     for (std::uint64_t at = 0; at < length; at += kExactChunk) {
       const std::uint64_t n = std::min<std::uint64_t>(kExactChunk, length - at);
@@ -691,13 +721,39 @@ struct content_store::impl {
       std::size_t pos = data.size();
       codec::encode_exact_into(codec::dtype::bytes, chunk, data, kExactBlock);
       while (pos < data.size()) {
-        r.blocks.push_back(pos);
+        r.blocks.push_back(spilled + pos);
         pos += codec::read_block_header(std::span(data).subspan(pos)).total_size();
       }
+      if (spill) {
+        area.add_spilled(opt.spill_dir, data);
+        spilled += data.size();
+        data.clear();
+      }
     }
-    r.encoded_bytes = data.size();
-    area.add(std::move(data));
+    r.encoded_bytes = spilled + data.size();
+    if (!spill) area.add(std::move(data));
     return r;
+  }
+
+  // Appends `len` encoded bytes of object `obj` at `at` to `area` (prune's rewrite copies exact
+  // regions and lossless frames as they are): through the spill file when `may_spill` and longer
+  // than spill_bytes. Returns their offset in the area.
+  std::uint64_t copy_encoded(std::uint64_t obj, std::uint64_t at, std::uint64_t len, bool may_spill,
+                             data_area& area) const {
+    const std::uint64_t pos = area.size;
+    if (!may_spill || opt.spill_dir.empty() || len <= opt.spill_bytes) {
+      bytes b(len);
+      objects.read(obj, at, b);
+      area.add(std::move(b));
+      return pos;
+    }
+    bytes b;
+    for (std::uint64_t done = 0; done < len; done += b.size()) {
+      b.resize(std::min<std::uint64_t>(kExactChunk, len - done));
+      objects.read(obj, at + done, b);
+      area.add_spilled(opt.spill_dir, b);
+    }
+    return pos;
   }
 };
 
@@ -860,7 +916,7 @@ content_ref content_store::put(std::string_view path, const format::source& src)
   if (!checkpoint) {
     meta.kind = version_kind::exact;
     meta.layout = format::opaque_layout(size, layout.note);
-    meta.exact.push_back(impl::put_exact_region(src, 0, size, data));
+    meta.exact.push_back(m.put_exact_region(src, 0, size, data));
   } else {
     meta.kind = keyframe ? version_kind::keyframe : version_kind::delta;
     meta.bits = keyframe ? 0 : m.opt.bits;
@@ -878,7 +934,7 @@ content_ref content_store::put(std::string_view path, const format::source& src)
     for (const auto& s : layout.segments) {
       const bool lossy = s.tensor && layout.tensors[*s.tensor].compress;
       if (lossy) {
-        if (run_len) meta.exact.push_back(impl::put_exact_region(src, run_start, run_len, data));
+        if (run_len) meta.exact.push_back(m.put_exact_region(src, run_start, run_len, data));
         run_start = s.offset + s.length;
         run_len = 0;
       } else {
@@ -886,7 +942,7 @@ content_ref content_store::put(std::string_view path, const format::source& src)
         run_len += s.length;
       }
     }
-    if (run_len) meta.exact.push_back(impl::put_exact_region(src, run_start, run_len, data));
+    if (run_len) meta.exact.push_back(m.put_exact_region(src, run_start, run_len, data));
 
     std::shared_ptr<const cache_item> base_meta;
     std::unordered_map<std::string, std::size_t> base_by_name;
@@ -1432,21 +1488,19 @@ std::uint64_t content_store::rekey(std::uint64_t v) {
   data_area data;
   // Exact regions and lossless frames are copied encoded; deltas become lossless frames of
   // their reconstruction, which is what the version reads as.
-  auto copy_encoded = [&](std::uint64_t at, std::uint64_t len) {
-    bytes b(len);
-    m.objects.read(old->obj_id, old->data_base + at, b);
-    const std::uint64_t pos = data.size;
-    data.add(std::move(b));
-    return pos;
+  // Tensor frames stay in memory (set_block_index reads them; the write path holds them in
+  // memory too); exact regions may spill.
+  auto copy_encoded = [&](std::uint64_t at, std::uint64_t len, bool may_spill) {
+    return m.copy_encoded(old->obj_id, old->data_base + at, len, may_spill, data);
   };
   for (exact_region x : om.exact) {
-    x.data_at = copy_encoded(x.data_at, x.encoded_bytes);
+    x.data_at = copy_encoded(x.data_at, x.encoded_bytes, true);
     meta.exact.push_back(std::move(x));
   }
   for (tensor_frame f : om.tensors) {
     if (f.mode == tensor_mode::lossless) {
-      f.data_at = copy_encoded(f.data_at, f.encoded_bytes);
-      if (m.opt.block_index) set_block_index(f, data.chunks.back());  // older versions get one
+      f.data_at = copy_encoded(f.data_at, f.encoded_bytes, false);
+      if (m.opt.block_index) set_block_index(f, data.pieces.back().memory);  // older: get one
     } else {
       const auto recon = m.tensor_recon(v, f.tensor);
       if (f.digest && XXH3_64bits(recon->data.data(), recon->data.size()) != f.digest)

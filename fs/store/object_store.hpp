@@ -46,11 +46,12 @@ class object_store {
   // codec's blocks carry their own). Callers reading many small ranges should read larger ones.
   void read(object_id id, std::uint64_t offset, std::span<std::byte> out) const;
 
-  // Like read(), for a large range that is decoded once (a tensor frame): the part of
-  // [offset, offset + len) that is not in the page cache is read with O_DIRECT, so the disk
-  // writes it straight into `scratch` and the CPU copies nothing (nor fills the page cache with
-  // bytes that are about to be decoded into a cache of their own); the part that is cached is
-  // copied as read() would. Filesystems without O_DIRECT get read(). `scratch` is reallocated
+  // Like read(), for a large range that is decoded once (a tensor frame): unless the page cache
+  // holds all of [offset, offset + len) (cachestat(2); an object written moments ago), it is
+  // read with O_DIRECT, so the disk writes it straight into `scratch` and the CPU copies nothing
+  // (nor fills the page cache with bytes that are about to be decoded into a cache of their
+  // own); a range that is cached is copied as read() would. Filesystems without O_DIRECT get
+  // read(). `scratch` is reallocated
   // when too small and reused otherwise; returns the bytes inside it. Same errors as read().
   std::span<const std::byte> read_uncached(object_id id, std::uint64_t offset, std::size_t len,
                                            page_buffer& scratch) const;
