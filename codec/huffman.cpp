@@ -224,23 +224,26 @@ void decode(std::span<const std::byte> in, std::span<std::uint8_t> out) {
       at += size[s] + kSlack;
     }
   }
-  // Multi-symbol table: one lookup of 11 bits yields every whole code in them, up to three.
-  // Exponent planes of floats average under 3 bits a code, so most lookups yield three symbols.
-  // Entry: symbols in bytes 0-2, count in bits 24-25, their total length in bits 26-31.
-  std::array<std::uint32_t, 1u << kTableBits> multi;
-  for (unsigned j = 0; j < (1u << kTableBits); ++j) {
-    std::uint32_t syms = 0, count = 0;
-    unsigned used = 0, rest = j;
-    while (count < 3) {
+  // Multi-symbol table: one lookup of kMultiBits yields every whole code in them, up to four.
+  // The window is one bit wider than the longest code, so a lookup always yields at least one
+  // symbol; exponent planes of floats average under 3 bits a code, so most lookups yield four.
+  // Entry: symbols in bytes 0-3, their count in bits 32-34, their total length in bits 40-47.
+  constexpr int kMultiBits = kTableBits + 1;
+  constexpr std::uint32_t kMultiMask = (1u << kMultiBits) - 1;
+  thread_local std::array<std::uint64_t, 1u << kMultiBits> multi;
+  for (unsigned j = 0; j < (1u << kMultiBits); ++j) {
+    std::uint64_t syms = 0;
+    unsigned count = 0, used = 0, rest = j;
+    while (count < 4) {
       const std::uint16_t e = table[rest & ((1u << kTableBits) - 1)];
       const unsigned l = e >> 8;
-      if (used + l > unsigned(kTableBits)) break;
-      syms |= std::uint32_t(e & 0xff) << (8 * count);
+      if (used + l > unsigned(kMultiBits)) break;
+      syms |= std::uint64_t(e & 0xff) << (8 * count);
       ++count;
       used += l;
       rest >>= l;
     }
-    multi[j] = syms | count << 24 | used << 26;
+    multi[j] = syms | std::uint64_t(count) << 32 | std::uint64_t(used) << 40;
   }
 
   std::array<std::uint64_t, kStreams> bb{};
@@ -253,35 +256,41 @@ void decode(std::span<const std::byte> in, std::span<std::uint8_t> out) {
     ptr[s] += (63 - bc[s]) >> 3;
     bc[s] |= 56;
   };
-  // Stream s holds the symbols at s, s + 4, s + 8, ...: pos[s] is its next output index and
-  // left[s] how many it still has.
-  std::array<std::size_t, kStreams> pos{}, left{};
-  for (int s = 0; s < kStreams; ++s) {
-    pos[s] = std::size_t(s);
-    left[s] = n > std::size_t(s) ? (n - std::size_t(s) + kStreams - 1) / kStreams : 0;
-  }
-  // 56 valid bits cover five lookups of at most 11 bits: refill once per five lookups a stream.
-  // A lookup writes three symbols whatever it decoded (the extra ones are overwritten by later
-  // lookups), so the loop runs while every stream has room for fifteen.
-  constexpr std::size_t kLookups = 5, kMost = 3 * kLookups;
+  // Stream s holds the symbols at s, s + 4, s + 8, ...: op[s] is where its next one goes.
   std::uint8_t* const o = out.data();
-  while (std::min({left[0], left[1], left[2], left[3]}) >= kMost) {
-    for (int s = 0; s < kStreams; ++s) refill(s);
-    for (std::size_t t = 0; t < kLookups; ++t) {
-      for (int s = 0; s < kStreams; ++s) {
-        const std::uint32_t e = multi[bb[s] & ((1u << kTableBits) - 1)];
-        std::uint8_t* d = o + pos[s];
-        d[0] = std::uint8_t(e);
-        d[kStreams] = std::uint8_t(e >> 8);
-        d[2 * kStreams] = std::uint8_t(e >> 16);
-        const unsigned count = (e >> 24) & 3, len = e >> 26;
-        bb[s] >>= len;
-        bc[s] -= len;
-        pos[s] += kStreams * count;
-        left[s] -= count;
+  std::array<std::uint8_t*, kStreams> op{};
+  for (int s = 0; s < kStreams; ++s) op[s] = o + s;
+  // 56 valid bits cover four lookups of at most 12 bits: refill once per four lookups a stream.
+  // A lookup writes four symbols whatever it decoded (the extra ones are overwritten by later
+  // lookups), so the loop runs while every stream has room for sixteen: its next index plus
+  // 15 steps of 4 is still below n. Only op is live across lookups (no per-stream counts):
+  // with 4 streams of bit buffer, bit count and position, more would spill registers.
+  constexpr std::size_t kLookups = 4, kMost = 4 * kLookups;
+  if (n > kStreams * (kMost - 1)) {
+    const std::uint8_t* const limit = o + (n - kStreams * (kMost - 1));
+    while (std::max({op[0], op[1], op[2], op[3]}) < limit) {
+      for (int s = 0; s < kStreams; ++s) refill(s);
+      for (std::size_t t = 0; t < kLookups; ++t) {
+        for (int s = 0; s < kStreams; ++s) {
+          const std::uint64_t e = multi[bb[s] & kMultiMask];
+          std::uint8_t* const d = op[s];
+          d[0] = std::uint8_t(e);
+          d[kStreams] = std::uint8_t(e >> 8);
+          d[2 * kStreams] = std::uint8_t(e >> 16);
+          d[3 * kStreams] = std::uint8_t(e >> 24);
+          const unsigned len = unsigned(e >> 40) & 0xff;
+          bb[s] >>= len;
+          bc[s] -= len;
+          op[s] += kStreams * ((e >> 32) & 7);
+        }
       }
     }
   }
+  std::array<std::size_t, kStreams> pos{};
+  for (int s = 0; s < kStreams; ++s) pos[s] = std::size_t(op[s] - o);
+  std::array<std::size_t, kStreams> left{};
+  for (int s = 0; s < kStreams; ++s)
+    left[s] = pos[s] < n ? (n - pos[s] + kStreams - 1) / kStreams : 0;
   for (int s = 0; s < kStreams; ++s) {
     for (; left[s]; --left[s], pos[s] += kStreams) {
       if (bc[s] < unsigned(kTableBits)) refill(s);
