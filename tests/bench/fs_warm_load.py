@@ -9,7 +9,7 @@ same file written to and loaded from a plain directory; REPEATS times, the modes
   - checks that every load through the mount returns the same tensors;
   - prints each repeat and the medians.
 
-Usage: fs_warm_load.py CKPTFS_BINARY [--size-mib 1024] [--repeats 2] [--bits 4] [--dir BASE]
+Usage: fs_warm_load.py CKPTFS_BINARY [--size-mib 1024] [--repeats 2] [--bits 3] [--dir BASE]
 Needs root (mounts). BASE defaults to /var/tmp (a real disk, not tmpfs).
 """
 import argparse
@@ -34,7 +34,7 @@ def main():
     ap.add_argument("ckptfs")
     ap.add_argument("--size-mib", type=int, default=1024)
     ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--bits", type=int, default=4)
+    ap.add_argument("--bits", type=int, default=3)
     ap.add_argument("--dir", default="/var/tmp")
     args = ap.parse_args()
     torch.set_num_threads(1)
