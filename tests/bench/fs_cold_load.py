@@ -9,12 +9,16 @@ target), REPEATS times in one run.
     a mount, torch.load of v2, unmount, with the daemon's CPU seconds (user + system) during the
     load and its peak RSS. The order rotates from repeat to repeat (plain first, then each
     binary first), so a slow spell of the machine does not always fall on the same side;
+  - after each drop_caches, touches and frees 1.5x the size in this process (fs_speed.prefault),
+    so that neither side's fresh tensors land on pages the VM must first get back from its host
+    (0.5-3 s per GiB on the benchmark VM); --no-prefault leaves that out;
   - checks that every mount load returns the same tensors as the first one;
   - prints each repeat and, per binary, the median of the per-repeat mount/plain ratios, the
     ratio of the medians, and the ratio of the fastest loads (the least disturbed ones).
 
 Usage: fs_cold_load.py CKPTFS_BINARY [OTHER_BINARY ...] [--size-mib 1024] [--repeats 5]
                        [--bits 3] [--dir BASE] [--opts MOUNT_OPTS] [--perf PERF_DATA] [--json]
+                       [--no-prefault]
 Further binaries (an older build, say) read the store the first one wrote: same-run comparisons.
 --perf records `perf record -e cpu-clock -g` of the first binary's daemon during the last
 repeat's load. Needs root (drop_caches). BASE defaults to /var/tmp (a real disk, not tmpfs).
@@ -34,7 +38,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fs"))
 from ckptfs_testlib import mounted, peak_rss  # noqa: E402
-from fs_speed import changed, drop_caches, save, state_dict  # noqa: E402
+from fs_speed import changed, drop_caches, prefault, save, state_dict  # noqa: E402
 
 
 def cpu_seconds(pid):
@@ -43,14 +47,15 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def load_plain(path):
+def load_plain(path, warm):
     drop_caches()
+    warm()
     t = time.perf_counter()
     torch.load(path)
     return time.perf_counter() - t
 
 
-def load_mount(binary, store, mnt, opts, perf_to):
+def load_mount(binary, store, mnt, opts, perf_to, warm):
     """Mounts, loads v2, unmounts: (state dict, seconds, daemon CPU seconds, daemon peak RSS)."""
     drop_caches()
     with mounted(binary, store, mnt, opts) as proc:
@@ -60,6 +65,7 @@ def load_mount(binary, store, mnt, opts, perf_to):
                                      perf_to, "-p", str(proc.pid)],
                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             time.sleep(1.0)
+        warm()
         cpu0 = cpu_seconds(proc.pid)
         t = time.perf_counter()
         sd = torch.load(os.path.join(mnt, "v2.pt"))
@@ -82,7 +88,9 @@ def main():
     ap.add_argument("--opts", default="")
     ap.add_argument("--perf", default="")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--no-prefault", action="store_true")
     args = ap.parse_args()
+    warm = (lambda: None) if args.no_prefault else (lambda: prefault(args.size_mib))
     torch.set_num_threads(1)
     opts = f"bits={args.bits}" + ("," + args.opts if args.opts else "")
     names = [os.path.basename(b) if args.ckptfs.count(b) == 1 else f"{b}#{i}"
@@ -109,10 +117,11 @@ def main():
             got = {}
             for side in sides:
                 if side is None:
-                    plain_s = load_plain(os.path.join(plain, "v2.pt"))
+                    plain_s = load_plain(os.path.join(plain, "v2.pt"), warm)
                     continue
                 perf_to = args.perf if args.perf and side == 0 and i == args.repeats - 1 else ""
-                sd, seconds, cpu, rss = load_mount(args.ckptfs[side], store, mnt, opts, perf_to)
+                sd, seconds, cpu, rss = load_mount(args.ckptfs[side], store, mnt, opts, perf_to,
+                                                   warm)
                 if reference is None:
                     reference = sd
                 elif sd.keys() != reference.keys() or not all(

@@ -4,7 +4,9 @@ in one run (issue 4's speed and memory targets):
 
   - a state dict of SIZE_MIB of fp32 tensors (v1), then a second version with small changes (v2);
   - torch.save wall time (return of the call; and with os.fsync of the file);
-  - torch.load of the latest version, warm and after remount (plain: after drop_caches);
+  - torch.load of the latest version, warm (the first load after the save; the second is
+    printed too) and after remount (plain: after drop_caches); each load follows prefault(),
+    so that both sides start from the same memory state;
   - the daemon's peak RSS (VmHWM) while saving v2 against v1 (reset before v2), and for v1;
   - bytes the store grew by for v2, against its logical size.
 
@@ -59,6 +61,17 @@ def drop_caches():
         f.write("3\n")
 
 
+def prefault(size_mib):
+    """Touches and frees 1.5x size_mib of memory in this process, so that the load that follows
+    gets pages the guest kernel has just had back. On the benchmark VM, memory the guest freed
+    seconds ago is handed back to the host, and the next first touch of a page then costs
+    0.5-3 s of CPU per GiB, whoever touches it: torch.load's 1 GiB of fresh tensors paid that or
+    not depending on what ran before (a daemon exiting, say), which swung loads by 3-4x. Both
+    sides of a comparison call this right before their load."""
+    x = torch.zeros(size_mib * (1 << 20) * 3 // 2 // 4)
+    del x
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("ckptfs")
@@ -82,8 +95,10 @@ def main():
         r["plain_save_v1"] = timed(lambda: save(v1, os.path.join(plain, "v1.pt"), False))
         r["plain_save_v2"] = timed(lambda: save(v2, os.path.join(plain, "v2.pt"), False))
         r["plain_save_fsync_v2"] = timed(lambda: save(v2, os.path.join(plain, "v2b.pt"), True))
+        prefault(args.size_mib)
         r["plain_load_warm"] = timed(lambda: torch.load(os.path.join(plain, "v2.pt")))
         drop_caches()
+        prefault(args.size_mib)
         r["plain_load_cold"] = timed(lambda: torch.load(os.path.join(plain, "v2.pt")))
 
         with mounted(args.ckptfs, store, mnt, opts) as proc:
@@ -100,10 +115,12 @@ def main():
             fd = os.open(os.path.join(mnt, "v2b.pt"), os.O_RDONLY)
             os.fsync(fd)
             os.close(fd)
+            prefault(args.size_mib)
             r["mount_load_warm"] = timed(lambda: torch.load(os.path.join(mnt, "v2.pt")))
             r["mount_load_warm2"] = timed(lambda: torch.load(os.path.join(mnt, "v2.pt")))
         drop_caches()
         with mounted(args.ckptfs, store, mnt, opts) as proc:
+            prefault(args.size_mib)
             r["mount_load_remount"] = timed(lambda: torch.load(os.path.join(mnt, "v2.pt")))
             r["daemon_peak_rss_reader"] = peak_rss(proc.pid)
         logical = os.path.getsize(os.path.join(plain, "v2.pt"))
@@ -111,7 +128,7 @@ def main():
         r["v2_ratio"] = logical / max(r["store_v2_bytes"], 1)
         r["save_ratio"] = r["mount_save_v2"] / r["plain_save_v2"]
         r["save_fsync_ratio"] = r["mount_save_fsync_v2"] / r["plain_save_fsync_v2"]
-        r["load_warm_ratio"] = r["mount_load_warm2"] / r["plain_load_warm"]
+        r["load_warm_ratio"] = r["mount_load_warm"] / r["plain_load_warm"]
         r["load_cold_ratio"] = r["mount_load_remount"] / r["plain_load_cold"]
     finally:
         if os.path.ismount(mnt):
@@ -124,7 +141,7 @@ def main():
     print(f"{args.size_mib} MiB fp32 state dict, bits={args.bits}; seconds, mount vs plain directory")
     print(f"  torch.save v2:            {r['mount_save_v2']:.2f} vs {r['plain_save_v2']:.2f}  ({r['save_ratio']:.2f}x)")
     print(f"  torch.save v2 + fsync:    {r['mount_save_fsync_v2']:.2f} vs {r['plain_save_fsync_v2']:.2f}  ({r['save_fsync_ratio']:.2f}x)")
-    print(f"  torch.load warm:          {r['mount_load_warm2']:.2f} vs {r['plain_load_warm']:.2f}  ({r['load_warm_ratio']:.2f}x)")
+    print(f"  torch.load warm:          {r['mount_load_warm']:.2f} vs {r['plain_load_warm']:.2f}  ({r['load_warm_ratio']:.2f}x; again: {r['mount_load_warm2']:.2f})")
     print(f"  torch.load after remount: {r['mount_load_remount']:.2f} vs {r['plain_load_cold']:.2f} (drop_caches)  ({r['load_cold_ratio']:.2f}x)")
     print(f"  daemon peak RSS, v2:      {r['daemon_peak_rss'] / 2**30:.2f} GiB (v1, a keyframe: {r['daemon_peak_rss_v1'] / 2**30:.2f} GiB; reader after remount: {r['daemon_peak_rss_reader'] / 2**30:.2f} GiB)")
     print(f"  store bytes for v2:       {r['store_v2_bytes']} of {r['logical_v2_bytes']} ({r['v2_ratio']:.1f}x)")
