@@ -1325,6 +1325,12 @@ std::vector<std::uint64_t> content_store::take_unneeded_objects() {
   return std::exchange(impl_->unneeded, {});
 }
 
+void content_store::return_unneeded_objects(const std::vector<std::uint64_t>& ids) {
+  std::lock_guard lock(impl_->mu);
+  for (auto id : ids) impl_->removing.erase(id);
+  impl_->unneeded.insert(impl_->unneeded.end(), ids.begin(), ids.end());
+}
+
 bool content_store::has_unneeded_objects() const {
   std::lock_guard lock(impl_->mu);
   return !impl_->unneeded.empty();

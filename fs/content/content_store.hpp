@@ -147,9 +147,11 @@ class content_store {
 
   // Objects that a record appended by put() made unnecessary (the superseded lineage head). They
   // may only go once that record is durable: the caller takes them before journal::sync() and
-  // hands them to remove_objects() after it succeeded (or after compact()). On a failed sync they
-  // are left in place (garbage, never a dangling reference).
+  // hands them to remove_objects() after it succeeded (or after compact()). On a failed sync it
+  // hands them back with return_unneeded_objects(), so that the next successful sync or
+  // compaction removes them (until then they stay in place: never a dangling reference).
   std::vector<std::uint64_t> take_unneeded_objects();
+  void return_unneeded_objects(const std::vector<std::uint64_t>& ids);
   void remove_objects(const std::vector<std::uint64_t>& ids);
   // True when take_unneeded_objects() has something: the flusher then syncs soon.
   bool has_unneeded_objects() const;

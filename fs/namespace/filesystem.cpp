@@ -221,6 +221,7 @@ void filesystem::sync_journal() {
     journal_failed_ = true;   // the flusher rewrites the journal from memory
     std::lock_guard lk(mu_);  // keep them: never release data whose unnaming is not durable
     unref_after_sync_.insert(unref_after_sync_.end(), unrefs.begin(), unrefs.end());
+    content_.return_unneeded_objects(unneeded);  // the rewrite's sync removes them
     throw;
   }
   content_.remove_objects(unneeded);
@@ -269,7 +270,8 @@ bool filesystem::maybe_compact(bool force) {
   } catch (...) {
     std::lock_guard lk(mu_);  // not durable: keep them for a later sync or compaction
     unref_after_sync_.insert(unref_after_sync_.begin(), unrefs.begin(), unrefs.end());
-    records_since_sync_ += 1;
+    content_.return_unneeded_objects(unneeded);
+    records_since_sync_ += 1;  // the records before the cut are not durable: sync them
     throw;
   }
   content_.remove_objects(unneeded);
