@@ -2,18 +2,17 @@
 // that record is durable, never while a decode that started earlier may read them, and never by gc
 // while a sync that took them is in progress. Each test copies the store aside at the moment a
 // crash would hit (journal::append only buffers until sync) and replays the copy.
+#include <algorithm>
 #include <atomic>
 #include <boost/filesystem.hpp>
 #include <catch2/catch.hpp>
+#include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
 
-#include <algorithm>
-#include <cstdio>
 #include "codec/error.hpp"
-
 #include "codec/format/source.hpp"
 #include "content_test_util.hpp"
 #include "fs/content/content_store.hpp"
