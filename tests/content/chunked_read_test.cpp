@@ -66,18 +66,15 @@ TEST_CASE("chunked cold reads equal the written reconstruction at any offset",
   // 3.3 M floats: 13 blocks of 1 MiB, chunks of 4 blocks, the last chunk short; a second tensor
   // not a multiple of a block, so chunk boundaries do not fall on page boundaries of the file.
   std::mt19937_64 rng(11);
-  std::normal_distribution<float> w(0.0f, 0.05f), step(0.0f, 1e-3f);
-  std::vector<float> big(3'300'000), odd(1'234'567);
-  for (auto& x : big) x = w(rng);
-  for (auto& x : odd) x = w(rng);
+  drifting_weights big(3'300'000, rng), odd(1'234'567, rng);
   std::vector<fs::content_ref> refs;
   std::vector<bytes> served;
   {
     opened s(d.path, opt);
     for (int v = 0; v < 4; ++v) {
-      for (auto& x : big) x += step(rng);
-      for (auto& x : odd) x += step(rng);
-      const bytes file = safetensors({{"odd", odd}, {"w", big}});
+      big.step(rng);
+      odd.step(rng);
+      const bytes file = safetensors({{"odd", odd.values}, {"w", big.values}});
       refs.push_back(s.content.put("run/step_" + std::to_string(v) + ".safetensors",
                                    format::memory_source(file)));
       REQUIRE(s.content.info(refs.back()).kind == (v == 0 ? "keyframe" : "delta"));
@@ -112,17 +109,15 @@ TEST_CASE("versions without a block index (older stores) read the same, also und
   opt.bits = 3;
   opt.keyframe_interval = 100;
   std::mt19937_64 rng(12);
-  std::normal_distribution<float> w(0.0f, 0.05f), step(0.0f, 1e-3f);
-  std::vector<float> big(2'500'000);
-  for (auto& x : big) x = w(rng);
+  drifting_weights big(2'500'000, rng);
   std::vector<fs::content_ref> refs;
   std::vector<bytes> served;
   // Index off, on, off, on: every mix of an indexed delta over an unindexed base and back.
   for (int v = 0; v < 4; ++v) {
     opt.block_index = v % 2 == 1;
     opened s(d.path, opt, refs);
-    for (auto& x : big) x += step(rng);
-    const bytes file = safetensors({{"w", big}});
+    big.step(rng);
+    const bytes file = safetensors({{"w", big.values}});
     refs.push_back(s.content.put("run/step_" + std::to_string(v) + ".safetensors",
                                  format::memory_source(file)));
     REQUIRE(s.content.info(refs.back()).kind == (v == 0 ? "keyframe" : "delta"));

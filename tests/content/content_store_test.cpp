@@ -80,18 +80,15 @@ TEST_CASE("a lineage of checkpoints: keyframes, deltas, error bound, exact small
   std::vector<fs::content_ref> refs;
   std::vector<bytes> served;
   std::mt19937_64 rng(2);
-  std::normal_distribution<float> w(0.0f, 0.05f), step(0.0f, 1e-3f);
-  std::vector<float> big(20000), mid(3000), small(10);  // small: under 4 KiB, stays exact
-  for (auto& x : big) x = w(rng);
-  for (auto& x : mid) x = w(rng);
-  for (auto& x : small) x = w(rng);
+  drifting_weights big(20000, rng), mid(3000, rng), small(10, rng);  // small: under 4 KiB: exact
   {
     opened s(d.path, opt);
     for (int v = 0; v < 12; ++v) {
-      for (auto& x : big) x += step(rng);
-      for (auto& x : mid) x += 10.0f * step(rng);
-      for (auto& x : small) x += step(rng);
-      const bytes file = safetensors({{"layer.weight", big}, {"layer.bias", mid}, {"step", small}});
+      big.step(rng);
+      mid.step(rng, 10.0f);
+      small.step(rng);
+      const bytes file = safetensors(
+          {{"layer.weight", big.values}, {"layer.bias", mid.values}, {"step", small.values}});
       const auto ref = s.content.put("run/step_" + std::to_string(v) + ".safetensors",
                                      format::memory_source(file));
       refs.push_back(ref);
@@ -105,7 +102,7 @@ TEST_CASE("a lineage of checkpoints: keyframes, deltas, error bound, exact small
       // Header bytes identical; the small tensor exact; big tensors within the bound.
       const std::size_t hdr = file.size() - 4 * (big.size() + mid.size() + small.size());
       REQUIRE(std::equal(out.begin(), out.begin() + hdr, file.begin()));
-      REQUIRE(floats_at(out, hdr + 4 * (big.size() + mid.size()), small.size()) == small);
+      REQUIRE(floats_at(out, hdr + 4 * (big.size() + mid.size()), small.size()) == small.values);
       if (v % 5 == 0) {
         REQUIRE(out == file);  // keyframes are lossless
       } else {
@@ -131,8 +128,9 @@ TEST_CASE("a lineage of checkpoints: keyframes, deltas, error bound, exact small
   opened s(d.path, opt, {refs.back()});
   REQUIRE(read_all(s.content, refs.back()) == served.back());
   // The next version continues the lineage after reopen (a delta against the replayed head).
-  for (auto& x : big) x += step(rng);
-  const bytes file = safetensors({{"layer.weight", big}, {"layer.bias", mid}, {"step", small}});
+  big.step(rng);
+  const bytes file = safetensors(
+      {{"layer.weight", big.values}, {"layer.bias", mid.values}, {"step", small.values}});
   const auto next = s.content.put("run/step_99.safetensors", format::memory_source(file));
   REQUIRE(s.content.info(next).kind == "delta");
   REQUIRE(s.content.info(next).base == refs.back().version);
@@ -188,15 +186,12 @@ TEST_CASE("checkpoint-wide buckets (the paper's scope) round-trip within the bou
   opt.bits = 2;
   opened s(d.path, opt);
   std::mt19937_64 rng(5);
-  std::normal_distribution<float> w(0.0f, 0.05f), step(0.0f, 1e-3f);
-  std::vector<float> a(30000), b(8000);
-  for (auto& x : a) x = w(rng);
-  for (auto& x : b) x = w(rng);
+  drifting_weights a(30000, rng), b(8000, rng);
   bytes prev;
   for (int v = 0; v < 4; ++v) {
-    for (auto& x : a) x += step(rng);
-    for (auto& x : b) x += 1e-3f * step(rng);  // far smaller deltas: dropped by shared buckets
-    const bytes file = safetensors({{"a", a}, {"b", b}});
+    a.step(rng);
+    b.step(rng, 1e-3f);  // far smaller deltas: dropped by shared buckets
+    const bytes file = safetensors({{"a", a.values}, {"b", b.values}});
     const auto ref = s.content.put("m.safetensors", format::memory_source(file));
     const bytes out = read_all(s.content, ref);
     if (v > 0) {
@@ -333,14 +328,12 @@ TEST_CASE("keyframes follow the chain after a rekey turned a version inside it i
   opt.bits = 3;
   opt.keyframe_interval = 4;
   std::mt19937_64 rng(9);
-  std::normal_distribution<float> w(0.0f, 0.05f), step(0.0f, 1e-3f);
-  std::vector<float> big(50000);
-  for (auto& x : big) x = w(rng);
+  drifting_weights big(50000, rng);
   std::vector<fs::content_ref> refs;
   auto put = [&](opened& s) {
-    for (auto& x : big) x += step(rng);
+    big.step(rng);
     refs.push_back(s.content.put("run/step_" + std::to_string(refs.size()) + ".safetensors",
-                                 format::memory_source(safetensors({{"w", big}}))));
+                                 format::memory_source(safetensors({{"w", big.values}}))));
     return s.content.info(refs.back()).kind;
   };
   {

@@ -63,6 +63,22 @@ inline bytes safetensors(const std::vector<std::pair<std::string, std::vector<fl
   return out;
 }
 
+// A weight vector that drifts like a trained layer's: values from N(0, 0.05), and each step()
+// adds N(0, 1e-3) x scale to every one. The generator is the test's, shared by its tensors.
+struct drifting_weights {
+  std::vector<float> values;
+  drifting_weights(std::size_t n, std::mt19937_64& rng) : values(n) {
+    std::normal_distribution<float> w(0.0f, 0.05f);
+    for (auto& x : values) x = w(rng);
+  }
+  void step(std::mt19937_64& rng, float scale = 1.0f) {
+    std::normal_distribution<float> d(0.0f, 1e-3f);
+    for (auto& x : values) x += scale * d(rng);
+  }
+  std::size_t size() const { return values.size(); }
+  float operator[](std::size_t i) const { return values[i]; }
+};
+
 // A training-like sequence: two tensors "w" and "v" whose weights drift a little each step.
 struct trainer {
   std::mt19937 rng{7};
