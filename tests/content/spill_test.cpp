@@ -24,6 +24,15 @@ bytes mixed_bytes(std::size_t n, std::uint64_t seed) {
   return out;
 }
 
+// Content options that spill exact regions longer than `bytes` into `store`/staging (created).
+fs::content_options spilling(const bfs::path& store, std::uint64_t bytes) {
+  bfs::create_directories(store / "staging");
+  fs::content_options opt;
+  opt.spill_dir = (store / "staging").string();
+  opt.spill_bytes = bytes;
+  return opt;
+}
+
 }  // namespace
 
 TEST_CASE("spill_file: appends, maps back, reports offsets", "[content][spill]") {
@@ -45,11 +54,8 @@ TEST_CASE("spill_file: appends, maps back, reports offsets", "[content][spill]")
 TEST_CASE("a large exact file goes through the spill directory and reads back",
           "[content][spill]") {
   temp_dir d;
-  const bfs::path spill = d.path / "staging";
-  bfs::create_directories(spill);
-  fs::content_options opt;
-  opt.spill_dir = spill.string();
-  opt.spill_bytes = std::uint64_t(1) << 20;
+  const fs::content_options opt = spilling(d.path, std::uint64_t(1) << 20);
+  const bfs::path spill = opt.spill_dir;
   const bytes data = mixed_bytes((std::size_t(21) << 20) + 12345, 3);
   fs::content_ref ref;
   {
@@ -89,12 +95,8 @@ TEST_CASE("a spill directory that cannot be used fails the put cleanly", "[conte
 TEST_CASE("prune's rewrite (rekey) copies exact regions through the spill file",
           "[content][spill]") {
   temp_dir d;
-  const bfs::path spill = d.path / "staging";
-  bfs::create_directories(spill);
-  fs::content_options opt;
+  fs::content_options opt = spilling(d.path, 0);  // every exact region spills, header included
   opt.bits = 3;
-  opt.spill_dir = spill.string();
-  opt.spill_bytes = 0;  // every exact region spills, the safetensors header included
   trainer t(60000);
   opened s(d.path, opt);
   const auto v0 = s.content.put("run/step_0.safetensors", format::memory_source(t.step()));
