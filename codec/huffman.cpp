@@ -98,12 +98,13 @@ std::size_t stream_count(std::size_t n, int s) {
   return (n + kStreams - 1 - s) / kStreams;
 }
 
-// Decoding tables of one code, kept per thread for the last code decoded: consecutive blocks
-// of one tensor often share their code lengths, and a block's exponent plane (256K symbols)
-// decodes in about 100 us, of which building the tables is 6 us. (A 12-bit table yielding up
-// to four symbols a lookup decoded 15% faster but took 23 us to build: no gain on blocks.)
-constexpr int kMultiBits = kTableBits;
-constexpr std::uint32_t kMultiMask = (1u << kMultiBits) - 1;
+// Decoding tables of one code, kept per thread for the last code decoded and reused when the
+// next stream has the same code lengths (a quarter of the streams in `ckptctl bench codec
+// --data`; fewer in a cold load, where a thread alternates keyframe and delta blocks). Building
+// them takes about 6 us, against about 100 us to decode a block's 256K-symbol exponent plane.
+// (A 12-bit table yielding up to four symbols a lookup decoded 15% faster but took 23 us to
+// build: no gain on blocks.)
+constexpr std::uint32_t kTableMask = (1u << kTableBits) - 1;
 constexpr unsigned kMultiSymbols = 3;
 struct decode_tables {
   std::array<std::uint8_t, 256> len{};
@@ -113,7 +114,7 @@ struct decode_tables {
   // One lookup of 11 bits yields every whole code in them, up to three; exponent planes of
   // floats average under 3 bits a code, so most lookups yield three. Entry: symbols in bytes
   // 0-2, their count in bits 24-25, their total length in bits 26-31.
-  std::array<std::uint32_t, 1u << kMultiBits> multi;
+  std::array<std::uint32_t, 1u << kTableBits> multi;
 };
 
 const decode_tables& tables_for(const std::array<std::uint8_t, 256>& len) {
@@ -129,19 +130,19 @@ const decode_tables& tables_for(const std::array<std::uint8_t, 256>& len) {
     for (unsigned j = c.code[s]; j < (1u << kTableBits); j += step)
       table[j] = std::uint16_t(s | (c.len[s] << 8));
   }
-  for (unsigned j = 0; j < (1u << kMultiBits); ++j) {
-    std::uint64_t syms = 0;
+  for (unsigned j = 0; j < (1u << kTableBits); ++j) {
+    std::uint32_t syms = 0;
     unsigned count = 0, used = 0, rest = j;
     while (count < kMultiSymbols) {
-      const std::uint16_t e = table[rest & ((1u << kTableBits) - 1)];
+      const std::uint16_t e = table[rest & kTableMask];
       const unsigned l = e >> 8;
-      if (used + l > unsigned(kMultiBits)) break;
-      syms |= std::uint64_t(e & 0xff) << (8 * count);
+      if (used + l > unsigned(kTableBits)) break;
+      syms |= std::uint32_t(e & 0xff) << (8 * count);
       ++count;
       used += l;
       rest >>= l;
     }
-    t->multi[j] = std::uint32_t(syms) | count << 24 | used << 26;
+    t->multi[j] = syms | count << 24 | used << 26;
   }
   t->len = len;
   t->valid = true;
@@ -293,7 +294,7 @@ void decode(std::span<const std::byte> in, std::span<std::uint8_t> out) {
       for (int s = 0; s < kStreams; ++s) refill(s);
       for (std::size_t t = 0; t < kLookups; ++t) {
         for (int s = 0; s < kStreams; ++s) {
-          const std::uint32_t e = multi[bb[s] & kMultiMask];
+          const std::uint32_t e = multi[bb[s] & kTableMask];
           std::uint8_t* const d = op[s];
           d[0] = std::uint8_t(e);
           d[kStreams] = std::uint8_t(e >> 8);
@@ -314,7 +315,7 @@ void decode(std::span<const std::byte> in, std::span<std::uint8_t> out) {
   for (int s = 0; s < kStreams; ++s) {
     for (; left[s]; --left[s], pos[s] += kStreams) {
       if (bc[s] < unsigned(kTableBits)) refill(s);
-      const std::uint16_t e = table[bb[s] & ((1u << kTableBits) - 1)];
+      const std::uint16_t e = table[bb[s] & kTableMask];
       const unsigned l = e >> 8;
       bb[s] >>= l;
       bc[s] -= l;
