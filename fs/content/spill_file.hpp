@@ -9,6 +9,8 @@
 #include <span>
 #include <string>
 
+#include "fs/store/posix.hpp"
+
 namespace ckpt::fs {
 
 class spill_file {
@@ -16,9 +18,6 @@ class spill_file {
   // An O_TMPFILE in `dir` (a named file unlinked at once where the filesystem lacks O_TMPFILE).
   // Throws io_error naming the directory.
   explicit spill_file(const std::string& dir);
-  ~spill_file();
-  spill_file(const spill_file&) = delete;
-  spill_file& operator=(const spill_file&) = delete;
 
   // Appends at the end; returns the offset the bytes start at. Throws io_error (ENOSPC, ...).
   std::uint64_t append(std::span<const std::byte> bytes);
@@ -39,7 +38,7 @@ class spill_file {
   };
 
  private:
-  int fd_ = -1;
+  store::detail::unique_fd fd_;
   std::uint64_t size_ = 0;
 };
 

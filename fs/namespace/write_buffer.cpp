@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "codec/error.hpp"
+#include "fs/store/posix.hpp"
 
 namespace ckpt::fs {
 namespace {
@@ -59,14 +60,7 @@ write_buffer::~write_buffer() {
 }
 
 void write_buffer::open_staging() {
-  int fd = ::open(staging_dir_.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
-  if (fd < 0) {  // filesystems without O_TMPFILE: create and unlink at once
-    std::string tmpl = staging_dir_ + "/buf.XXXXXX";
-    fd = ::mkostemp(tmpl.data(), O_CLOEXEC);
-    if (fd < 0) throw_errno(errno, "cannot create a staging file in " + staging_dir_);
-    ::unlink(tmpl.c_str());
-  }
-  fd_ = fd;
+  fd_ = store::detail::open_unlinked(staging_dir_, "buf");
 }
 
 write_buffer::chunk& write_buffer::place(std::size_t index) {

@@ -1,12 +1,15 @@
 #pragma once
 // Small POSIX helpers shared by the store: an owning file descriptor, errno -> io_error, full
-// pread/pwrite loops, directory fsync and little-endian field access. Internal to fs/store/.
+// pread/pwrite loops, unlinked scratch files, directory fsync and little-endian field access.
+// Used by fs/store/ and by the scratch files in the store's staging directory (write buffers,
+// spill files).
 #include <fcntl.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <span>
 #include <string>
@@ -59,6 +62,19 @@ inline void pwrite_all(int fd, std::span<const std::byte> data, std::uint64_t of
     data = data.subspan(static_cast<std::size_t>(n));
     offset += static_cast<std::uint64_t>(n);
   }
+}
+
+// A file in `dir` that has no name: O_TMPFILE, or on filesystems without it a file created and
+// unlinked at once (`prefix` names it for that moment). Throws io_error naming the directory.
+inline int open_unlinked(const std::string& dir, const std::string& prefix) {
+  int fd = ::open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    std::string tmpl = dir + "/" + prefix + ".XXXXXX";
+    fd = ::mkostemp(tmpl.data(), O_CLOEXEC);
+    if (fd < 0) throw_errno(errno, "cannot create a scratch file in " + dir);
+    ::unlink(tmpl.c_str());
+  }
+  return fd;
 }
 
 // Reads up to out.size() bytes at `offset`; returns the count (short only at end of file).
