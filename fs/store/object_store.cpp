@@ -326,36 +326,31 @@ std::span<const std::byte> object_store::read_uncached(object_id id, std::uint64
   auto at_file = [&](std::uint64_t file_offset) { return scratch.data() + (file_offset - first); };
   const std::string what = "read object " + hex_id(id);
   // A range the page cache holds whole (an object written moments ago) is copied from there;
-  // anything else is read with O_DIRECT below. The check must not start I/O itself: a
-  // RWF_NOWAIT probe read would, since it triggers readahead into the page cache before it
-  // fails, and the same bytes would then be read twice.
-  std::uint64_t at = begin;
-  if (range_cached(fd.get(), first, last - first)) {
-    if (pread_full(fd.get(), std::span(at_file(begin), std::size_t(len)), begin, what) != len)
-      throw corrupt_error("object " + hex_id(id) + " shrank while being read");
-    at = end;
-  }
-  if (at < end) {
-    const std::uint64_t from = at / align * align;
+  // anything else is read with O_DIRECT. The check must not start I/O itself: a RWF_NOWAIT
+  // probe read would, since it triggers readahead into the page cache before it fails, and the
+  // same bytes would then be read twice.
+  std::uint64_t at = begin;  // bytes before `at` are in scratch
+  if (!range_cached(fd.get(), first, last - first)) {
     unique_fd direct(
         ::openat(impl_->dir_fd.get(), object_name(id).c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC));
     std::uint64_t got = 0;
     if (direct) {
-      const std::span<std::byte> into(at_file(from), std::size_t(last - from));
+      const std::span<std::byte> into(at_file(first), std::size_t(last - first));
       for (;;) {
         const ssize_t n =
-            ::pread(direct.get(), into.data() + got, into.size() - got, off_t(from + got));
+            ::pread(direct.get(), into.data() + got, into.size() - got, off_t(first + got));
         if (n < 0 && errno == EINTR) continue;
         if (n <= 0) break;  // end of file, or EINVAL (alignment): the buffered read finishes
         got += std::uint64_t(n);
         if (got % align) break;  // the file's end: no more aligned reads
       }
     }
-    at = std::max(at, from + got);
-    if (at < end &&
-        pread_full(fd.get(), std::span(at_file(at), std::size_t(end - at)), at, what) != end - at)
-      throw corrupt_error("object " + hex_id(id) + " shrank while being read");
+    at = std::max(at, first + got);
   }
+  // Cached ranges, filesystems without O_DIRECT, and whatever O_DIRECT left short.
+  if (at < end &&
+      pread_full(fd.get(), std::span(at_file(at), std::size_t(end - at)), at, what) != end - at)
+    throw corrupt_error("object " + hex_id(id) + " shrank while being read");
   return {at_file(begin), len};
 }
 
