@@ -1,0 +1,276 @@
+#pragma once
+// The content store's shared state and the map of where each part of it lives. Private to
+// fs/content: only the content store's own .cpp files include it. The store is one object
+// (content_store::impl); its work is split along the path data takes:
+//
+//   ingest.cpp            put(): recognise, pick the base, encode, write the object, record it
+//   read_path.cpp         open() and the reader: metadata, exact blocks, chunked chain decoding,
+//                         read-ahead workers
+//   lineage_registry.cpp  versions and lineages: journal records, replay, references, info
+//   reclaim.cpp           what nothing needs any more: reclaiming versions, deferred removal of
+//                         objects that a decode in flight may still read
+//   retention.cpp         management: rekey (prune's rewrite), verify, garbage collection
+//   data_area.cpp         the encoded data area of a version on its way into its object
+//   content_store.cpp     construction and the small public helpers
+#include <algorithm>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <shared_mutex>
+#include <stop_token>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cache/lru_cache.hpp"
+#include "codec/tensor_codec.hpp"
+#include "codec/xxh3.hpp"
+#include "fs/content/buffer_pool.hpp"
+#include "fs/content/content_store.hpp"
+#include "fs/content/version_meta.hpp"
+#include "fs/store/page_buffer.hpp"
+
+namespace ckpt::fs {
+
+struct data_area;
+
+inline constexpr std::size_t kExactBlock = codec::default_block_bytes;
+inline constexpr std::size_t kExactChunk =
+    16 * kExactBlock;  // read this much of a region at a time
+
+// Kinds of cache entries.
+enum : std::uint32_t { k_meta = 1, k_block = 2, k_tensor = 3, k_chunk = 4 };
+
+// A cold read decodes tensors a chunk of this many codec blocks (4 MiB of payload at the default
+// block size) at a time, when the version has a block index: torch.load's first bytes then wait
+// for one chunk instead of a whole tensor, and the chunks live in a few recycled buffers instead
+// of a tensor's worth of fresh memory.
+inline constexpr std::size_t kChunkBlocks = 4;
+constexpr std::uint64_t chunk_index(std::size_t tensor, std::size_t chunk) {
+  return (std::uint64_t(tensor) << 32) | chunk;
+}
+
+struct cache_key {
+  std::uint64_t version;
+  std::uint32_t kind;
+  std::uint64_t index;
+  bool operator==(const cache_key&) const = default;
+};
+struct cache_key_hash {
+  std::size_t operator()(const cache_key& k) const noexcept {
+    const std::uint64_t v[3] = {k.version, k.kind, k.index};
+    return XXH3_64bits(v, sizeof v);
+  }
+};
+
+// A byte buffer that is never zero-filled: decode targets and object reads overwrite every byte,
+// and zeroing (and faulting in) a gigabyte first cost as much as decoding it. Page-aligned, so a
+// frame can be read into it with O_DIRECT.
+using byte_buffer = store::page_buffer;
+
+// What the cache holds: parsed metadata (with where the data area starts) or decoded bytes.
+struct cache_item {
+  std::shared_ptr<const version_meta> meta;
+  std::uint64_t data_base = 0;
+  // Metadata items: the object it was parsed from and the version's base, taken together from
+  // one record, so that a decode never mixes a rewritten version's old and new state.
+  std::uint64_t obj_id = 0;
+  std::uint64_t base = 0;
+  std::vector<std::uint32_t> frame_at;  // metadata items: tensor index -> frame index + 1, 0 none
+  byte_buffer data;
+  // Decoded chunks: the pool their buffer goes back to when the last holder lets go.
+  std::shared_ptr<buffer_pool> home;
+
+  cache_item() = default;
+  cache_item(const cache_item&) = delete;
+  cache_item& operator=(const cache_item&) = delete;
+  ~cache_item() {
+    if (home) home->give(std::move(data));
+  }
+};
+
+// The frame of tensor t in a version (a metadata item), or nullptr when t is not a frame.
+inline const tensor_frame* frame_of(const cache_item& m, std::size_t t) {
+  if (t >= m.frame_at.size() || !m.frame_at[t]) return nullptr;
+  return &m.meta->tensors[m.frame_at[t] - 1];
+}
+
+// Payload bytes per chunk of a frame with a block index; 0 without one (decoded whole).
+inline std::uint64_t chunk_bytes(const tensor_frame& f) {
+  if (f.blocks.empty()) return 0;
+  return std::uint64_t(kChunkBlocks) * f.block_elements * codec::element_size(f.type);
+}
+
+inline void set_block_index(tensor_frame& f, std::span<const std::byte> frame) {
+  auto fi = codec::index_frame(frame);
+  f.block_elements = fi.block_elements;
+  f.blocks = std::move(fi.offsets);
+}
+
+inline std::vector<std::byte> to_bytes(const nlohmann::json& j) {
+  const auto v = nlohmann::json::to_cbor(j);
+  return {reinterpret_cast<const std::byte*>(v.data()),
+          reinterpret_cast<const std::byte*>(v.data() + v.size())};
+}
+
+struct version_rec {
+  std::uint64_t id = 0;
+  store::object_ref obj;
+  std::uint64_t size = 0;
+  version_kind kind = version_kind::exact;
+  std::string format;
+  std::uint64_t lineage = 0;
+  std::uint64_t base = 0;
+  std::string path;
+  std::uint64_t since_keyframe = 0;
+  std::int64_t created_ns = 0;   // CLOCK_REALTIME when it was stored
+  std::uint64_t refs = 0;        // names pointing at it
+  std::uint64_t dependents = 0;  // live versions whose base it is
+};
+
+struct lineage_rec {
+  std::uint64_t id = 0;
+  std::uint64_t signature = 0;
+  std::string path_key;
+  std::uint64_t head = 0;
+  std::uint64_t since_keyframe = 0;
+  bool journaled = true;  // its record is in the journal (a new lineage's goes with its first put)
+  std::shared_ptr<std::mutex> encode_mu = std::make_shared<std::mutex>();
+};
+
+struct content_store::impl {
+  store::object_store& objects;
+  store::journal& journal;
+  content_options opt;
+  mutable std::mutex mu;  // versions, lineages, counters
+  std::map<std::uint64_t, version_rec> versions;
+  std::map<std::uint64_t, lineage_rec> lineages;
+  std::uint64_t next_version = 1, next_lineage = 1;
+  std::uint64_t max_object = 0;         // largest object id any replayed record names
+  std::vector<std::uint64_t> unneeded;  // objects to remove once the records are durable
+  std::vector<std::uint64_t> replaced;  // replay: objects of rewritten versions (rekey)
+  // Reclaimed versions whose objects are not removed yet: a decode that started before the
+  // reclaim may still walk their chain (see read_guard).
+  std::map<std::uint64_t, version_rec> graveyard;
+
+  // Object removal waits for the decodes that might still read the objects. Every read of
+  // object data runs under a read_guard, which registers the epoch it started in; a removal is
+  // tagged with a new epoch and carried out once no guard from an earlier epoch is active.
+  // Nothing ever waits: removals are deferred, never blocking.
+  std::mutex epoch_mu;
+  std::uint64_t epoch = 0;
+  std::multiset<std::uint64_t> active_epochs;
+  std::vector<std::pair<std::uint64_t, std::vector<std::uint64_t>>> deferred;  // tag, objects
+  std::set<std::uint64_t> removing;  // handed out for removal, not removed yet (gc keeps them)
+
+  class read_guard {
+   public:
+    explicit read_guard(impl& m) : m_(m) {
+      std::lock_guard lock(m_.epoch_mu);
+      at_ = m_.active_epochs.insert(m_.epoch);
+    }
+    ~read_guard() {
+      {
+        std::lock_guard lock(m_.epoch_mu);
+        m_.active_epochs.erase(at_);
+      }
+      m_.drain();
+    }
+    read_guard(const read_guard&) = delete;
+    read_guard& operator=(const read_guard&) = delete;
+
+   private:
+    impl& m_;
+    std::multiset<std::uint64_t>::iterator at_;
+  };
+  // Shared by every writer between its object's write and its record's append (put, rekey);
+  // exclusive for garbage collection, which must not take a fresh object for garbage.
+  std::shared_mutex object_gate;
+  cache::lru_cache<cache_key, cache_item, cache_key_hash> cache;
+  std::shared_ptr<buffer_pool> chunk_pool;
+  cache::lru_cache<cache_key, cache_item, cache_key_hash> chunks;
+
+  class reader;
+
+  // Read-ahead of reconstructed tensors: each reader names the tensors it will need next
+  // (read_ahead: predicted order, a byte budget ahead) and background workers decode them, so
+  // that object reads and decoding overlap with the kernel copying the current tensor out
+  // (torch.load after a remount). A worker reads a frame (blocking on the disk) and then decodes
+  // it; one worker more than there are cores keeps every core decoding while one waits for the
+  // disk (with one a core, a cold load left the two cores here 40-50% idle).
+  // A job carries its reader's liveness token and is dropped once the reader is gone.
+  struct prefetch_job {
+    std::uint64_t version;
+    std::size_t tensor;
+    std::size_t chunk;    // whole_tensor: the whole tensor
+    std::uint64_t bytes;  // of the chunk
+    std::weak_ptr<const void> alive;
+  };
+  static constexpr std::size_t whole_tensor = ~std::size_t(0);
+  static std::size_t prefetch_workers() {
+    return std::clamp<std::size_t>(std::thread::hardware_concurrency() + 1, 3, 17);
+  }
+  static constexpr std::size_t kPrefetchQueueMax = 64;  // across readers; extra jobs are dropped
+  std::mutex prefetch_mu;
+  std::condition_variable_any prefetch_cv;  // waits are stop_token-aware: no lost wakeup
+  std::deque<prefetch_job> prefetch_queue;
+  std::vector<std::jthread> prefetchers;  // last member: stopped and joined before what they use
+
+  // Decoded chunks of cold reads: a small cache carved out of cache=, its buffers recycled.
+  static std::uint64_t chunk_budget(std::uint64_t cache_bytes) {
+    return std::min(std::clamp<std::uint64_t>(cache_bytes / 8, 16u << 20, 128u << 20),
+                    cache_bytes / 2);
+  }
+  impl(store::object_store& o, store::journal& j, content_options op);
+
+  // How far ahead of a reader tensors are decoded: a quarter of the cache, so that read-ahead
+  // for one file cannot push out what its reader is about to read.
+  std::uint64_t read_ahead_bytes() const { return opt.cache_bytes / 4; }
+  // Chunked: a third of the chunk cache, so that chunks decoded ahead are not evicted before
+  // their reader arrives.
+  std::uint64_t chunk_read_ahead_bytes() const { return chunks.budget() / 3; }
+
+  // ---- read_path.cpp ----
+  void prefetch(std::vector<prefetch_job> jobs);
+  void prefetch_loop(std::stop_token stop);
+  std::shared_ptr<const cache_item> meta_of(std::uint64_t v);
+  byte_buffer read_data(std::uint64_t v, const cache_item& m, std::uint64_t at, std::uint64_t len);
+  std::shared_ptr<const cache_item> exact_block(std::uint64_t v, std::size_t region,
+                                                std::size_t block);
+  void read_exact(std::uint64_t v, const version_meta& meta, std::uint64_t offset,
+                  std::span<std::byte> out);
+  std::shared_ptr<const cache_item> tensor_recon(std::uint64_t v, std::size_t t);
+  byte_buffer materialize(std::uint64_t v, std::size_t t);
+  std::shared_ptr<const cache_item> chunk_recon(std::uint64_t v, std::size_t t, std::size_t c,
+                                                std::uint64_t bytes, bool parallel);
+  void decode_chunk_into(std::uint64_t v, std::size_t t, std::size_t c, std::span<std::byte> out,
+                         bool parallel);
+  std::uint64_t chain_chunk_bytes(std::uint64_t v, std::size_t t);
+
+  // ---- lineage_registry.cpp (callers hold mu where noted) ----
+  version_rec get(std::uint64_t v) const;
+  version_rec get_for_read(std::uint64_t v) const;
+  std::uint64_t deltas_since_keyframe(std::uint64_t v) const;  // mu held
+  bool is_head(const version_rec& r) const;                    // mu held
+  static nlohmann::json version_json(const version_rec& r);
+  static nlohmann::json lineage_json(const lineage_rec& l);
+  void apply_version(const nlohmann::json& j);  // mu held
+
+  // ---- reclaim.cpp ----
+  void collect(std::uint64_t v, std::vector<std::uint64_t>& objects_to_remove);  // mu held
+  void remove_objects(const std::vector<std::uint64_t>& ids);
+  void drain();
+
+  // ---- ingest.cpp ----
+  exact_region put_exact_region(const format::source& src, std::uint64_t offset,
+                                std::uint64_t length, data_area& area) const;
+  std::uint64_t copy_encoded(std::uint64_t obj, std::uint64_t at, std::uint64_t len, bool may_spill,
+                             data_area& area) const;
+};
+
+}  // namespace ckpt::fs

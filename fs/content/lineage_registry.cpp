@@ -1,0 +1,215 @@
+// The lineage registry: every stored version and every lineage, their journal records (c.v,
+// c.l), replay, the references names hold, and what `ckptctl ls`/`stat` show.
+#include <set>
+
+#include "codec/error.hpp"
+#include "codec/format/layout.hpp"
+#include "fs/content/content_impl.hpp"
+
+namespace ckpt::fs {
+
+using nlohmann::json;
+
+version_rec content_store::impl::get(std::uint64_t v) const {
+  std::lock_guard lock(mu);
+  auto it = versions.find(v);
+  if (it == versions.end()) throw corrupt_error("content: unknown version " + std::to_string(v));
+  return it->second;
+}
+
+// For decoding: also a reclaimed version whose object is still there (see graveyard).
+version_rec content_store::impl::get_for_read(std::uint64_t v) const {
+  std::lock_guard lock(mu);
+  if (auto it = versions.find(v); it != versions.end()) return it->second;
+  if (auto it = graveyard.find(v); it != graveyard.end()) return it->second;
+  throw corrupt_error("content: unknown version " + std::to_string(v));
+}
+
+// Deltas between v and the keyframe its chain ends in (0 for a keyframe or none); caller holds
+// mu. Counted on the chain, not taken from the records' counters: a rekey turns a version
+// inside a chain into a keyframe without rewriting the records of the versions above it.
+std::uint64_t content_store::impl::deltas_since_keyframe(std::uint64_t v) const {
+  std::uint64_t n = 0;
+  for (auto it = versions.find(v); it != versions.end() && it->second.kind == version_kind::delta;
+       it = versions.find(it->second.base))
+    if (++n > versions.size()) throw corrupt_error("content: base chain does not end");
+  return n;
+}
+
+bool content_store::impl::is_head(const version_rec& r) const {
+  if (!r.lineage) return false;
+  auto it = lineages.find(r.lineage);
+  return it != lineages.end() && it->second.head == r.id;
+}
+
+json content_store::impl::version_json(const version_rec& r) {
+  return {{"t", "c.v"},           {"v", r.id},   {"o", r.obj.id},    {"os", r.obj.size},
+          {"oc", r.obj.checksum}, {"z", r.size}, {"k", int(r.kind)}, {"f", r.format},
+          {"l", r.lineage},       {"b", r.base}, {"p", r.path},      {"q", r.since_keyframe},
+          {"ct", r.created_ns}};
+}
+
+json content_store::impl::lineage_json(const lineage_rec& l) {
+  return {{"t", "c.l"}, {"l", l.id}, {"s", l.signature}, {"pk", l.path_key}};
+}
+
+void content_store::impl::apply_version(const json& j) {
+  version_rec r;
+  r.id = j.at("v").get<std::uint64_t>();
+  r.obj = {j.at("o").get<std::uint64_t>(), j.at("os").get<std::uint64_t>(),
+           j.at("oc").get<std::uint64_t>()};
+  r.size = j.at("z").get<std::uint64_t>();
+  r.kind = version_kind(j.at("k").get<int>());
+  r.format = j.at("f").get<std::string>();
+  r.lineage = j.at("l").get<std::uint64_t>();
+  r.base = j.at("b").get<std::uint64_t>();
+  r.path = j.at("p").get<std::string>();
+  r.since_keyframe = j.at("q").get<std::uint64_t>();
+  r.created_ns = j.value("ct", std::int64_t(0));
+  next_version = std::max(next_version, r.id + 1);
+  max_object = std::max(max_object, r.obj.id);
+  if (r.lineage) {
+    auto& l = lineages[r.lineage];
+    if (r.id >= l.head) {  // a rewritten older version (rekey) does not move the head back
+      l.head = r.id;
+      l.since_keyframe = r.since_keyframe;
+    }
+  }
+  if (auto old = versions.find(r.id); old != versions.end() && old->second.obj.id != r.obj.id)
+    replaced.push_back(old->second.obj.id);
+  versions[r.id] = std::move(r);
+}
+
+bool content_store::apply(std::span<const std::byte> record) {
+  json j;
+  try {
+    j = json::from_cbor(reinterpret_cast<const std::uint8_t*>(record.data()),
+                        reinterpret_cast<const std::uint8_t*>(record.data() + record.size()));
+  } catch (const json::exception&) {
+    return false;
+  }
+  if (!j.is_object() || !j.contains("t") || !j["t"].is_string()) return false;
+  const auto t = j["t"].get<std::string>();
+  if (t.rfind("c.", 0) != 0) return false;
+  std::lock_guard lock(impl_->mu);
+  try {
+    if (t == "c.v") {
+      impl_->apply_version(j);
+    } else if (t == "c.l") {
+      auto& l = impl_->lineages[j.at("l").get<std::uint64_t>()];
+      l.id = j.at("l").get<std::uint64_t>();
+      l.signature = j.at("s").get<std::uint64_t>();
+      l.path_key = j.at("pk").get<std::string>();
+      impl_->next_lineage = std::max(impl_->next_lineage, l.id + 1);
+    } else {
+      throw corrupt_error("content: unknown record " + t);
+    }
+  } catch (const json::exception& e) {
+    throw corrupt_error(std::string("content: bad record: ") + e.what());
+  }
+  return true;
+}
+
+void content_store::replay_done(std::span<const content_ref> live) {
+  // Records of reclaimed versions stay in the journal until it is compacted, and their objects
+  // are removed again at every replay: their ids must never name a new object.
+  impl_->objects.reserve_through(impl_->max_object);
+  std::vector<std::uint64_t> doomed;
+  {
+    std::lock_guard lock(impl_->mu);
+    auto& vs = impl_->versions;
+    for (auto& [id, r] : vs) r.refs = r.dependents = 0;
+    for (const auto& ref : live)
+      if (auto it = vs.find(ref.version); it != vs.end()) ++it->second.refs;
+    for (auto& [id, r] : vs)
+      if (r.base)
+        if (auto b = vs.find(r.base); b != vs.end()) ++b->second.dependents;
+    // Newest first: a delta's reclaim lowers its base's dependents before the base is looked at.
+    std::vector<std::uint64_t> ids;
+    for (auto& [id, r] : vs) ids.push_back(id);
+    for (auto it = ids.rbegin(); it != ids.rend(); ++it) impl_->collect(*it, doomed);
+    // A rewritten version's old object: its new record is durable (we just replayed it).
+    std::set<std::uint64_t> in_use;
+    for (const auto& [id, r] : vs) in_use.insert(r.obj.id);
+    for (auto o : impl_->replaced)
+      if (!in_use.count(o)) doomed.push_back(o);
+    impl_->replaced.clear();
+  }
+  impl_->remove_objects(doomed);
+}
+
+void content_store::ref(const content_ref& ref) {
+  if (!ref.version) return;
+  std::lock_guard lock(impl_->mu);
+  auto it = impl_->versions.find(ref.version);
+  if (it != impl_->versions.end()) ++it->second.refs;
+}
+
+version_info content_store::info(const content_ref& ref) const {
+  version_info i;
+  if (!ref.version) {
+    i.format = "empty";
+    i.kind = "exact";
+    return i;
+  }
+  const version_rec r = impl_->get(ref.version);
+  i.version = r.id;
+  i.format = r.format;
+  i.kind = std::string(name(r.kind));
+  i.lineage = r.lineage;
+  i.base = r.base;
+  i.logical_bytes = r.size;
+  i.stored_bytes = impl_->objects.disk_bytes(r.obj.id);
+  i.path = r.path;
+  i.created_ns = r.created_ns;
+  i.refs = r.refs;
+  i.object = r.obj.id;
+  return i;
+}
+
+void content_store::snapshot(std::vector<std::vector<std::byte>>& out) const {
+  std::lock_guard lock(impl_->mu);
+  for (const auto& [id, l] : impl_->lineages)
+    if (l.journaled) out.push_back(to_bytes(impl::lineage_json(l)));
+  for (const auto& [id, r] : impl_->versions) out.push_back(to_bytes(impl::version_json(r)));
+}
+
+std::vector<version_info> content_store::versions() const {
+  std::vector<std::uint64_t> ids;
+  {
+    std::lock_guard lock(impl_->mu);
+    for (const auto& [id, r] : impl_->versions) ids.push_back(id);
+  }
+  std::vector<version_info> out;
+  out.reserve(ids.size());
+  for (auto id : ids) {
+    try {
+      out.push_back(info({id, 0}));
+    } catch (const corrupt_error&) {
+      // reclaimed meanwhile
+    }
+  }
+  return out;
+}
+
+version_detail content_store::detail(const content_ref& ref) {
+  version_detail d;
+  d.info = info(ref);
+  if (!ref.version) return d;
+  const auto m = impl_->meta_of(ref.version);
+  const version_meta& meta = *m->meta;
+  d.coding = meta.coding;
+  if (!d.coding.bits && meta.bits) d.coding.bits = meta.bits;  // written before coding_params
+  for (const auto& r : meta.exact) d.exact_stored_bytes += r.encoded_bytes;
+  for (const auto& f : meta.tensors) {
+    const auto& t = meta.layout.tensors.at(f.tensor);
+    d.tensors.push_back({t.name, std::string(format::name(t.type)), t.elements(),
+                         f.mode != tensor_mode::delta ? "lossless"
+                         : f.ratio                    ? "ratio"
+                                                      : "delta",
+                         f.encoded_bytes});
+  }
+  return d;
+}
+
+}  // namespace ckpt::fs

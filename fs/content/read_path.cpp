@@ -1,0 +1,513 @@
+// The read path: open() and the reader of one version. Exact files are served from their zstd
+// blocks; checkpoints through served-file assembly with the reconstructed tensors, decoded a chunk
+// of blocks at a time through their base chains, ahead of the reader by background workers.
+#include <algorithm>
+#include <cstring>
+
+#include "codec/error.hpp"
+#include "codec/format/assemble.hpp"
+#include "codec/format/read_order.hpp"
+#include "fs/content/content_impl.hpp"
+#include "fs/content/read_ahead.hpp"
+
+namespace ckpt::fs {
+
+using bytes = std::vector<std::byte>;
+
+void content_store::impl::prefetch(std::vector<prefetch_job> jobs) {
+  if (jobs.empty()) return;
+  {
+    std::lock_guard lock(prefetch_mu);
+    for (auto& j : jobs) {
+      if (prefetch_queue.size() >= kPrefetchQueueMax) break;
+      prefetch_queue.push_back(std::move(j));
+    }
+  }
+  prefetch_cv.notify_all();
+}
+
+void content_store::impl::prefetch_loop(std::stop_token stop) {
+  for (;;) {
+    prefetch_job job;
+    {
+      std::unique_lock lock(prefetch_mu);
+      if (!prefetch_cv.wait(lock, stop, [&] { return !prefetch_queue.empty(); })) return;
+      job = std::move(prefetch_queue.front());
+      prefetch_queue.pop_front();
+    }
+    if (job.alive.expired()) continue;  // its reader is gone
+    try {
+      if (job.chunk == whole_tensor)
+        tensor_recon(job.version, job.tensor);
+      else if (!cache.get({job.version, k_tensor, job.tensor}))  // not already whole
+        chunk_recon(job.version, job.tensor, job.chunk, job.bytes, false);
+    } catch (...) {
+      // The reader's own request reports the error; a version may also have been reclaimed.
+    }
+  }
+}
+
+std::shared_ptr<const cache_item> content_store::impl::meta_of(std::uint64_t v) {
+  read_guard guard(*this);
+  const version_rec r = get_for_read(v);
+  // Keyed by object: a rewritten version's new metadata never meets its old object.
+  return cache.get_or_load({v, k_meta, r.obj.id}, [&] {
+    std::byte prefix[content_prefix_size];
+    objects.read(r.obj.id, 0, prefix);
+    std::uint32_t magic, version;
+    std::uint64_t meta_len, meta_sum;
+    std::memcpy(&magic, prefix, 4);
+    std::memcpy(&version, prefix + 4, 4);
+    std::memcpy(&meta_len, prefix + 8, 8);
+    std::memcpy(&meta_sum, prefix + 16, 8);
+    if (magic != content_magic) throw corrupt_error("content: bad object magic");
+    if (version != content_format_version)
+      throw error(errc::unsupported, "content: object format " + std::to_string(version));
+    if (meta_len > r.obj.size - content_prefix_size) throw corrupt_error("content: meta length");
+    bytes meta(meta_len);
+    objects.read(r.obj.id, content_prefix_size, meta);
+    if (XXH3_64bits(meta.data(), meta.size()) != meta_sum)
+      throw corrupt_error("content: metadata checksum mismatch in version " + std::to_string(v));
+    auto item = std::make_shared<cache_item>();
+    item->meta = std::make_shared<const version_meta>(decode_meta(meta));
+    item->frame_at.assign(item->meta->layout.tensors.size(), 0);
+    for (std::size_t i = 0; i < item->meta->tensors.size(); ++i)
+      item->frame_at[item->meta->tensors[i].tensor] = std::uint32_t(i + 1);
+    item->data_base = content_prefix_size + meta_len;
+    item->obj_id = r.obj.id;
+    item->base = r.base;
+    return std::pair{std::shared_ptr<const cache_item>(item), std::uint64_t(meta_len * 4 + 256)};
+  });
+}
+
+byte_buffer content_store::impl::read_data(std::uint64_t v, const cache_item& m, std::uint64_t at,
+                                           std::uint64_t len) {
+  byte_buffer out(len);
+  (void)v;
+  objects.read(m.obj_id, m.data_base + at, out);
+  return out;
+}
+
+std::shared_ptr<const cache_item> content_store::impl::exact_block(std::uint64_t v,
+                                                                   std::size_t region,
+                                                                   std::size_t block) {
+  read_guard guard(*this);
+  return cache.get_or_load({v, k_block, (std::uint64_t(region) << 32) | block}, [&] {
+    auto m = meta_of(v);
+    const exact_region& r = m->meta->exact.at(region);
+    const std::uint64_t begin = r.blocks.at(block);
+    const std::uint64_t end = block + 1 < r.blocks.size() ? r.blocks[block + 1] : r.encoded_bytes;
+    if (end < begin) throw corrupt_error("content: block index");
+    const byte_buffer enc = read_data(v, *m, r.data_at + begin, end - begin);
+    const std::uint64_t first = std::uint64_t(block) * r.block_bytes;
+    auto item = std::make_shared<cache_item>();
+    item->data = byte_buffer(std::min<std::uint64_t>(r.block_bytes, r.length - first));
+    codec::decode(enc, {}, item->data);
+    return std::pair{std::shared_ptr<const cache_item>(item), std::uint64_t(item->data.size())};
+  });
+}
+
+// Reads bytes of the exact regions; every byte of [offset, offset + out.size()) must be in one.
+void content_store::impl::read_exact(std::uint64_t v, const version_meta& meta,
+                                     std::uint64_t offset, std::span<std::byte> out) {
+  const auto& regions = meta.exact;
+  auto it = std::upper_bound(regions.begin(), regions.end(), offset,
+                             [](std::uint64_t o, const exact_region& r) { return o < r.offset; });
+  while (!out.empty()) {
+    if (it == regions.begin()) throw corrupt_error("content: read outside stored regions");
+    const exact_region& r = *std::prev(it);
+    if (offset >= r.offset + r.length) throw corrupt_error("content: read outside stored regions");
+    const std::size_t ri = std::size_t(std::prev(it) - regions.begin());
+    const std::uint64_t in_region = offset - r.offset;
+    const std::size_t block = std::size_t(in_region / r.block_bytes);
+    const std::uint64_t in_block = in_region % r.block_bytes;
+    const auto b = exact_block(v, ri, block);
+    const std::size_t n =
+        std::size_t(std::min<std::uint64_t>(out.size(), b->data.size() - in_block));
+    std::memcpy(out.data(), b->data.data() + in_block, n);
+    out = out.subspan(n);
+    offset += n;
+    if (offset >= r.offset + r.length) ++it;
+  }
+}
+
+// The reconstruction of tensor `t` (index into the version's layout) of version v, decoding
+// the chain back to its keyframe when the cache no longer has the base.
+std::shared_ptr<const cache_item> content_store::impl::tensor_recon(std::uint64_t v,
+                                                                    std::size_t t) {
+  read_guard guard(*this);  // the whole chain decode
+  return cache.get_or_load({v, k_tensor, t}, [&] {
+    auto item = std::make_shared<cache_item>();
+    item->data = materialize(v, t);
+    const std::uint64_t bytes = item->data.size();
+    return std::pair{std::shared_ptr<const cache_item>(item), bytes};
+  });
+}
+
+// The reconstruction of tensor t of version v in a buffer the caller owns. A chain whose base is
+// not cached is decoded into one buffer, every delta applied in place (each element is read
+// and written at the same index), instead of a fresh buffer per link: fresh pages cost the
+// kernel more to fault in and zero than the decoding itself.
+byte_buffer content_store::impl::materialize(std::uint64_t v, std::size_t t) {
+  if (auto c = cache.get({v, k_tensor, t})) {
+    byte_buffer copy(c->data.size());
+    std::memcpy(copy.data(), c->data.data(), copy.size());
+    return copy;
+  }
+  auto m = meta_of(v);
+  const tensor_frame* f = frame_of(*m, t);
+  if (!f) throw corrupt_error("content: tensor has no frame");
+  const std::uint64_t length = m->meta->layout.tensors.at(t).length;
+  // An indexed chain is decoded a chunk at a time into the one output buffer: the frames are
+  // read a chunk at a time too, so the per-thread scratch stays a chunk's size instead of
+  // growing to the largest frame ever read (and staying there).
+  if (const std::uint64_t cb = chain_chunk_bytes(v, t)) {
+    byte_buffer whole(length);
+    for (std::uint64_t at = 0, c = 0; at < length; at += cb, ++c)
+      decode_chunk_into(v, t, std::size_t(c),
+                        std::span<std::byte>(whole).subspan(at, std::min(cb, length - at)), true);
+    return whole;
+  }
+  byte_buffer out;
+  std::shared_ptr<const cache_item> cached_base;
+  if (f->mode == tensor_mode::delta) {
+    const std::uint64_t base_id = m->base;
+    cached_base = cache.get({base_id, k_tensor, f->base_tensor});
+    out = cached_base ? byte_buffer(length) : materialize(base_id, f->base_tensor);
+    if ((cached_base ? cached_base->data.size() : out.size()) != length)
+      throw corrupt_error("content: base size mismatch");
+  } else {
+    out = byte_buffer(length);
+  }
+  // Read the frame only now: the recursion above reuses the same per-thread scratch. After a
+  // remount frames are cold: the disk writes them into the scratch without a page-cache copy.
+  thread_local byte_buffer scratch;
+  const std::span<const std::byte> enc =
+      objects.read_uncached(m->obj_id, m->data_base + f->data_at, f->encoded_bytes, scratch);
+  if (f->mode == tensor_mode::delta) {
+    codec::decode(enc,
+                  cached_base ? std::span<const std::byte>(cached_base->data)
+                              : std::span<const std::byte>(out),
+                  out);
+  } else {
+    codec::decode(enc, {}, out);
+  }
+  return out;
+}
+
+// Chunk c of tensor t of version v (payload bytes [c * chunk_bytes, ...) of a frame with a
+// block index), decoded through its chain a chunk at a time.
+// `parallel`: decode the chunk's blocks on oneTBB's workers (a reader waiting for it) or on the
+// calling thread alone (the read-ahead workers, which already run one decode per core).
+std::shared_ptr<const cache_item> content_store::impl::chunk_recon(std::uint64_t v, std::size_t t,
+                                                                   std::size_t c,
+                                                                   std::uint64_t bytes,
+                                                                   bool parallel) {
+  read_guard guard(*this);  // the whole chain decode
+  return chunks.get_or_load({v, k_chunk, chunk_index(t, c)}, [&] {
+    auto item = std::make_shared<cache_item>();
+    item->home = chunk_pool;  // also when decoding throws
+    item->data = chunk_pool->take(bytes);
+    decode_chunk_into(v, t, c, item->data, parallel);
+    const std::uint64_t charged = item->data.capacity();
+    return std::pair{std::shared_ptr<const cache_item>(item), charged};
+  });
+}
+
+// Decodes chunk c of tensor t of version v into `out` (exactly the chunk's bytes). The base
+// chunk comes from the caches when they have it; otherwise a base with the same block geometry
+// is decoded into `out` and the delta applied in place, and any other base (a version written
+// before block indexes) is reconstructed whole.
+void content_store::impl::decode_chunk_into(std::uint64_t v, std::size_t t, std::size_t c,
+                                            std::span<std::byte> out, bool parallel) {
+  const auto m = meta_of(v);
+  const tensor_frame* f = frame_of(*m, t);
+  if (!f || f->blocks.empty()) throw corrupt_error("content: tensor has no block index");
+  const std::uint64_t length = m->meta->layout.tensors.at(t).length;
+  const std::uint64_t cb = chunk_bytes(*f), begin = std::uint64_t(c) * cb;
+  const std::size_t b0 = c * kChunkBlocks;
+  if (b0 >= f->blocks.size() || begin >= length || out.size() != std::min(cb, length - begin))
+    throw corrupt_error("content: chunk outside its tensor");
+  const std::size_t b1 = std::min(b0 + kChunkBlocks, f->blocks.size());
+
+  std::shared_ptr<const cache_item> held;  // keeps a cached base alive while it is read
+  std::span<const std::byte> base;
+  if (f->mode == tensor_mode::delta) {
+    const std::uint64_t base_id = m->base;
+    const auto bm = meta_of(base_id);
+    const tensor_frame* bf = frame_of(*bm, f->base_tensor);
+    const bool same_geometry = bf && !bf->blocks.empty() && bf->type == f->type &&
+                               bf->block_elements == f->block_elements &&
+                               bm->meta->layout.tensors.at(f->base_tensor).length == length;
+    if ((held = cache.get({base_id, k_tensor, f->base_tensor}))) {
+      if (held->data.size() != length) throw corrupt_error("content: base size mismatch");
+      base = std::span<const std::byte>(held->data).subspan(begin, out.size());
+    } else if (same_geometry &&
+               (held = chunks.get({base_id, k_chunk, chunk_index(f->base_tensor, c)}))) {
+      if (held->data.size() != out.size()) throw corrupt_error("content: base size mismatch");
+      base = held->data;
+    } else if (same_geometry) {
+      decode_chunk_into(base_id, f->base_tensor, c, out, parallel);
+      base = out;
+    } else {
+      held = tensor_recon(base_id, f->base_tensor);
+      if (held->data.size() != length) throw corrupt_error("content: base size mismatch");
+      base = std::span<const std::byte>(held->data).subspan(begin, out.size());
+    }
+  }
+  // Read the frame's blocks only now: the recursion above reuses the same per-thread scratch.
+  const std::uint64_t from = f->blocks[b0];
+  const std::uint64_t to = b1 < f->blocks.size() ? f->blocks[b1] : f->encoded_bytes;
+  thread_local byte_buffer scratch;
+  const std::span<const std::byte> enc =
+      objects.read_uncached(m->obj_id, m->data_base + f->data_at + from, to - from, scratch);
+  if (parallel)
+    codec::decode(enc, base, out);
+  else
+    codec::decode_here(enc, base, out);
+}
+
+// Bytes per chunk for tensor t of version v when its whole chain can be decoded a chunk at a
+// time (every frame down to the keyframe has a block index of the same geometry), else 0: a
+// chunk over a base without an index would decode that whole base for every chunk.
+std::uint64_t content_store::impl::chain_chunk_bytes(std::uint64_t v, std::size_t t) {
+  std::shared_ptr<const cache_item> m = meta_of(v);
+  const tensor_frame* f = frame_of(*m, t);
+  if (!f) return 0;
+  const std::uint64_t cb = chunk_bytes(*f);
+  for (std::size_t depth = 0; cb && f->mode == tensor_mode::delta; ++depth) {
+    if (depth > 1'000'000) throw corrupt_error("content: base chain does not end");
+    m = meta_of(m->base);
+    const tensor_frame* b = frame_of(*m, f->base_tensor);
+    if (!b || b->type != f->type || chunk_bytes(*b) != cb) return 0;
+    f = b;
+  }
+  return cb;
+}
+
+// Serves one version: exact files straight from their regions, checkpoints through served-file
+// assembly with the reconstructed tensors and the stored member CRCs.
+class content_store::impl::reader final : public content_reader {
+ public:
+  reader(content_store::impl& s, std::uint64_t v, std::shared_ptr<const cache_item> meta)
+      : store_(s), version_(v), meta_(std::move(meta)) {
+    const version_meta& m = *meta_->meta;
+    if (m.kind == version_kind::exact) return;
+    replaced_.assign(m.layout.tensors.size(), false);
+    for (const auto& f : m.tensors) replaced_[f.tensor] = true;
+    const std::vector<bool>& replaced = replaced_;
+    format::source original(m.size, [this](std::uint64_t off, std::span<std::byte> out) {
+      store_.read_exact(version_, *meta_->meta, off, out);
+    });
+    // The units of decoding: chunks of tensors with a block index, whole tensors otherwise.
+    chunk_bytes_.assign(m.layout.tensors.size(), 0);
+    first_unit_.assign(m.layout.tensors.size(), 0);
+    std::vector<std::vector<std::size_t>> units_of(m.layout.tensors.size());
+    bool chunked = false;
+    for (std::size_t t = 0; t < replaced.size(); ++t) {
+      if (!replaced[t]) continue;
+      const std::uint64_t len = m.layout.tensors[t].length;
+      std::uint64_t cb = 0;
+      try {
+        cb = store_.chain_chunk_bytes(version_, t);
+      } catch (const std::exception&) {
+        // A damaged or missing link: decoded whole, and the read reports the error.
+      }
+      chunk_bytes_[t] = cb;
+      first_unit_[t] = units_.size();
+      chunked |= cb != 0;
+      const std::size_t n = cb ? std::size_t((len + cb - 1) / cb) : 1;
+      for (std::size_t c = 0; c < n; ++c) {
+        units_of[t].push_back(units_.size());
+        units_.push_back({t, cb ? c : whole_tensor, cb ? std::min(cb, len - c * cb) : len});
+      }
+    }
+    // Decode ahead in the order the reader is expected to go, among the reconstructed tensors.
+    std::vector<std::size_t> predicted, file_order, by_offset;
+    std::vector<std::uint64_t> length;
+    for (const auto& u : units_) length.push_back(u.bytes);
+    for (auto t : format::read_order(m.layout))
+      if (replaced[t]) predicted.insert(predicted.end(), units_of[t].begin(), units_of[t].end());
+    for (std::size_t t = 0; t < replaced.size(); ++t)
+      if (replaced[t]) by_offset.push_back(t);
+    std::sort(by_offset.begin(), by_offset.end(), [&](std::size_t a, std::size_t b) {
+      return m.layout.tensors[a].offset < m.layout.tensors[b].offset;
+    });
+    for (auto t : by_offset)
+      file_order.insert(file_order.end(), units_of[t].begin(), units_of[t].end());
+    const bool zip = m.layout.format == format::file_format::torch_zip ||
+                     m.layout.format == format::file_format::npz;
+    ahead_.emplace(std::move(predicted), std::move(file_order), std::move(length),
+                   chunked ? store_.chunk_read_ahead_bytes() : store_.read_ahead_bytes(), zip);
+    served_.emplace(
+        m.layout, original, replaced,
+        [this](std::size_t t, std::uint64_t off, std::span<std::byte> out) { fill(t, off, out); });
+    for (const auto& [member, crc] : m.member_crcs) served_->set_member_crc(member, crc);
+  }
+
+  // A reader pins its version: a read in flight must not lose its data because the file was
+  // rewritten and the old version's last name released meanwhile. Last in the constructor, so
+  // that a constructor that throws leaves no pin behind.
+  void pin() {
+    std::lock_guard lock(store_.mu);
+    auto it = store_.versions.find(version_);
+    if (it == store_.versions.end()) throw corrupt_error("content: version was reclaimed");
+    ++it->second.refs;
+    pinned_ = true;
+  }
+
+  ~reader() override {
+    try {
+      // Into `unneeded`, removed after the next journal sync: what made this version or its
+      // chain unnecessary (a rekey, a new head) may not be durable yet.
+      std::lock_guard lock(store_.mu);
+      auto it = store_.versions.find(version_);
+      if (!pinned_ || it == store_.versions.end() || it->second.refs == 0) return;
+      --it->second.refs;
+      store_.collect(version_, store_.unneeded);
+    } catch (...) {
+      // Leftover objects are garbage for gc, never a dangling reference.
+    }
+  }
+  reader(const reader&) = delete;
+  reader& operator=(const reader&) = delete;
+
+  std::uint64_t size() const override { return meta_->meta->size; }
+
+  std::size_t read(std::uint64_t offset, std::span<std::byte> out) const override {
+    if (offset >= size()) return 0;
+    const std::size_t n = std::size_t(std::min<std::uint64_t>(out.size(), size() - offset));
+    if (served_) {
+      // A reader that starts at the beginning will most likely read the whole file: start
+      // decoding its first tensors while it reads the headers.
+      if (offset == 0) queue(ahead_->start());
+      return served_->read(offset, out.first(n));
+    }
+    store_.read_exact(version_, *meta_->meta, offset, out.first(n));
+    return n;
+  }
+
+  view peek(std::uint64_t offset, std::size_t len) const override {
+    if (!served_ || offset >= size()) return {};
+    len = std::size_t(std::min<std::uint64_t>(len, size() - offset));
+    const auto& segs = meta_->meta->layout.segments;
+    auto it =
+        std::upper_bound(segs.begin(), segs.end(), offset,
+                         [](std::uint64_t o, const format::segment& s) { return o < s.offset; });
+    if (it == segs.begin()) return {};
+    --it;
+    if (!it->tensor || !replaced_[*it->tensor]) return {};
+    const std::uint64_t in_seg = offset - it->offset;
+    if (in_seg + len > it->length) return {};
+    const std::size_t t = *it->tensor;
+    // Read-ahead follows the reader also through tensors served from the cache.
+    queue(ahead_->touch(unit_at(t, in_seg)));
+    const std::uint64_t cb = chunk_bytes_[t];
+    // The whole tensor when the cache has it, or when it is decoded whole anyway.
+    if (auto w = cb ? store_.cache.get({version_, k_tensor, t}) : store_.tensor_recon(version_, t))
+      return {w, std::span<const std::byte>(w->data.data() + in_seg, len)};
+    const std::size_t c = std::size_t(in_seg / cb);
+    if (in_seg % cb + len > units_[unit_at(t, in_seg)].bytes) return {};  // spans two: read()
+    auto r = chunk(t, c);
+    const std::span<const std::byte> bytes(r->data.data() + in_seg % cb, len);
+    return {std::move(r), bytes};
+  }
+
+ private:
+  // The unit holding byte `off` of tensor t's payload.
+  std::size_t unit_at(std::size_t t, std::uint64_t off) const {
+    const std::uint64_t cb = chunk_bytes_[t];
+    return first_unit_[t] + (cb ? std::size_t(off / cb) : 0);
+  }
+
+  // Bytes [off, off + out.size()) of tensor t's reconstruction: from the whole tensor when the
+  // cache has it (a version just written, or read warm), else chunk by chunk. Each unit is
+  // queued for read-ahead before (perhaps) waiting for it, also when it is cached.
+  void fill(std::size_t t, std::uint64_t off, std::span<std::byte> out) const {
+    const std::uint64_t cb = chunk_bytes_[t];
+    if (!cb) {
+      queue(ahead_->touch(unit_at(t, off)));
+      const auto r = store_.tensor_recon(version_, t);  // from the cache when it is there
+      std::memcpy(out.data(), r->data.data() + off, out.size());
+      return;
+    }
+    while (!out.empty()) {
+      const std::size_t c = std::size_t(off / cb);
+      const std::size_t ui = unit_at(t, off);
+      const unit& u = units_.at(ui);
+      queue(ahead_->touch(ui));
+      std::shared_ptr<const cache_item> r = store_.cache.get({version_, k_tensor, t});
+      if (r) {  // the whole tensor: no chunk needed
+        std::memcpy(out.data(), r->data.data() + off, out.size());
+        return;
+      }
+      r = chunk(t, c);
+      const std::size_t n = std::size_t(std::min<std::uint64_t>(out.size(), u.bytes - off % cb));
+      std::memcpy(out.data(), r->data.data() + off % cb, n);
+      out = out.subspan(n);
+      off += n;
+    }
+  }
+
+  // Chunk c of tensor t, decoded now if no worker has it (in parallel: the reader is waiting).
+  std::shared_ptr<const cache_item> chunk(std::size_t t, std::size_t c) const {
+    const unit& u = units_.at(first_unit_[t] + c);
+    auto r = store_.chunk_recon(version_, t, c, u.bytes, true);
+    if (r->data.size() != u.bytes) throw corrupt_error("content: chunk of an unexpected size");
+    return r;
+  }
+
+  void queue(const std::vector<std::size_t>& next) const {
+    std::vector<prefetch_job> jobs;
+    for (auto i : next) {
+      const unit& u = units_[i];
+      jobs.push_back({version_, u.tensor, u.chunk, u.bytes, alive_});
+    }
+    store_.prefetch(std::move(jobs));
+  }
+
+  content_store::impl& store_;
+  std::uint64_t version_;
+  std::shared_ptr<const cache_item> meta_;
+  std::optional<format::served_file> served_;
+  std::vector<bool> replaced_;  // tensors served reconstructed
+  // Units of decoding and read-ahead: chunk `chunk` of `tensor`, or the whole tensor.
+  struct unit {
+    std::size_t tensor;
+    std::size_t chunk;  // whole_tensor for a tensor without a block index
+    std::uint64_t bytes;
+  };
+  std::vector<unit> units_;
+  std::vector<std::size_t> first_unit_;     // per tensor: its first unit
+  std::vector<std::uint64_t> chunk_bytes_;  // per tensor: bytes per chunk, 0 = decoded whole
+  mutable std::optional<read_ahead> ahead_;
+  // Prefetch jobs hold it weakly: they are dropped once the last handle on this reader is gone.
+  std::shared_ptr<const void> alive_ = std::make_shared<int>(0);
+  bool pinned_ = false;
+};
+
+namespace {
+
+class empty_reader final : public content_reader {
+ public:
+  std::uint64_t size() const override { return 0; }
+  std::size_t read(std::uint64_t, std::span<std::byte>) const override { return 0; }
+};
+
+}  // namespace
+
+std::shared_ptr<const content_reader> content_store::open(const content_ref& ref) {
+  if (ref.version == 0) return std::make_shared<empty_reader>();
+  auto r = std::make_shared<impl::reader>(*impl_, ref.version, impl_->meta_of(ref.version));
+  r->pin();
+  return r;
+}
+
+bool content_store::direct_read_ok(const content_ref& ref) const {
+  std::lock_guard lock(impl_->mu);
+  auto it = impl_->versions.find(ref.version);
+  return it != impl_->versions.end() && it->second.kind != version_kind::exact &&
+         it->second.format == format::name(format::file_format::torch_zip);
+}
+
+}  // namespace ckpt::fs

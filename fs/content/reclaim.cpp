@@ -1,0 +1,97 @@
+// Reclaiming: versions that nothing needs any more (no name, no dependent delta, not a lineage
+// head) are dropped, and their objects removed once no decode that started earlier can still
+// read them and the journal records that stopped needing them are durable.
+#include "fs/content/content_impl.hpp"
+
+namespace ckpt::fs {
+
+// Removes versions that nothing needs any more; caller holds mu. Returns objects to delete.
+void content_store::impl::collect(std::uint64_t v, std::vector<std::uint64_t>& objects_to_remove) {
+  while (v) {
+    auto it = versions.find(v);
+    if (it == versions.end()) return;
+    const version_rec& r = it->second;
+    if (r.refs || r.dependents || is_head(r)) return;
+    objects_to_remove.push_back(r.obj.id);
+    const std::uint64_t base = r.base;
+    graveyard.insert_or_assign(v, r);
+    versions.erase(it);
+    if (!base) return;
+    auto b = versions.find(base);
+    if (b == versions.end()) return;
+    --b->second.dependents;
+    v = base;
+  }
+}
+
+// Removes objects once no decode that started before this call can read them (see
+// read_guard). The ids must be in `removing` (take_unneeded) or otherwise unreferenced.
+void content_store::impl::remove_objects(const std::vector<std::uint64_t>& ids) {
+  if (ids.empty()) return;
+  {
+    std::lock_guard lock(epoch_mu);
+    deferred.emplace_back(++epoch, ids);
+  }
+  drain();
+}
+
+// Carries out the deferred removals no active guard can still need.
+void content_store::impl::drain() {
+  std::vector<std::uint64_t> ready;
+  {
+    std::lock_guard lock(epoch_mu);
+    if (deferred.empty()) return;
+    const std::uint64_t oldest = active_epochs.empty() ? UINT64_MAX : *active_epochs.begin();
+    auto keep = std::stable_partition(deferred.begin(), deferred.end(),
+                                      [&](const auto& d) { return d.first > oldest; });
+    for (auto it = keep; it != deferred.end(); ++it)
+      ready.insert(ready.end(), it->second.begin(), it->second.end());
+    deferred.erase(keep, deferred.end());
+  }
+  if (ready.empty()) return;
+  for (auto id : ready) {
+    try {
+      objects.remove(id);
+    } catch (...) {
+      // Left for gc: an unreferenced object is garbage, never a dangling reference.
+    }
+  }
+  std::lock_guard lock(mu);
+  const std::set<std::uint64_t> gone(ready.begin(), ready.end());
+  for (auto id : ready) removing.erase(id);
+  std::erase_if(graveyard, [&](const auto& g) { return gone.count(g.second.obj.id) != 0; });
+}
+
+std::vector<std::uint64_t> content_store::take_unneeded_objects() {
+  std::lock_guard lock(impl_->mu);
+  impl_->removing.insert(impl_->unneeded.begin(), impl_->unneeded.end());
+  return std::exchange(impl_->unneeded, {});
+}
+
+void content_store::return_unneeded_objects(const std::vector<std::uint64_t>& ids) {
+  std::lock_guard lock(impl_->mu);
+  for (auto id : ids) impl_->removing.erase(id);
+  impl_->unneeded.insert(impl_->unneeded.end(), ids.begin(), ids.end());
+}
+
+bool content_store::has_unneeded_objects() const {
+  std::lock_guard lock(impl_->mu);
+  return !impl_->unneeded.empty();
+}
+
+void content_store::remove_objects(const std::vector<std::uint64_t>& ids) {
+  impl_->remove_objects(ids);
+}
+
+void content_store::unref(const content_ref& ref) {
+  if (!ref.version) return;
+  std::lock_guard lock(impl_->mu);
+  auto it = impl_->versions.find(ref.version);
+  if (it == impl_->versions.end() || it->second.refs == 0) return;
+  --it->second.refs;
+  // Removed after the next journal sync: collecting a base chain may also take a superseded
+  // head whose successor's record is not durable yet.
+  impl_->collect(ref.version, impl_->unneeded);
+}
+
+}  // namespace ckpt::fs

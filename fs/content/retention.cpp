@@ -1,0 +1,225 @@
+// Retention and management: rekey (prune's rewrite of the oldest kept delta as a keyframe),
+// verify (checksums, metadata, optionally a full decode against the recorded digests) and garbage
+// collection of objects nothing references.
+#include <cstring>
+
+#include "codec/error.hpp"
+#include "fs/content/content_impl.hpp"
+#include "fs/content/data_area.hpp"
+
+namespace ckpt::fs {
+
+using bytes = std::vector<std::byte>;
+
+std::uint64_t content_store::rekey(std::uint64_t v) {
+  auto& m = *impl_;
+  version_rec r = m.get(v);
+  if (r.kind != version_kind::delta) return 0;
+  // No put into this lineage meanwhile (it would read the chain we are changing), and one
+  // rekey of a version at a time.
+  std::shared_ptr<std::mutex> encode_mu;
+  {
+    std::lock_guard lock(m.mu);
+    if (auto l = m.lineages.find(r.lineage); l != m.lineages.end()) encode_mu = l->second.encode_mu;
+  }
+  std::unique_lock<std::mutex> lineage_lock;
+  if (encode_mu) lineage_lock = std::unique_lock(*encode_mu);
+  r = m.get(v);
+  if (r.kind != version_kind::delta) return 0;
+
+  impl::read_guard guard(m);  // the old object is read until the new one is written
+  const auto old = m.meta_of(v);
+  if (old->obj_id != r.obj.id) throw corrupt_error("content: version changed during rekey");
+  const version_meta& om = *old->meta;
+  version_meta meta;
+  meta.size = om.size;
+  meta.kind = version_kind::keyframe;
+  meta.layout = om.layout;
+  meta.member_crcs = om.member_crcs;
+  meta.created_ns = om.created_ns;
+  data_area data;
+  // Exact regions and lossless frames are copied encoded; deltas become lossless frames of
+  // their reconstruction, which is what the version reads as.
+  // Tensor frames stay in memory (set_block_index reads them; the write path holds them in
+  // memory too); exact regions may spill.
+  auto copy_encoded = [&](std::uint64_t at, std::uint64_t len, bool may_spill) {
+    return m.copy_encoded(old->obj_id, old->data_base + at, len, may_spill, data);
+  };
+  for (exact_region x : om.exact) {
+    x.data_at = copy_encoded(x.data_at, x.encoded_bytes, true);
+    meta.exact.push_back(std::move(x));
+  }
+  for (tensor_frame f : om.tensors) {
+    if (f.mode == tensor_mode::lossless) {
+      f.data_at = copy_encoded(f.data_at, f.encoded_bytes, false);
+      if (m.opt.block_index) set_block_index(f, data.pieces.back().memory);  // older: get one
+    } else {
+      const auto recon = m.tensor_recon(v, f.tensor);
+      if (f.digest && XXH3_64bits(recon->data.data(), recon->data.size()) != f.digest)
+        throw corrupt_error("content: version " + std::to_string(v) +
+                            " does not match its digest; not rewritten");
+      bytes frame;
+      codec::encode_exact_into(f.type, recon->data, frame);
+      f.mode = tensor_mode::lossless;
+      f.base_tensor = 0;
+      f.data_at = data.size;
+      f.encoded_bytes = frame.size();
+      if (m.opt.block_index) set_block_index(f, frame);
+      data.add(std::move(frame));
+    }
+    meta.tensors.push_back(f);
+  }
+
+  std::shared_lock object_gate(m.object_gate);
+  const store::object_ref obj = write_object(m.objects, meta, data);
+  data = {};
+  {
+    std::lock_guard lock(m.mu);
+    auto it = m.versions.find(v);
+    if (it == m.versions.end()) {  // reclaimed while we wrote (its names went meanwhile)
+      m.unneeded.push_back(obj.id);
+      return 0;
+    }
+    version_rec& cur = it->second;
+    if (cur.obj.id != old->obj_id) {  // rewritten meanwhile: ours is not needed
+      m.unneeded.push_back(obj.id);
+      return 0;
+    }
+    const std::uint64_t old_obj = cur.obj.id, old_base = cur.base;
+    cur.obj = obj;
+    cur.kind = version_kind::keyframe;
+    cur.base = 0;
+    cur.since_keyframe = 0;
+    if (m.is_head(cur)) m.lineages.at(cur.lineage).since_keyframe = 0;
+    m.journal.append(to_bytes(impl::version_json(cur)));
+    m.unneeded.push_back(old_obj);
+    if (auto b = m.versions.find(old_base); b != m.versions.end()) {
+      --b->second.dependents;
+      m.collect(old_base, m.unneeded);
+    }
+  }
+  // Readers see the new object from now on (metadata is cached by object); decoded data is
+  // the same bytes and stays cached.
+  return m.objects.disk_bytes(obj.id);
+}
+
+std::string content_store::verify(std::uint64_t v, bool deep,
+                                  const std::function<void(std::uint64_t)>& progress) {
+  auto& m = *impl_;
+  version_rec r;
+  try {
+    r = m.get(v);
+  } catch (const corrupt_error&) {
+    return "version " + std::to_string(v) + " is not in the store";
+  }
+  impl::read_guard guard(m);
+  try {
+    m.objects.verify(r.obj);
+  } catch (const std::exception& e) {
+    return "object " + std::to_string(r.obj.id) + ": " + e.what();
+  }
+  if (progress) progress(r.obj.size);
+  try {
+    // Parse the metadata from disk (a cached copy would hide damage).
+    m.cache.erase({v, k_meta, r.obj.id});
+    const auto item = m.meta_of(v);
+    if (item->obj_id != r.obj.id) return verify(v, deep, progress);  // rewritten meanwhile
+    const version_meta& meta = *item->meta;
+    const std::uint64_t area = r.obj.size - item->data_base;
+    if (meta.size != r.size) return "metadata size differs from the record";
+    std::shared_ptr<const cache_item> base_meta;
+    if (r.base) {
+      {
+        std::lock_guard lock(m.mu);
+        if (!m.versions.count(r.base))
+          return "base version " + std::to_string(r.base) + " is missing";
+      }
+      base_meta = m.meta_of(r.base);
+    }
+    for (const auto& x : meta.exact)
+      if (x.data_at + x.encoded_bytes > area) return "an exact region lies outside the object";
+    for (const auto& f : meta.tensors) {
+      if (f.data_at + f.encoded_bytes > area) return "a tensor frame lies outside the object";
+      if (f.mode == tensor_mode::delta &&
+          (!base_meta || f.base_tensor >= base_meta->meta->layout.tensors.size()))
+        return "a delta frame names a base tensor that does not exist";
+    }
+    if (!deep) return {};
+    for (std::size_t ri = 0; ri < meta.exact.size(); ++ri) {
+      const auto& x = meta.exact[ri];
+      const bytes enc = [&] {
+        bytes b(x.encoded_bytes);
+        m.objects.read(item->obj_id, item->data_base + x.data_at, b);
+        return b;
+      }();
+      std::uint64_t decoded = 0;
+      for (std::size_t b = 0; b < x.blocks.size(); ++b) {
+        const std::uint64_t begin = x.blocks[b];
+        const std::uint64_t end = b + 1 < x.blocks.size() ? x.blocks[b + 1] : x.encoded_bytes;
+        if (end < begin || end > enc.size()) return "an exact region's block index is damaged";
+        byte_buffer out(std::min<std::uint64_t>(x.block_bytes, x.length - decoded));
+        codec::decode(std::span(enc).subspan(begin, end - begin), {}, out);
+        decoded += out.size();
+      }
+      if (decoded != x.length) return "an exact region decodes to the wrong length";
+    }
+    for (const auto& f : meta.tensors) {
+      // Decode this version's frame from disk, on top of the base's reconstruction (cached,
+      // or decoded from its own chain).
+      const std::uint64_t length = meta.layout.tensors.at(f.tensor).length;
+      byte_buffer enc(f.encoded_bytes);
+      m.objects.read(item->obj_id, item->data_base + f.data_at, enc);
+      if (!f.blocks.empty()) {
+        // A block index that is well-formed but wrong would serve shifted blocks whose own
+        // checksums pass: compare it with the frame's headers.
+        const auto fi = codec::index_frame(enc);
+        if (fi.block_elements != f.block_elements || fi.offsets != f.blocks)
+          return "tensor '" + meta.layout.tensors.at(f.tensor).name +
+                 "' has a block index that does not match its frame";
+      }
+      byte_buffer out(length);
+      if (f.mode == tensor_mode::delta) {
+        const auto base = m.tensor_recon(r.base, f.base_tensor);
+        if (base->data.size() != length) return "a delta frame's base has another size";
+        codec::decode(enc, base->data, out);
+      } else {
+        codec::decode(enc, {}, out);
+      }
+      if (f.digest && XXH3_64bits(out.data(), out.size()) != f.digest)
+        return "tensor '" + meta.layout.tensors.at(f.tensor).name +
+               "' does not decode to its recorded digest";
+      // The next version in the chain decodes on top of this one.
+      auto item_out = std::make_shared<cache_item>();
+      item_out->data = std::move(out);
+      m.cache.put({v, k_tensor, f.tensor}, item_out, length);
+    }
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return {};
+}
+
+std::pair<std::uint64_t, std::uint64_t> content_store::collect_garbage(bool dry_run) {
+  auto& m = *impl_;
+  std::unique_lock gate(m.object_gate);  // no object between its write and its record
+  std::set<std::uint64_t> keep;
+  {
+    std::lock_guard lock(m.mu);
+    for (const auto& [id, r] : m.versions) keep.insert(r.obj.id);
+    // Removed after the next journal sync, or taken by a sync in progress: until that sync is
+    // durable the journal on disk may still name them.
+    keep.insert(m.unneeded.begin(), m.unneeded.end());
+    keep.insert(m.removing.begin(), m.removing.end());
+    for (const auto& [id, r] : m.graveyard) keep.insert(r.obj.id);
+  }
+  std::uint64_t count = 0, bytes_freed = 0;
+  for (auto id : m.objects.list()) {
+    if (keep.count(id)) continue;
+    ++count;
+    bytes_freed += m.objects.disk_bytes(id);
+    if (!dry_run) m.objects.remove(id);
+  }
+  return {count, bytes_freed};
+}
+
+}  // namespace ckpt::fs
