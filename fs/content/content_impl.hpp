@@ -76,7 +76,8 @@ using byte_buffer = store::page_buffer;
 // What the cache holds: parsed metadata (with where the data area starts) or decoded bytes.
 struct cache_item {
   std::shared_ptr<const version_meta> meta;
-  std::uint64_t data_base = 0;
+  std::uint64_t data_base = 0;   // metadata items: payload offset of the data area
+  std::uint64_t data_bytes = 0;  // metadata items: its length
   // Metadata items: the object it was parsed from and the version's base, taken together from
   // one record, so that a decode never mixes a rewritten version's old and new state.
   std::uint64_t obj_id = 0;

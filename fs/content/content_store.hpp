@@ -58,6 +58,9 @@ struct content_options {
   // Record each frame's block index (chunked cold reads). false only in tests, to write objects
   // as stores from before the index did and check that they still read.
   bool block_index = true;
+  // Content object format written (content_object.hpp). 1 only in tests: objects as stores from
+  // before streamed objects have them, to check that they still read.
+  std::uint32_t object_format = 2;
 };
 
 // True for tensors whose dict key path names optimizer state: a last component such as exp_avg,

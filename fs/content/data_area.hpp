@@ -34,6 +34,6 @@ struct data_area {
 
 // Writes a content object: prefix | meta | data area (durable when it returns).
 store::object_ref write_object(store::object_store& objects, const version_meta& meta,
-                               const data_area& data);
+                               const data_area& data, std::uint32_t format);
 
 }  // namespace ckpt::fs

@@ -306,7 +306,7 @@ content_ref content_store::put(std::string_view path, const format::source& src)
   }
 
   std::shared_lock object_gate(m.object_gate);  // until the record names the object
-  const store::object_ref obj = write_object(m.objects, meta, data);
+  const store::object_ref obj = write_object(m.objects, meta, data, m.opt.object_format);
   data = {};
 
   version_rec r;

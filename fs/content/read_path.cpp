@@ -8,6 +8,7 @@
 #include "codec/format/assemble.hpp"
 #include "codec/format/read_order.hpp"
 #include "fs/content/content_impl.hpp"
+#include "fs/content/content_object.hpp"
 #include "fs/content/read_ahead.hpp"
 
 namespace ckpt::fs {
@@ -52,31 +53,18 @@ std::shared_ptr<const cache_item> content_store::impl::meta_of(std::uint64_t v) 
   const version_rec r = get_for_read(v);
   // Keyed by object: a rewritten version's new metadata never meets its old object.
   return cache.get_or_load({v, k_meta, r.obj.id}, [&] {
-    std::byte prefix[content_prefix_size];
-    objects.read(r.obj.id, 0, prefix);
-    std::uint32_t magic, version;
-    std::uint64_t meta_len, meta_sum;
-    std::memcpy(&magic, prefix, 4);
-    std::memcpy(&version, prefix + 4, 4);
-    std::memcpy(&meta_len, prefix + 8, 8);
-    std::memcpy(&meta_sum, prefix + 16, 8);
-    if (magic != content_magic) throw corrupt_error("content: bad object magic");
-    if (version != content_format_version)
-      throw error(errc::unsupported, "content: object format " + std::to_string(version));
-    if (meta_len > r.obj.size - content_prefix_size) throw corrupt_error("content: meta length");
-    bytes meta(meta_len);
-    objects.read(r.obj.id, content_prefix_size, meta);
-    if (XXH3_64bits(meta.data(), meta.size()) != meta_sum)
-      throw corrupt_error("content: metadata checksum mismatch in version " + std::to_string(v));
+    content_header h = read_content_header(objects, r.obj);
     auto item = std::make_shared<cache_item>();
-    item->meta = std::make_shared<const version_meta>(decode_meta(meta));
+    item->meta = std::move(h.meta);
     item->frame_at.assign(item->meta->layout.tensors.size(), 0);
     for (std::size_t i = 0; i < item->meta->tensors.size(); ++i)
       item->frame_at[item->meta->tensors[i].tensor] = std::uint32_t(i + 1);
-    item->data_base = content_prefix_size + meta_len;
+    item->data_base = h.data_base;
+    item->data_bytes = h.data_bytes;
     item->obj_id = r.obj.id;
     item->base = r.base;
-    return std::pair{std::shared_ptr<const cache_item>(item), std::uint64_t(meta_len * 4 + 256)};
+    return std::pair{std::shared_ptr<const cache_item>(item),
+                     std::uint64_t(h.meta_bytes * 4 + 256)};
   });
 }
 

@@ -71,7 +71,7 @@ std::uint64_t content_store::rekey(std::uint64_t v) {
   }
 
   std::shared_lock object_gate(m.object_gate);
-  const store::object_ref obj = write_object(m.objects, meta, data);
+  const store::object_ref obj = write_object(m.objects, meta, data, m.opt.object_format);
   data = {};
   {
     std::lock_guard lock(m.mu);
@@ -125,7 +125,7 @@ std::string content_store::verify(std::uint64_t v, bool deep,
     const auto item = m.meta_of(v);
     if (item->obj_id != r.obj.id) return verify(v, deep, progress);  // rewritten meanwhile
     const version_meta& meta = *item->meta;
-    const std::uint64_t area = r.obj.size - item->data_base;
+    const std::uint64_t area = item->data_bytes;
     if (meta.size != r.size) return "metadata size differs from the record";
     std::shared_ptr<const cache_item> base_meta;
     if (r.base) {

@@ -1,8 +1,7 @@
 #pragma once
-// The metadata at the start of every content object: how the stored bytes map back to the file.
-// Object payload: u32 magic "CKCV" | u32 version (1) | u64 meta length | u64 XXH3-64 of meta |
-// meta (CBOR) | data area. The data area is made of codec blocks, each with its own checksum.
-// Layout documented in docs/format.md ("Content objects").
+// The metadata of every content object: how the stored bytes map back to the file. Where it sits
+// in the object (after the data area since format 2, before it in format 1) is content_object's
+// business; the byte layout is documented in docs/format.md ("Content objects").
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -14,9 +13,6 @@
 
 namespace ckpt::fs {
 
-inline constexpr std::uint32_t content_magic = 0x5643'4b43;  // "CKCV"
-inline constexpr std::uint32_t content_format_version = 1;
-inline constexpr std::size_t content_prefix_size = 24;
 
 // A run of file bytes stored exactly (zstd blocks of `block_bytes` input each).
 struct exact_region {

@@ -9,7 +9,6 @@
 #include <dirent.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
-#include <sys/uio.h>
 #include <unistd.h>
 #include "codec/xxh3.hpp"
 
@@ -22,8 +21,7 @@
 #include <optional>
 #include <string>
 
-#include "fs/store/posix.hpp"
-#include "fs/store/uring.hpp"
+#include "fs/store/object_framing.hpp"
 
 namespace ckpt::store {
 
@@ -31,12 +29,6 @@ using namespace detail;
 
 namespace {
 
-constexpr std::uint32_t header_magic = 0x424f4b43;  // "CKOB"
-constexpr std::uint32_t footer_magic = 0x454f4b43;  // "CKOE"
-constexpr std::uint16_t format_version = 1;
-constexpr std::size_t header_size = 32;
-constexpr std::size_t footer_size = 32;
-constexpr std::size_t framing_size = header_size + footer_size;
 constexpr std::size_t verify_chunk = std::size_t{4} << 20;
 
 // cachestat(2), Linux 6.5: how many pages of a file range the page cache holds, without
@@ -63,18 +55,6 @@ bool range_cached(int fd, std::uint64_t off, std::uint64_t len) {
   return c.nr_cache >= (len + page - 1) / page;
 }
 
-std::string object_name(object_id id) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%016" PRIx64 ".obj", id);
-  return buf;
-}
-
-std::string hex_id(object_id id) {
-  char buf[24];
-  std::snprintf(buf, sizeof buf, "%016" PRIx64, id);
-  return buf;
-}
-
 // Parses "<16 hex>.obj" (tmp == false) or "<16 hex>.obj.tmp" (tmp == true).
 std::optional<object_id> parse_name(const char* name, bool& tmp) {
   std::string_view s(name);
@@ -97,28 +77,6 @@ std::optional<object_id> parse_name(const char* name, bool& tmp) {
     id = (id << 4) | static_cast<object_id>(v);
   }
   return id;
-}
-
-std::array<std::byte, header_size> make_header(object_id id, std::uint64_t size) {
-  std::array<std::byte, header_size> h{};
-  put_u32(&h[0], header_magic);
-  put_u16(&h[4], format_version);
-  put_u16(&h[6], header_size);
-  put_u64(&h[8], id);
-  put_u64(&h[16], size);
-  put_u64(&h[24], XXH3_64bits(h.data(), 24));
-  return h;
-}
-
-std::array<std::byte, footer_size> make_footer(object_id id, std::uint64_t size,
-                                               std::uint64_t checksum) {
-  std::array<std::byte, footer_size> f{};
-  put_u64(&f[0], size);
-  put_u64(&f[8], checksum);
-  put_u64(&f[16], id);
-  put_u32(&f[24], static_cast<std::uint32_t>(XXH3_64bits(f.data(), 24)));
-  put_u32(&f[28], footer_magic);
-  return f;
 }
 
 // What the framing of an intact object says.
@@ -148,30 +106,9 @@ void for_each_entry(int dir_fd, const std::string& dir, F&& f) {
   if (errno != 0) throw_errno(errno, "cannot read object directory " + dir);
 }
 
-// Renames `from` to `to` in `dfd` unless `to` exists (returns EEXIST then), else 0 or an errno.
-// renameat2(RENAME_NOREPLACE) where the filesystem has it (ext4, xfs, btrfs, tmpfs); else
-// link + unlink, which also fails atomically on an existing name; else (no hard links, e.g. some
-// FUSE or SMB mounts) a check followed by a plain rename.
-int rename_noreplace(int dfd, const std::string& from, const std::string& to) {
-  if (::renameat2(dfd, from.c_str(), dfd, to.c_str(), RENAME_NOREPLACE) == 0) return 0;
-  if (errno != EINVAL && errno != ENOSYS && errno != ENOTSUP) return errno;
-  if (::linkat(dfd, from.c_str(), dfd, to.c_str(), 0) == 0) {
-    ::unlinkat(dfd, from.c_str(), 0);
-    return 0;
-  }
-  if (errno != EPERM && errno != ENOTSUP && errno != ENOSYS) return errno;
-  struct stat st;
-  if (::fstatat(dfd, to.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) return EEXIST;
-  return ::renameat(dfd, from.c_str(), dfd, to.c_str()) == 0 ? 0 : errno;
-}
-
 }  // namespace
 
-struct object_store::impl {
-  unique_fd dir_fd;
-  std::string dir;                    // for messages
-  std::atomic<object_id> next_id{1};  // 0 is never used: object_ref{} means "no object"
-
+struct object_store::impl : object_dir {
   // Opens object `id` and checks its framing against the file size. corrupt_error if missing,
   // truncated or damaged; io_error for other OS errors.
   unique_fd open_checked(object_id id, framing& out) const {
@@ -236,66 +173,14 @@ object_store::object_store(boost::filesystem::path dir)
   impl_->next_id.store(max_id + 1);
 }
 
+std::shared_ptr<object_dir> object_store::shared_dir() const {
+  return std::shared_ptr<object_dir>(impl_, impl_.get());  // shares ownership of the impl
+}
+
 object_ref object_store::put(std::span<const std::span<const std::byte>> pieces) {
-  const int dfd = impl_->dir_fd.get();
-  XXH3_state_t st;
-  XXH3_64bits_reset(&st);
-  std::uint64_t size = 0;
-  for (auto p : pieces) {
-    XXH3_64bits_update(&st, p.data(), p.size());
-    size += p.size();
-  }
-  const std::uint64_t checksum = XXH3_64bits_digest(&st);
-
-  // Normally the first id is free. It can be taken when another process writes into the same
-  // directory with its own counter (a fork()ed child shares the store lock): an existing object
-  // is never replaced; the put moves on to the next id instead.
-  for (;;) {
-    const object_id id = impl_->next_id.fetch_add(1);
-    const std::string name = object_name(id);
-    const std::string tmp = name + ".tmp";
-    struct stat existing;
-    if (::fstatat(dfd, name.c_str(), &existing, AT_SYMLINK_NOFOLLOW) == 0) continue;
-
-    const object_ref ref{id, size, checksum};
-    const auto header = make_header(id, size);
-    const auto footer = make_footer(id, size, checksum);
-    std::vector<std::span<const std::byte>> segments;
-    segments.reserve(pieces.size() + 2);
-    segments.emplace_back(header);
-    for (auto p : pieces)
-      if (!p.empty()) segments.push_back(p);
-    segments.emplace_back(footer);
-
-    unique_fd fd(::openat(dfd, tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
-    if (!fd && errno == EEXIST) continue;
-    if (!fd) throw_errno(errno, "cannot create object " + impl_->dir + "/" + tmp);
-    try {
-      write_and_datasync(fd.get(), segments, 0);
-      fd.reset();
-      const int rc = rename_noreplace(dfd, tmp, name);
-      if (rc == EEXIST) {
-        ::unlinkat(dfd, tmp.c_str(), 0);
-        continue;
-      }
-      if (rc != 0) throw_errno(rc, "cannot rename object " + tmp);
-    } catch (const io_error& e) {
-      ::unlinkat(dfd, tmp.c_str(), 0);
-      throw io_error(e.sys_errno(),
-                     "put object " + hex_id(id) + " into " + impl_->dir + ": " + e.what());
-    } catch (...) {
-      ::unlinkat(dfd, tmp.c_str(), 0);
-      throw;
-    }
-    // The name must be durable before anyone records a reference to it. If the directory fsync
-    // fails the object's fate is unknown: remove it and fail the put (the caller rewrites).
-    if (::fsync(dfd) != 0) {
-      int e = errno;
-      ::unlinkat(dfd, name.c_str(), 0);
-      throw_errno(e, "put object " + hex_id(id) + ": fsync of " + impl_->dir);
-    }
-    return ref;
-  }
+  object_writer w = begin();
+  for (auto p : pieces) w.append(p);
+  return w.commit();
 }
 
 void object_store::read(object_id id, std::uint64_t offset, std::span<std::byte> out) const {
@@ -409,6 +294,19 @@ std::uint64_t object_store::disk_bytes(object_id id) const {
     throw_errno(errno, "cannot stat object " + hex_id(id));
   }
   return static_cast<std::uint64_t>(st.st_size);
+}
+
+int detail::rename_noreplace(int dfd, const std::string& from, const std::string& to) {
+  if (::renameat2(dfd, from.c_str(), dfd, to.c_str(), RENAME_NOREPLACE) == 0) return 0;
+  if (errno != EINVAL && errno != ENOSYS && errno != ENOTSUP) return errno;
+  if (::linkat(dfd, from.c_str(), dfd, to.c_str(), 0) == 0) {
+    ::unlinkat(dfd, from.c_str(), 0);
+    return 0;
+  }
+  if (errno != EPERM && errno != ENOTSUP && errno != ENOSYS) return errno;
+  struct stat st;
+  if (::fstatat(dfd, to.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) return EEXIST;
+  return ::renameat(dfd, from.c_str(), dfd, to.c_str()) == 0 ? 0 : errno;
 }
 
 }  // namespace ckpt::store

@@ -2,8 +2,10 @@
 // Immutable objects in STORE/objects/: the encoded bytes of stored file versions. An object is
 // written once, made durable, and only then referenced from the journal; a crash in between
 // leaves an unreferenced object (garbage for gc), never a reference to missing data.
-// Writes go through io_uring (one ring per writing thread, batched submissions, short writes
-// resubmitted, any fsync error fatal for that object). Byte layout: docs/format.md ("Objects").
+// Objects are streamed: an object_writer takes the payload piece by piece (a checkpoint is
+// encoded into its object as it goes, so neither has to fit in memory), writing whole buffers
+// through io_uring with O_DIRECT where the filesystem allows it, while the caller encodes the
+// next piece. Byte layout: docs/format.md ("Objects").
 #include <boost/filesystem/path.hpp>
 #include <cstddef>
 #include <cstdint>
@@ -16,11 +18,44 @@
 namespace ckpt::store {
 
 using object_id = std::uint64_t;
+namespace detail {
+struct object_dir;
+}
 
 struct object_ref {
   object_id id = 0;
   std::uint64_t size = 0;      // payload bytes (what put() was given)
   std::uint64_t checksum = 0;  // XXH3-64 of the payload
+};
+
+class object_store;
+
+// One object being written. Nothing is visible until commit(): the bytes go to `<id>.obj.tmp`,
+// which a crash leaves for the next open of the store to remove, and which the destructor of a
+// writer that was not committed (an error, an exception) removes at once. Not thread-safe; one
+// writer per object, any number of writers at once.
+class object_writer {
+ public:
+  object_writer(object_writer&&) noexcept;
+  object_writer& operator=(object_writer&&) noexcept;
+  ~object_writer();
+
+  // Appends payload bytes (copied: the caller may reuse its buffer at once). Throws io_error
+  // (ENOSPC, EIO; the errno is kept) and the writer is then unusable: destroy it.
+  void append(std::span<const std::byte> bytes);
+  std::uint64_t size() const noexcept;  // payload bytes appended so far
+
+  // Writes the framing, fdatasyncs, renames to `<id>.obj` (never replacing an existing file) and
+  // fsyncs the directory; returns when the object is durable. Throws io_error and leaves no
+  // object behind. A failed fsync is never retried: the caller writes the object again from its
+  // own data.
+  object_ref commit();
+
+ private:
+  friend class object_store;
+  struct state;
+  explicit object_writer(std::unique_ptr<state> s);
+  std::unique_ptr<state> s_;
 };
 
 class object_store {
@@ -31,13 +66,15 @@ class object_store {
   explicit object_store(boost::filesystem::path dir);
 
   // Writes the concatenation of `pieces` as a new object and returns when it is durable (data
-  // and directory entry fsynced). On failure (ENOSPC, EIO...) throws ckpt::io_error with the
-  // errno and leaves no object behind. Thread-safe: each calling thread gets its own io_uring
-  // (created on first use, freed at thread exit; a forked child makes a new one). Cost: one
-  // fdatasync + rename + directory fsync per object (~0.4 ms for a 4 KiB object on the dev VM's
-  // ext4), so group small things into one object rather than one object each. Large objects
-  // stream at disk speed (no copy of the pieces; they must stay valid until put returns).
+  // and directory entry fsynced): begin(), append() of each piece, commit(). On failure (ENOSPC,
+  // EIO...) throws ckpt::io_error with the errno and leaves no object behind. Thread-safe. Cost:
+  // one fdatasync + rename + directory fsync per object (~0.4 ms for a 4 KiB object on the dev
+  // VM's ext4), so group small things into one object rather than one object each.
   object_ref put(std::span<const std::span<const std::byte>> pieces);
+
+  // A new object written piece by piece (see object_writer). Throws io_error when the temporary
+  // file cannot be created. Thread-safe.
+  object_writer begin();
 
   // Reads payload bytes [offset, offset + out.size()). Throws corrupt_error if the object is
   // missing, truncated or its framing is damaged, or if the range is past the payload; io_error
@@ -70,6 +107,7 @@ class object_store {
 
  private:
   struct impl;
+  std::shared_ptr<detail::object_dir> shared_dir() const;  // for the writers
   boost::filesystem::path dir_;
   // Directory fd and the id counter. A shared_ptr binds its deleter where impl is complete (in
   // object_store.cpp), so the class needs no user-declared destructor; copies of an object_store

@@ -1,27 +1,42 @@
 #pragma once
-// io_uring plumbing for the object store: one ring per writing thread (created on first use,
-// owned by a thread_local RAII holder, recreated in a forked child because a ring's memory is
-// shared with the parent), and one operation built on it: write a sequence of byte ranges
-// contiguously into a file, then fdatasync it. Internal to fs/store/.
+// io_uring plumbing for the object store's writers: a small queue of asynchronous writes of whole
+// buffers, so that a writer encodes its next piece while the previous one goes to the disk.
+// Internal to fs/store/.
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 
 namespace ckpt::store::detail {
 
-// Writes the concatenation of `segments` at file offset `offset` of `fd`, then fdatasyncs the
-// file (IORING_FSYNC_DATASYNC, submitted only after every write completed: io_uring gives no
-// ordering between queued operations). Writes are batched (several iovecs per SQE, several SQEs
-// per submission); short writes and -EAGAIN are resubmitted. Any write or fsync error is final
-// (fsyncgate: never retry an fsync): it throws ckpt::io_error with the errno after every
-// submitted operation has completed, so the caller's buffers are no longer in use.
-// The caller's buffers must stay valid until the call returns (they do: it is synchronous).
-// If the kernel refuses io_uring (ENOSYS, or EPERM under a seccomp filter or
-// kernel.io_uring_disabled), falls back to pwritev + fdatasync with the same contract.
-void write_and_datasync(int fd, std::span<const std::span<const std::byte>> segments,
-                        std::uint64_t offset);
+// Writes of caller-owned buffers at given file offsets, at most `depth` in flight, through a ring
+// this object owns (one writer, one thread at a time; a ring is never shared across fork()).
+// Contract:
+// - a submitted buffer must stay valid and unchanged until the queue has waited for it:
+//   wait_all(), the destructor, or a submit() that needed its slot (the oldest write);
+// - short writes and -EAGAIN are resubmitted; the first error is final: it is thrown by the next
+//   submit() or wait_all(), after every write in flight completed (so no buffer is still in use
+//   when the caller unwinds);
+// - no ordering between writes in flight, and no fsync here: the caller syncs after wait_all().
+// When the kernel refuses io_uring (ENOSYS, or EPERM under seccomp or io_uring_disabled), writes
+// are synchronous pwrites with the same contract.
+class write_queue {
+ public:
+  explicit write_queue(unsigned depth = 4);
+  ~write_queue();
+  write_queue(const write_queue&) = delete;
+  write_queue& operator=(const write_queue&) = delete;
 
-// True if this thread's writes go through io_uring (false after the pwritev fallback engaged).
+  void submit(int fd, std::span<const std::byte> data, std::uint64_t offset);
+  void wait_all();
+  bool asynchronous() const noexcept;  // false: the pwrite fallback is in use
+
+ private:
+  struct impl;
+  std::unique_ptr<impl> impl_;
+};
+
+// True if io_uring can be used by this process (a probe ring is set up and torn down).
 bool uring_available();
 
 }  // namespace ckpt::store::detail

@@ -1,0 +1,125 @@
+#include "fs/content/content_object.hpp"
+
+#include <cstring>
+#include <vector>
+
+#include "codec/error.hpp"
+#include "codec/xxh3.hpp"
+
+namespace ckpt::fs {
+namespace {
+
+void put32(std::byte* p, std::uint32_t v) {
+  std::memcpy(p, &v, 4);
+}  // little-endian hosts
+void put64(std::byte* p, std::uint64_t v) {
+  std::memcpy(p, &v, 8);
+}
+std::uint32_t get32(const std::byte* p) {
+  std::uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+std::uint64_t get64(const std::byte* p) {
+  std::uint64_t v;
+  std::memcpy(&v, p, 8);
+  return v;
+}
+
+std::shared_ptr<const version_meta> checked_meta(std::span<const std::byte> meta, std::uint64_t sum,
+                                                 const std::string& what) {
+  if (XXH3_64bits(meta.data(), meta.size()) != sum)
+    throw corrupt_error("content: metadata checksum mismatch in " + what);
+  return std::make_shared<const version_meta>(decode_meta(meta));
+}
+
+}  // namespace
+
+content_object_writer::content_object_writer(store::object_store& objects, std::uint32_t format)
+    : writer_(objects.begin()), format_(format) {
+  if (format != 1 && format != content_format_version)
+    throw invalid_argument("content object format " + std::to_string(format));
+  if (format_ == 1) return;  // the prefix names the metadata: written at finish()
+  std::byte prefix[content_prefix_size] = {};
+  put32(prefix, content_magic);
+  put32(prefix + 4, content_format_version);
+  writer_.append(prefix);
+}
+
+std::uint64_t content_object_writer::data_size() const noexcept {
+  return format_ == 1 ? v1_data_.size() : writer_.size() - content_prefix_size;
+}
+
+void content_object_writer::append(std::span<const std::byte> bytes) {
+  if (format_ == 1)
+    v1_data_.insert(v1_data_.end(), bytes.begin(), bytes.end());
+  else
+    writer_.append(bytes);
+}
+
+store::object_ref content_object_writer::finish(const version_meta& meta) {
+  const std::vector<std::byte> bytes = encode_meta(meta);
+  const std::uint64_t sum = XXH3_64bits(bytes.data(), bytes.size());
+  if (format_ == 1) {
+    std::byte prefix[content_prefix_size];
+    put32(prefix, content_magic);
+    put32(prefix + 4, 1);
+    put64(prefix + 8, bytes.size());
+    put64(prefix + 16, sum);
+    writer_.append(prefix);
+    writer_.append(bytes);
+    writer_.append(v1_data_);
+    return writer_.commit();
+  }
+  std::byte trailer[content_trailer_size] = {};
+  put64(trailer, bytes.size());
+  put64(trailer + 8, sum);
+  put32(trailer + 20, content_trailer_magic);
+  writer_.append(bytes);
+  writer_.append(trailer);
+  return writer_.commit();
+}
+
+content_header read_content_header(const store::object_store& objects,
+                                   const store::object_ref& obj) {
+  const std::string what = "object " + std::to_string(obj.id);
+  if (obj.size < content_prefix_size) throw corrupt_error("content: " + what + " is too short");
+  std::byte prefix[content_prefix_size];
+  objects.read(obj.id, 0, prefix);
+  if (get32(prefix) != content_magic) throw corrupt_error("content: bad object magic in " + what);
+  const std::uint32_t version = get32(prefix + 4);
+  content_header h;
+  if (version == 1) {
+    const std::uint64_t len = get64(prefix + 8);
+    if (len > obj.size - content_prefix_size) throw corrupt_error("content: meta length");
+    std::vector<std::byte> meta(len);
+    objects.read(obj.id, content_prefix_size, meta);
+    h.meta = checked_meta(meta, get64(prefix + 16), what);
+    h.data_base = content_prefix_size + len;
+    h.data_bytes = obj.size - h.data_base;
+    h.meta_bytes = len;
+    return h;
+  }
+  if (version != content_format_version)
+    throw error(errc::unsupported, "content: object format " + std::to_string(version));
+  if (get64(prefix + 8) != 0 || get64(prefix + 16) != 0)
+    throw corrupt_error("content: reserved prefix bytes are not zero in " + what);
+  if (obj.size < content_prefix_size + content_trailer_size)
+    throw corrupt_error("content: " + what + " is too short");
+  std::byte trailer[content_trailer_size];
+  objects.read(obj.id, obj.size - content_trailer_size, trailer);
+  if (get32(trailer + 20) != content_trailer_magic || get32(trailer + 16) != 0)
+    throw corrupt_error("content: bad metadata trailer in " + what);
+  const std::uint64_t len = get64(trailer);
+  if (len > obj.size - content_prefix_size - content_trailer_size)
+    throw corrupt_error("content: meta length");
+  std::vector<std::byte> meta(len);
+  objects.read(obj.id, obj.size - content_trailer_size - len, meta);
+  h.meta = checked_meta(meta, get64(trailer + 8), what);
+  h.data_base = content_prefix_size;
+  h.data_bytes = obj.size - content_prefix_size - content_trailer_size - len;
+  h.meta_bytes = len;
+  return h;
+}
+
+}  // namespace ckpt::fs

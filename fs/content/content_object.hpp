@@ -1,0 +1,63 @@
+#pragma once
+// Content objects: the object payload of one stored version (docs/format.md, "Content objects").
+//
+// Format 2, written since versions are streamed into their objects:
+//   prefix (24: magic "CKCV", u32 version 2, 16 reserved zero bytes) | data area |
+//   metadata (CBOR) | trailer (24: u64 metadata length, u64 XXH3-64 of the metadata, u32 0,
+//   u32 magic "CKCM")
+// The data area (codec frames and exact regions, each block with its own checksum) goes first, as
+// it is encoded; the metadata that indexes it follows once it is complete, so neither the
+// version's encoding nor its metadata's offsets have to be known up front.
+// Format 1 (stores written before; read, never written):
+//   prefix (24: magic, u32 version 1, u64 metadata length, u64 XXH3-64 of it) | metadata | data.
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "fs/content/version_meta.hpp"
+#include "fs/store/object_store.hpp"
+
+namespace ckpt::fs {
+
+inline constexpr std::uint32_t content_magic = 0x5643'4b43;          // "CKCV"
+inline constexpr std::uint32_t content_trailer_magic = 0x4d43'4b43;  // "CKCM"
+inline constexpr std::uint32_t content_format_version = 2;
+inline constexpr std::size_t content_prefix_size = 24;
+inline constexpr std::size_t content_trailer_size = 24;
+
+// Streams one version's content object into the object store.
+class content_object_writer {
+ public:
+  // Starts the object (writes the prefix). Throws io_error. `format` 1 exists for tests only
+  // (objects as stores before format 2 have them): its data area is held in memory until finish.
+  explicit content_object_writer(store::object_store& objects,
+                                 std::uint32_t format = content_format_version);
+
+  // Offset in the data area of the next appended byte (what version_meta records as data_at).
+  std::uint64_t data_size() const noexcept;
+  // Appends data-area bytes (copied). Throws io_error (ENOSPC, EIO).
+  void append(std::span<const std::byte> bytes);
+  // Appends the metadata and the trailer and commits the object (durable when it returns).
+  store::object_ref finish(const version_meta& meta);
+
+ private:
+  store::object_writer writer_;
+  std::uint32_t format_;
+  std::vector<std::byte> v1_data_;  // format 1 only
+};
+
+// A content object's metadata and where its data area starts in the payload.
+struct content_header {
+  std::shared_ptr<const version_meta> meta;
+  std::uint64_t data_base = 0;   // payload offset of data area byte 0
+  std::uint64_t data_bytes = 0;  // length of the data area
+  std::uint64_t meta_bytes = 0;  // size of the encoded metadata (cache accounting)
+};
+
+// Reads and checks the metadata of object `obj` (either format). corrupt_error on damage,
+// error(unsupported) for a format version this build does not know.
+content_header read_content_header(const store::object_store& objects,
+                                   const store::object_ref& obj);
+
+}  // namespace ckpt::fs
