@@ -28,6 +28,13 @@ void delta_stats::merge(const delta_stats& o) {
 
 namespace {
 
+// Per-key updates of one element: its count, mantissa sum and (track_range) extremes.
+struct range_bin {
+  std::uint32_t count = 0;  // flushed into the 64-bit totals before it can wrap
+  std::uint32_t min = 0xffffffffu, max = 0;
+  std::uint64_t sum = 0;
+};
+
 template <delta_kind K, class Load>
 void accumulate_with(delta_stats& s, std::size_t n, bool track_range, Load load) {
   if (!track_range) {
@@ -56,14 +63,54 @@ void accumulate_with(delta_stats& s, std::size_t n, bool track_range, Load load)
     }
     return;
   }
-  for (std::size_t i = 0; i < n; ++i) {
-    const auto [c, b] = load(i);
-    const std::uint32_t d = std::bit_cast<std::uint32_t>(delta_of<K>(c, b));
-    const std::uint32_t k = d >> 23, m = d & 0x7fffffu;
-    ++s.count[k];
-    s.mantissa_sum[k] += m;
-    s.mantissa_min[k] = std::min(s.mantissa_min[k], m);
-    s.mantissa_max[k] = std::max(s.mantissa_max[k], m);
+  // With extremes: four interleaved tables, each bin's fields side by side. Deltas crowd into a
+  // few keys, so one table made every element wait for the previous one's four read-modify-
+  // writes of the same bin (measured 0.4 GB/s a core on real Adam deltas). Integer sums, min and
+  // max merge exactly in any order: the result does not depend on the interleaving.
+  constexpr std::size_t lanes = 4;
+  std::vector<range_bin> bins(lanes * key_count);
+  auto update = [&](range_bin* table, std::uint32_t d) {
+    range_bin& b = table[d >> 23];
+    const std::uint32_t m = d & 0x7fffffu;
+    ++b.count;
+    b.sum += m;
+    b.min = std::min(b.min, m);
+    b.max = std::max(b.max, m);
+  };
+  auto flush = [&] {
+    for (std::size_t l = 0; l < lanes; ++l)
+      for (int k = 0; k < key_count; ++k) {
+        range_bin& b = bins[l * key_count + std::size_t(k)];
+        s.count[k] += b.count;
+        s.mantissa_sum[k] += b.sum;
+        s.mantissa_min[k] = std::min(s.mantissa_min[k], b.min);
+        s.mantissa_max[k] = std::max(s.mantissa_max[k], b.max);
+        b = range_bin{};
+      }
+  };
+  constexpr std::size_t flush_every = std::size_t(1) << 30;  // 32-bit counts of one lane
+  range_bin* const t0 = bins.data();
+  range_bin* const t1 = t0 + key_count;
+  range_bin* const t2 = t1 + key_count;
+  range_bin* const t3 = t2 + key_count;
+  for (std::size_t start = 0; start < n; start += flush_every) {
+    const std::size_t end = std::min(n, start + flush_every);
+    std::size_t i = start;
+    for (; i + lanes <= end; i += lanes) {
+      const auto [c0, b0] = load(i);
+      const auto [c1, b1] = load(i + 1);
+      const auto [c2, b2] = load(i + 2);
+      const auto [c3, b3] = load(i + 3);
+      update(t0, std::bit_cast<std::uint32_t>(delta_of<K>(c0, b0)));
+      update(t1, std::bit_cast<std::uint32_t>(delta_of<K>(c1, b1)));
+      update(t2, std::bit_cast<std::uint32_t>(delta_of<K>(c2, b2)));
+      update(t3, std::bit_cast<std::uint32_t>(delta_of<K>(c3, b3)));
+    }
+    for (; i < end; ++i) {
+      const auto [c, b] = load(i);
+      update(t0, std::bit_cast<std::uint32_t>(delta_of<K>(c, b)));
+    }
+    flush();
   }
 }
 

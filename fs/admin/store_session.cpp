@@ -66,7 +66,6 @@ store_session::store_session(const bf::path& store_dir, const store_session_opti
   objects_.emplace(dir_ / "objects");
   journal_.emplace(dir_ / "journal");
   content_options content = opt.content;
-  content.spill_dir = (dir_ / "staging").string();
   content_.emplace(*objects_, *journal_, content);
 
   fs_config cfg;

@@ -10,16 +10,20 @@
 //   reclaim.cpp           what nothing needs any more: reclaiming versions, deferred removal of
 //                         objects that a decode in flight may still read
 //   retention.cpp         management: rekey (prune's rewrite), verify, garbage collection
-//   data_area.cpp         the encoded data area of a version on its way into its object
+//   content_object.cpp    the object of one version: streamed data area, metadata trailer
+//   encode_slots.cpp      the write path's working memory: a fixed number of slab sets
 //   content_store.cpp     construction and the small public helpers
 #include <algorithm>
+#include <array>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <shared_mutex>
 #include <stop_token>
@@ -28,20 +32,30 @@
 #include <vector>
 
 #include "cache/lru_cache.hpp"
+#include "codec/error.hpp"
 #include "codec/tensor_codec.hpp"
 #include "codec/xxh3.hpp"
 #include "fs/content/buffer_pool.hpp"
 #include "fs/content/content_store.hpp"
+#include "fs/content/encode_slots.hpp"
 #include "fs/content/version_meta.hpp"
 #include "fs/store/page_buffer.hpp"
 
 namespace ckpt::fs {
 
-struct data_area;
+class content_object_writer;
 
 inline constexpr std::size_t kExactBlock = codec::default_block_bytes;
 inline constexpr std::size_t kExactChunk =
     16 * kExactBlock;  // read this much of a region at a time
+
+// The write path's unit: a tensor is read, delta-coded and written this many bytes at a time (16
+// codec blocks, 4 read chunks), with its own bucket table (per-tensor scope: a table per slab of
+// a larger tensor). Each encode running at once holds ~4 slabs (encode_slots.hpp).
+inline constexpr std::size_t kSlabBytes = 16 * codec::default_block_bytes;
+// A small checkpoint's reconstruction stays in the cache a whole tensor at a time, tensors up to
+// this size: the transient overshoot while one is made is at most this.
+inline constexpr std::uint64_t kRetainTensorMax = std::uint64_t(64) << 20;
 
 // Kinds of cache entries.
 enum : std::uint32_t { k_meta = 1, k_block = 2, k_tensor = 3, k_chunk = 4 };
@@ -107,10 +121,15 @@ inline std::uint64_t chunk_bytes(const tensor_frame& f) {
   return std::uint64_t(kChunkBlocks) * f.block_elements * codec::element_size(f.type);
 }
 
-inline void set_block_index(tensor_frame& f, std::span<const std::byte> frame) {
-  auto fi = codec::index_frame(frame);
-  f.block_elements = fi.block_elements;
-  f.blocks = std::move(fi.offsets);
+// Appends the blocks of one slab's encoding, which starts `frame_at` bytes into the frame, to the
+// frame's block index. Blocks are cut by size alone, so every block but a tensor's last holds the
+// same number of elements, across slabs too.
+inline void index_slab(tensor_frame& f, std::span<const std::byte> enc, std::uint64_t frame_at) {
+  const codec::frame_index fi = codec::index_frame(enc);
+  if (f.blocks.empty()) f.block_elements = fi.block_elements;
+  if (fi.block_elements != f.block_elements)
+    throw corrupt_error("content: a slab's blocks differ in size from the frame's");
+  for (auto o : fi.offsets) f.blocks.push_back(frame_at + o);
 }
 
 inline std::vector<std::byte> to_bytes(const nlohmann::json& j) {
@@ -195,6 +214,8 @@ struct content_store::impl {
   cache::lru_cache<cache_key, cache_item, cache_key_hash> cache;
   std::shared_ptr<buffer_pool> chunk_pool;
   cache::lru_cache<cache_key, cache_item, cache_key_hash> chunks;
+  // The write path's working memory (puts and rekeys wait for a set).
+  encode_slots slots;
 
   class reader;
 
@@ -268,10 +289,41 @@ struct content_store::impl {
   void drain();
 
   // ---- ingest.cpp ----
-  exact_region put_exact_region(const format::source& src, std::uint64_t offset,
-                                std::uint64_t length, data_area& area) const;
-  std::uint64_t copy_encoded(std::uint64_t obj, std::uint64_t at, std::uint64_t len, bool may_spill,
-                             data_area& area) const;
+  // One compressed tensor of a put: what to code it against.
+  struct tensor_job {
+    std::size_t tensor;
+    codec::dtype type;
+    std::optional<std::size_t> base_tensor;  // a delta against this tensor of the base version
+  };
+  struct tensor_result {
+    tensor_frame frame;
+    std::uint32_t crc = 0;  // CRC-32 of the reconstruction (zip members are rewritten with it)
+    bool any_ratio = false;
+  };
+  exact_region write_exact_region(const format::source& src, std::uint64_t offset,
+                                  std::uint64_t length, content_object_writer& out,
+                                  std::vector<std::byte>& enc) const;
+  // Streams one tensor into `out` a slab at a time; `recon_sink` sees each slab's
+  // reconstruction (offset in the tensor, bytes).
+  tensor_result encode_tensor(
+      const format::source& src, const format::tensor_info& t, const tensor_job& j,
+      std::uint64_t base_id, const std::array<codec::quant_table, 2>* shared_tables,
+      const codec::lossy_params& params, encode_slots::slabs& slab, content_object_writer& out,
+      const std::function<void(std::uint64_t, std::span<const std::byte>)>& recon_sink);
+  // Bytes [offset, offset + out.size()) of the reconstruction of tensor t of version v: from the
+  // cached whole tensor, else decoded through its chain a chunk at a time (offset a multiple of
+  // the chunk size), else (versions without block index) from a whole-tensor decode. `whole`
+  // carries a whole tensor from one call to the next.
+  void read_recon_slab(std::uint64_t v, std::size_t t, std::uint64_t offset,
+                       std::span<std::byte> out, std::shared_ptr<const cache_item>& whole);
+
+  // ---- retention.cpp ----
+  // Appends `len` encoded bytes at data-area offset `at` of the version `from` (a metadata
+  // item) to `out`, a slab at a time; with `index`, block by block, recording each block's
+  // offset in index->blocks (a frame from before block indexes gets one).
+  void copy_encoded(const cache_item& from, std::uint64_t at, std::uint64_t len,
+                    content_object_writer& out, encode_slots::slabs& slab,
+                    tensor_frame* index) const;
 };
 
 }  // namespace ckpt::fs

@@ -20,7 +20,8 @@ content_store::impl::impl(store::object_store& o, store::journal& j, content_opt
           kChunkBlocks * codec::default_block_bytes,
           chunk_budget(op.cache_bytes) / (kChunkBlocks * codec::default_block_bytes) +
               prefetch_workers() + 4)),
-      chunks(chunk_budget(op.cache_bytes)) {
+      chunks(chunk_budget(op.cache_bytes)),
+      slots(std::max(2u, std::thread::hardware_concurrency()), kSlabBytes) {
   for (std::size_t i = 0, n = prefetch_workers(); i < n; ++i)
     prefetchers.emplace_back([this](std::stop_token stop) { prefetch_loop(stop); });
 }

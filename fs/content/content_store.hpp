@@ -50,11 +50,6 @@ struct content_options {
   // Tensors that are nonnegative in both versions (Adam's exp_avg_sq) are coded as relative
   // changes (codec::delta_kind::ratio) instead of differences.
   bool relative = true;
-  // Exact regions (files that are not checkpoints, the non-tensor parts of checkpoints) whose
-  // input is longer than spill_bytes are encoded into an unlinked file in spill_dir on the way
-  // into their object, not into memory. Empty spill_dir: always memory.
-  std::string spill_dir;
-  std::uint64_t spill_bytes = std::uint64_t(64) << 20;
   // Record each frame's block index (chunked cold reads). false only in tests, to write objects
   // as stores from before the index did and check that they still read.
   bool block_index = true;

@@ -1,6 +1,9 @@
-// The write path: a finished file becomes a version. put() recognises the file, picks the base
-// (the lineage's head), encodes exact regions and tensor frames, writes the object and appends
-// the version's record.
+// The write path: a finished file becomes a version. put() recognises the file (headers only),
+// picks the base (the lineage's head), and streams the version into its object: exact regions a
+// chunk at a time, then each compressed tensor a slab at a time (the slab of the file, the same
+// slab of the base's reconstruction, the new reconstruction and its encoding; encode_slots.hpp).
+// Neither the file, its encoding nor its reconstruction is ever whole in memory. The version's
+// record is appended last.
 #include <array>
 #include <chrono>
 #include <cstring>
@@ -8,71 +11,135 @@
 #include <unordered_map>
 
 #include "codec/error.hpp"
-#include "codec/format/assemble.hpp"
+#include "codec/format/crc32.hpp"
 #include "codec/format/recognise.hpp"
 #include "fs/content/content_impl.hpp"
-#include "fs/content/data_area.hpp"
+#include "fs/content/content_object.hpp"
 #include "fs/content/lineage_key.hpp"
 
 namespace ckpt::fs {
 
 using bytes = std::vector<std::byte>;
 
-// Appends the exact coding of src[offset, offset + length) to `area` as a region, a chunk of
-// input at a time. A region longer than spill_bytes goes to the spill file chunk by chunk, so
-// memory holds one chunk of it, never the whole encoding.
-exact_region content_store::impl::put_exact_region(const format::source& src, std::uint64_t offset,
-                                                   std::uint64_t length, data_area& area) const {
-  const bool spill = !opt.spill_dir.empty() && length > opt.spill_bytes;
-  bytes data;
+namespace {
+
+// A replaced tensor that straddles a zip member's boundary would change bytes the member's CRC
+// covers without the member being rewritten whole: such a tensor is stored exact. Recognised
+// files never have one; a hostile file might.
+void keep_straddling_tensors_exact(format::layout& l) {
+  for (auto& t : l.tensors) {
+    if (!t.compress) continue;
+    for (const auto& mem : l.members) {
+      const std::uint64_t a = mem.data_offset, b = mem.data_offset + mem.data_length;
+      const bool overlaps = t.offset < b && a < t.offset + t.length;
+      const bool inside = t.offset >= a && t.offset + t.length <= b;
+      if (overlaps && !inside) t.compress = false;
+    }
+  }
+}
+
+}  // namespace
+
+exact_region content_store::impl::write_exact_region(const format::source& src,
+                                                     std::uint64_t offset, std::uint64_t length,
+                                                     content_object_writer& out,
+                                                     std::vector<std::byte>& enc) const {
   exact_region r;
   r.offset = offset;
   r.length = length;
-  r.data_at = area.size;
+  r.data_at = out.data_size();
   r.block_bytes = std::uint32_t(kExactBlock);
-  std::uint64_t spilled = 0;  // encoded bytes of this region already in the spill file
   bytes chunk;
+  std::uint64_t written = 0;  // encoded bytes of this region so far
   for (std::uint64_t at = 0; at < length; at += kExactChunk) {
-    const std::uint64_t n = std::min<std::uint64_t>(kExactChunk, length - at);
-    chunk.resize(n);
+    chunk.resize(std::size_t(std::min<std::uint64_t>(kExactChunk, length - at)));
     src.read(offset + at, chunk);
-    std::size_t pos = data.size();
-    codec::encode_exact_into(codec::dtype::bytes, chunk, data, kExactBlock);
-    while (pos < data.size()) {
-      r.blocks.push_back(spilled + pos);
-      pos += codec::read_block_header(std::span(data).subspan(pos)).total_size();
+    enc.clear();
+    codec::encode_exact_into(codec::dtype::bytes, chunk, enc, kExactBlock);
+    for (std::size_t pos = 0; pos < enc.size();) {
+      r.blocks.push_back(written + pos);
+      pos += codec::read_block_header(std::span(enc).subspan(pos)).total_size();
     }
-    if (spill) {
-      area.add_spilled(opt.spill_dir, data);
-      spilled += data.size();
-      data.clear();
-    }
+    out.append(enc);
+    written += enc.size();
   }
-  r.encoded_bytes = spilled + data.size();
-  if (!spill) area.add(std::move(data));
+  r.encoded_bytes = written;
   return r;
 }
 
-// Appends `len` encoded bytes of object `obj` at `at` to `area` (prune's rewrite copies exact
-// regions and lossless frames as they are): through the spill file when `may_spill` and longer
-// than spill_bytes. Returns their offset in the area.
-std::uint64_t content_store::impl::copy_encoded(std::uint64_t obj, std::uint64_t at,
-                                                std::uint64_t len, bool may_spill,
-                                                data_area& area) const {
-  const std::uint64_t pos = area.size;
-  if (!may_spill || opt.spill_dir.empty() || len <= opt.spill_bytes) {
-    bytes b(len);
-    objects.read(obj, at, b);
-    area.add(std::move(b));
-    return pos;
+void content_store::impl::read_recon_slab(std::uint64_t base, std::size_t tensor,
+                                          std::uint64_t offset, std::span<std::byte> out,
+                                          std::shared_ptr<const cache_item>& whole) {
+  if (!whole) whole = cache.get({base, k_tensor, tensor});
+  if (!whole) {
+    // Decoded through the base's chain a chunk at a time, when every link has a block index;
+    // slabs are whole chunks, except a tensor's last.
+    const std::uint64_t cb = chain_chunk_bytes(base, tensor);
+    if (cb && offset % cb == 0) {
+      for (std::uint64_t at = 0; at < out.size(); at += cb)
+        decode_chunk_into(base, tensor, std::size_t((offset + at) / cb),
+                          out.subspan(at, std::min<std::uint64_t>(cb, out.size() - at)), true);
+      return;
+    }
+    whole = tensor_recon(base, tensor);  // versions from before block indexes
   }
-  bytes b;
-  for (std::uint64_t done = 0; done < len; done += b.size()) {
-    b.resize(std::min<std::uint64_t>(kExactChunk, len - done));
-    objects.read(obj, at + done, b);
-    area.add_spilled(opt.spill_dir, b);
+  if (offset + out.size() > whole->data.size()) throw corrupt_error("content: base size mismatch");
+  std::memcpy(out.data(), whole->data.data() + offset, out.size());
+}
+
+content_store::impl::tensor_result content_store::impl::encode_tensor(
+    const format::source& src, const format::tensor_info& t, const tensor_job& j,
+    std::uint64_t base_id, const std::array<codec::quant_table, 2>* shared_tables,
+    const codec::lossy_params& params, encode_slots::slabs& slab, content_object_writer& out,
+    const std::function<void(std::uint64_t, std::span<const std::byte>)>& recon_sink) {
+  tensor_result res;
+  tensor_frame& f = res.frame;
+  f.tensor = j.tensor;
+  f.type = j.type;
+  f.data_at = out.data_size();
+  f.mode = j.base_tensor ? tensor_mode::delta : tensor_mode::lossless;
+  f.base_tensor = j.base_tensor.value_or(0);
+  XXH3_state_t digest;
+  XXH3_64bits_reset(&digest);
+  const bool range = opt.rep == codec::representative::midrange;
+  std::shared_ptr<const cache_item> base_whole;
+  std::uint64_t frame_at = 0;
+  for (std::uint64_t s = 0; s < t.length; s += kSlabBytes) {
+    const std::size_t n = std::size_t(std::min<std::uint64_t>(kSlabBytes, t.length - s));
+    const std::span<std::byte> cur(slab.cur.data(), n);
+    src.read(t.offset + s, cur);
+    std::span<const std::byte> recon = cur;
+    slab.enc.clear();
+    if (j.base_tensor) {
+      const std::span<std::byte> base(slab.base.data(), n);
+      read_recon_slab(base_id, *j.base_tensor, s, base, base_whole);
+      const codec::delta_input in{j.type, cur, base};
+      const codec::delta_kind kind = codec::choose_kind(in, opt.relative);
+      // Per slab, unless the paper's whole-checkpoint scope shares one table per kind: a table
+      // for every 16 MiB of a tensor (the tensor's own for smaller ones) follows large tensors
+      // whose parts move differently (DeepSpeed's flat partitions hold every layer).
+      const codec::quant_table table =
+          shared_tables ? (*shared_tables)[int(kind)]
+                        : codec::select_buckets(codec::gather_stats(std::span(&in, 1), range, kind),
+                                                opt.bits, opt.rep, kind);
+      res.any_ratio |= table.kind == codec::delta_kind::ratio;
+      const std::span<std::byte> out_recon(slab.recon.data(), n);
+      codec::encode_delta_into(in, table, params, out_recon, slab.enc);
+      recon = out_recon;
+    } else {
+      codec::encode_exact_into(j.type, cur, slab.enc);
+    }
+    if (opt.block_index) index_slab(f, slab.enc, frame_at);
+    out.append(slab.enc);
+    frame_at += slab.enc.size();
+    XXH3_64bits_update(&digest, recon.data(), recon.size());
+    res.crc = format::crc32(res.crc, recon);
+    if (recon_sink) recon_sink(s, recon);
   }
-  return pos;
+  f.encoded_bytes = frame_at;
+  f.digest = XXH3_64bits_digest(&digest);
+  f.ratio = res.any_ratio;
+  return res;
 }
 
 content_ref content_store::put(std::string_view path, const format::source& src) {
@@ -80,6 +147,7 @@ content_ref content_store::put(std::string_view path, const format::source& src)
   const std::uint64_t size = src.size();
   if (size == 0) return {};
   format::layout layout = format::recognise(src);
+  keep_straddling_tensors_exact(layout);
   bool checkpoint = false;
   for (const auto& t : layout.tensors) checkpoint |= t.compress;
 
@@ -109,6 +177,11 @@ content_ref content_store::put(std::string_view path, const format::source& src)
   if (encode_mu) lineage_lock = std::unique_lock(*encode_mu);
   if (checkpoint) {
     std::lock_guard lock(m.mu);
+    // The id is taken under the lineage's encode lock: within a lineage, ids follow completion
+    // order, which is what replay (and a compacted snapshot) takes the head from. Taken now, so
+    // that reconstructions can go into the cache under it while they are made (the id is not
+    // visible to any reader before the record is appended).
+    id = m.next_version++;
     const auto& l = m.lineages.at(lineage_id);
     base_id = l.head;
     if (base_id && !m.versions.count(base_id)) base_id = 0;
@@ -157,17 +230,20 @@ content_ref content_store::put(std::string_view path, const format::source& src)
     }
   } base_pin{m, base_id};
 
+  // The working memory: taken after the lineage lock (a put waiting for its lineage holds none).
+  const encode_slots::lease slot = m.slots.acquire();
+  encode_slots::slabs& slab = slot.get();
+
   version_meta meta;
   meta.size = size;
   meta.created_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
                         std::chrono::system_clock::now().time_since_epoch())
                         .count();
-  data_area data;
-  std::vector<std::shared_ptr<const cache_item>> recons(layout.tensors.size());
+  content_object_writer out(m.objects, m.opt.object_format);
   if (!checkpoint) {
     meta.kind = version_kind::exact;
     meta.layout = format::opaque_layout(size, layout.note);
-    meta.exact.push_back(m.put_exact_region(src, 0, size, data));
+    meta.exact.push_back(m.write_exact_region(src, 0, size, out, slab.enc));
   } else {
     meta.kind = keyframe ? version_kind::keyframe : version_kind::delta;
     meta.bits = keyframe ? 0 : m.opt.bits;
@@ -185,7 +261,8 @@ content_ref content_store::put(std::string_view path, const format::source& src)
     for (const auto& s : layout.segments) {
       const bool lossy = s.tensor && layout.tensors[*s.tensor].compress;
       if (lossy) {
-        if (run_len) meta.exact.push_back(m.put_exact_region(src, run_start, run_len, data));
+        if (run_len)
+          meta.exact.push_back(m.write_exact_region(src, run_start, run_len, out, slab.enc));
         run_start = s.offset + s.length;
         run_len = 0;
       } else {
@@ -193,7 +270,7 @@ content_ref content_store::put(std::string_view path, const format::source& src)
         run_len += s.length;
       }
     }
-    if (run_len) meta.exact.push_back(m.put_exact_region(src, run_start, run_len, data));
+    if (run_len) meta.exact.push_back(m.write_exact_region(src, run_start, run_len, out, slab.enc));
 
     std::shared_ptr<const cache_item> base_meta;
     std::unordered_map<std::string, std::size_t> base_by_name;
@@ -203,20 +280,12 @@ content_ref content_store::put(std::string_view path, const format::source& src)
       for (const auto& f : base_meta->meta->tensors)
         base_by_name[bl.tensors[f.tensor].name] = f.tensor;
     }
-    // Tensor by tensor, so that memory holds the write buffer, one tensor's copy and the
-    // reconstructions (base tensors leave the cache as their successors arrive). Checkpoint-wide
-    // buckets need one statistics pass over every delta first.
-    struct job {
-      std::size_t tensor;
-      codec::dtype type;
-      std::optional<std::size_t> base_tensor;
-      codec::delta_kind kind = codec::delta_kind::difference;
-    };
-    std::vector<job> jobs;
+    std::vector<impl::tensor_job> jobs;
+    std::uint64_t tensor_bytes = 0;
     for (std::size_t i = 0; i < layout.tensors.size(); ++i) {
       const auto& t = layout.tensors[i];
       if (!t.compress) continue;
-      job j{i, *format::codec_dtype(t.type), std::nullopt};
+      impl::tensor_job j{i, *format::codec_dtype(t.type), std::nullopt};
       if (base_meta && !(m.opt.exact_optimizer && is_optimizer_state(t.name))) {
         if (auto b = base_by_name.find(t.name); b != base_by_name.end()) {
           const auto& bt = base_meta->meta->layout.tensors[b->second];
@@ -224,90 +293,104 @@ content_ref content_store::put(std::string_view path, const format::source& src)
         }
       }
       jobs.push_back(j);
+      tensor_bytes += t.length;
     }
-    const bool range = m.opt.rep == codec::representative::midrange;
-    // Checkpoint scope: one table per delta kind, shared by the tensors of that kind.
+    // Checkpoint scope: one table per delta kind, shared by the tensors of that kind; one
+    // statistics pass over every slab of every delta first.
     std::optional<std::array<codec::quant_table, 2>> shared_tables;
     if (m.opt.scope == codec::bucket_scope::checkpoint && base_meta) {
+      const bool range = m.opt.rep == codec::representative::midrange;
       std::array<codec::delta_stats, 2> all;
-      for (auto& j : jobs) {
+      for (const auto& j : jobs) {
         if (!j.base_tensor) continue;
         const auto& t = layout.tensors[j.tensor];
-        const bytes cur = src.read(t.offset, t.length);
-        const auto base = m.tensor_recon(base_id, *j.base_tensor);
-        const codec::delta_input in{j.type, cur, base->data};
-        j.kind = codec::choose_kind(in, m.opt.relative);
-        all[int(j.kind)].merge(codec::gather_stats(std::span(&in, 1), range, j.kind));
+        std::shared_ptr<const cache_item> whole;
+        for (std::uint64_t s = 0; s < t.length; s += kSlabBytes) {
+          const std::size_t n = std::size_t(std::min<std::uint64_t>(kSlabBytes, t.length - s));
+          const std::span<std::byte> cur(slab.cur.data(), n), base(slab.base.data(), n);
+          src.read(t.offset + s, cur);
+          m.read_recon_slab(base_id, *j.base_tensor, s, base, whole);
+          const codec::delta_input in{j.type, cur, base};
+          const auto kind = codec::choose_kind(in, m.opt.relative);
+          all[int(kind)].merge(codec::gather_stats(std::span(&in, 1), range, kind));
+        }
       }
       shared_tables = {
           codec::select_buckets(all[0], m.opt.bits, m.opt.rep, codec::delta_kind::difference),
           codec::select_buckets(all[1], m.opt.bits, m.opt.rep, codec::delta_kind::ratio)};
     }
+    const codec::lossy_params params{
+        m.opt.bits, meta.coding.group ? meta.coding.group : codec::default_group(m.opt.bits),
+        m.opt.rep,
+        m.opt.paper_coding ? codec::entropy_policy::huffman_only : codec::entropy_policy::best};
+    // Small checkpoints keep their reconstruction in the cache, a whole tensor at a time: it is
+    // the next version's base and the likeliest next read. Larger ones are decoded again when
+    // needed, a chunk at a time.
+    const bool retain = tensor_bytes <= m.cache.budget() / 2;
+    std::vector<std::uint32_t> tensor_crc(layout.tensors.size());
+    std::vector<bool> replaced(layout.tensors.size());
     for (const auto& j : jobs) {
       const auto& t = layout.tensors[j.tensor];
-      byte_buffer cur(t.length);
-      src.read(t.offset, cur);
-      tensor_frame f;
-      f.tensor = j.tensor;
-      f.type = j.type;
-      f.data_at = data.size;
-      bytes frame;
-      auto recon = std::make_shared<cache_item>();
+      std::shared_ptr<cache_item> keep;
+      if (retain && t.length <= kRetainTensorMax) {
+        keep = std::make_shared<cache_item>();
+        keep->data = byte_buffer(t.length);
+        // Charged before it is filled, so the cache makes room first; nobody reads the version
+        // before its record exists.
+        m.cache.put({id, k_tensor, j.tensor}, keep, t.length);
+      }
+      const auto sink = [&](std::uint64_t off, std::span<const std::byte> recon) {
+        if (keep) std::memcpy(keep->data.data() + off, recon.data(), recon.size());
+      };
+      impl::tensor_result r = m.encode_tensor(
+          src, t, j, base_id, shared_tables ? &*shared_tables : nullptr, params, slab, out, sink);
       if (j.base_tensor) {
-        const auto base = m.tensor_recon(base_id, *j.base_tensor);
-        const codec::delta_input in{j.type, cur, base->data};
-        codec::quant_table table;
-        if (shared_tables) {
-          table = (*shared_tables)[int(j.kind)];
-        } else {
-          const auto kind = codec::choose_kind(in, m.opt.relative);
-          table = codec::select_buckets(codec::gather_stats(std::span(&in, 1), range, kind),
-                                        m.opt.bits, m.opt.rep, kind);
-        }
-        f.mode = tensor_mode::delta;
-        f.ratio = table.kind == codec::delta_kind::ratio;
-        f.base_tensor = *j.base_tensor;
-        recon->data = byte_buffer(cur.size());
-        const codec::lossy_params params{
-            m.opt.bits, meta.coding.group, m.opt.rep,
-            m.opt.paper_coding ? codec::entropy_policy::huffman_only : codec::entropy_policy::best};
-        codec::encode_delta_into(in, table, params, recon->data, frame);
         // The superseded base is the likeliest eviction victim; readers of the old version
         // decode it again from its own chain.
         m.cache.erase({base_id, k_tensor, *j.base_tensor});
-      } else {
-        f.mode = tensor_mode::lossless;
-        codec::encode_exact_into(j.type, cur, frame);
-        recon->data = std::move(cur);
       }
-      f.encoded_bytes = frame.size();
-      if (m.opt.block_index) set_block_index(f, frame);
-      f.digest = XXH3_64bits(recon->data.data(), recon->data.size());
-      data.add(std::move(frame));
-      meta.tensors.push_back(f);
-      recons[j.tensor] = recon;
+      tensor_crc[j.tensor] = r.crc;
+      replaced[j.tensor] = true;
+      meta.tensors.push_back(r.frame);
     }
-    // The served CRC of every rewritten zip member, computed now while the payloads are here.
-    if (!layout.fixups.empty()) {
-      std::vector<bool> replaced(layout.tensors.size());
-      for (std::size_t i = 0; i < replaced.size(); ++i) replaced[i] = recons[i] != nullptr;
-      format::served_file sf(layout, src, replaced,
-                             [&](std::size_t t, std::uint64_t off, std::span<std::byte> out) {
-                               std::memcpy(out.data(), recons[t]->data.data() + off, out.size());
-                             });
-      std::vector<bool> done(layout.members.size());
-      for (const auto& fx : layout.fixups) {
-        if (done[fx.member]) continue;
-        done[fx.member] = true;
-        meta.member_crcs.push_back({fx.member, sf.member_crc(fx.member)});
+    // The served CRC of every zip member holding a rewritten payload: the member's bytes in
+    // order, opaque ones read from the file, each reconstructed tensor's CRC folded in whole.
+    std::vector<bool> done(layout.members.size());
+    for (const auto& fx : layout.fixups) {
+      if (done[fx.member]) continue;
+      done[fx.member] = true;
+      const auto& mem = layout.members[fx.member];
+      const std::uint64_t end = mem.data_offset + mem.data_length;
+      std::uint32_t crc = 0;
+      bool dirty = false;
+      auto it =
+          std::upper_bound(layout.segments.begin(), layout.segments.end(), mem.data_offset,
+                           [](std::uint64_t v, const format::segment& s) { return v < s.offset; });
+      if (it != layout.segments.begin()) --it;
+      for (std::uint64_t at = mem.data_offset; at < end; ++it) {
+        const std::uint64_t seg_end = it->offset + it->length;
+        const std::uint64_t n = std::min(seg_end, end) - at;
+        if (it->tensor && replaced[*it->tensor]) {  // whole: straddlers were kept exact
+          crc = format::crc32_combine(crc, tensor_crc[*it->tensor], n);
+          dirty = true;
+        } else {
+          for (std::uint64_t done_bytes = 0; done_bytes < n;) {
+            const std::size_t k = std::size_t(std::min<std::uint64_t>(kSlabBytes, n - done_bytes));
+            const std::span<std::byte> buf(slab.cur.data(), k);
+            src.read(at + done_bytes, buf);
+            crc = format::crc32(crc, buf);
+            done_bytes += k;
+          }
+        }
+        at += n;
       }
+      if (dirty) meta.member_crcs.push_back({fx.member, crc});
     }
     meta.layout = std::move(layout);
   }
 
   std::shared_lock object_gate(m.object_gate);  // until the record names the object
-  const store::object_ref obj = write_object(m.objects, meta, data, m.opt.object_format);
-  data = {};
+  const store::object_ref obj = out.finish(meta);
 
   version_rec r;
   r.obj = obj;
@@ -322,9 +405,7 @@ content_ref content_store::put(std::string_view path, const format::source& src)
   r.refs = 1;
   {
     std::lock_guard lock(m.mu);
-    // The id is taken here, under the lineage's encode lock: within a lineage, ids follow
-    // completion order, which is what replay (and a compacted snapshot) takes the head from.
-    id = m.next_version++;
+    if (!id) id = m.next_version++;  // exact files: no lineage, no order to keep
     r.id = id;
     if (lineage_id) {
       auto& l = m.lineages.at(lineage_id);
@@ -346,9 +427,6 @@ content_ref content_store::put(std::string_view path, const format::source& src)
     // A superseded head that nothing else needs goes only after this record is durable.
     if (old_head) m.collect(old_head, m.unneeded);
   }
-  // The reconstructions are the next version's bases and the likely next reads.
-  for (std::size_t i = 0; i < recons.size(); ++i)
-    if (recons[i]) m.cache.put({id, k_tensor, i}, recons[i], recons[i]->data.size());
   return {id, size};
 }
 

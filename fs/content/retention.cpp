@@ -5,7 +5,7 @@
 
 #include "codec/error.hpp"
 #include "fs/content/content_impl.hpp"
-#include "fs/content/data_area.hpp"
+#include "fs/content/content_object.hpp"
 
 namespace ckpt::fs {
 
@@ -37,42 +37,58 @@ std::uint64_t content_store::rekey(std::uint64_t v) {
   meta.layout = om.layout;
   meta.member_crcs = om.member_crcs;
   meta.created_ns = om.created_ns;
-  data_area data;
-  // Exact regions and lossless frames are copied encoded; deltas become lossless frames of
-  // their reconstruction, which is what the version reads as.
-  // Tensor frames stay in memory (set_block_index reads them; the write path holds them in
-  // memory too); exact regions may spill.
-  auto copy_encoded = [&](std::uint64_t at, std::uint64_t len, bool may_spill) {
-    return m.copy_encoded(old->obj_id, old->data_base + at, len, may_spill, data);
-  };
+  // Streamed like a put: exact regions and lossless frames are copied encoded, a chunk at a
+  // time; deltas become lossless frames of their reconstruction (what the version reads as),
+  // decoded and re-encoded a slab at a time.
+  const encode_slots::lease slot = m.slots.acquire();
+  encode_slots::slabs& slab = slot.get();
+  content_object_writer out(m.objects, m.opt.object_format);
   for (exact_region x : om.exact) {
-    x.data_at = copy_encoded(x.data_at, x.encoded_bytes, true);
+    const std::uint64_t at = out.data_size();
+    m.copy_encoded(*old, x.data_at, x.encoded_bytes, out, slab, nullptr);
+    x.data_at = at;
     meta.exact.push_back(std::move(x));
   }
   for (tensor_frame f : om.tensors) {
+    const std::uint64_t at = out.data_size();
     if (f.mode == tensor_mode::lossless) {
-      f.data_at = copy_encoded(f.data_at, f.encoded_bytes, false);
-      if (m.opt.block_index) set_block_index(f, data.pieces.back().memory);  // older: get one
+      // Frames from before block indexes get one (the copy walks their block headers).
+      m.copy_encoded(*old, f.data_at, f.encoded_bytes, out, slab,
+                     m.opt.block_index && f.blocks.empty() ? &f : nullptr);
+      f.data_at = at;
     } else {
-      const auto recon = m.tensor_recon(v, f.tensor);
-      if (f.digest && XXH3_64bits(recon->data.data(), recon->data.size()) != f.digest)
+      const std::uint64_t length = om.layout.tensors.at(f.tensor).length;
+      XXH3_state_t digest;
+      XXH3_64bits_reset(&digest);
+      std::shared_ptr<const cache_item> whole;
+      std::uint64_t frame_at = 0;
+      f.blocks.clear();
+      f.block_elements = 0;
+      for (std::uint64_t s = 0; s < length; s += kSlabBytes) {
+        const std::size_t n = std::size_t(std::min<std::uint64_t>(kSlabBytes, length - s));
+        const std::span<std::byte> recon(slab.recon.data(), n);
+        m.read_recon_slab(v, f.tensor, s, recon, whole);
+        XXH3_64bits_update(&digest, recon.data(), n);
+        slab.enc.clear();
+        codec::encode_exact_into(f.type, recon, slab.enc);
+        if (m.opt.block_index) index_slab(f, slab.enc, frame_at);
+        out.append(slab.enc);
+        frame_at += slab.enc.size();
+      }
+      if (f.digest && XXH3_64bits_digest(&digest) != f.digest)
         throw corrupt_error("content: version " + std::to_string(v) +
                             " does not match its digest; not rewritten");
-      bytes frame;
-      codec::encode_exact_into(f.type, recon->data, frame);
       f.mode = tensor_mode::lossless;
+      f.ratio = false;
       f.base_tensor = 0;
-      f.data_at = data.size;
-      f.encoded_bytes = frame.size();
-      if (m.opt.block_index) set_block_index(f, frame);
-      data.add(std::move(frame));
+      f.data_at = at;
+      f.encoded_bytes = frame_at;
     }
     meta.tensors.push_back(f);
   }
 
   std::shared_lock object_gate(m.object_gate);
-  const store::object_ref obj = write_object(m.objects, meta, data, m.opt.object_format);
-  data = {};
+  const store::object_ref obj = out.finish(meta);
   {
     std::lock_guard lock(m.mu);
     auto it = m.versions.find(v);
@@ -101,6 +117,38 @@ std::uint64_t content_store::rekey(std::uint64_t v) {
   // Readers see the new object from now on (metadata is cached by object); decoded data is
   // the same bytes and stays cached.
   return m.objects.disk_bytes(obj.id);
+}
+
+void content_store::impl::copy_encoded(const cache_item& from, std::uint64_t at, std::uint64_t len,
+                                       content_object_writer& out, encode_slots::slabs& slab,
+                                       tensor_frame* index) const {
+  if (!index) {
+    for (std::uint64_t done = 0; done < len;) {
+      const std::size_t n = std::size_t(std::min<std::uint64_t>(kSlabBytes, len - done));
+      const std::span<std::byte> buf(slab.cur.data(), n);
+      objects.read(from.obj_id, from.data_base + at + done, buf);
+      out.append(buf);
+      done += n;
+    }
+    return;
+  }
+  // Block by block, recording where each starts: a frame is its blocks end to end.
+  index->blocks.clear();
+  index->block_elements = 0;
+  std::byte header[codec::block_header_size];
+  for (std::uint64_t pos = 0; pos < len;) {
+    if (len - pos < sizeof header) throw corrupt_error("content: a frame ends inside a block");
+    objects.read(from.obj_id, from.data_base + at + pos, header);
+    const codec::block_header h = codec::read_block_header(header);
+    if (h.total_size() > len - pos || h.total_size() > slab.cur.capacity())
+      throw corrupt_error("content: a block runs past its frame");
+    const std::span<std::byte> block(slab.cur.data(), h.total_size());
+    objects.read(from.obj_id, from.data_base + at + pos, block);
+    if (index->blocks.empty()) index->block_elements = h.elements;
+    index->blocks.push_back(pos);
+    out.append(block);
+    pos += h.total_size();
+  }
 }
 
 std::string content_store::verify(std::uint64_t v, bool deep,

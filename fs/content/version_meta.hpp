@@ -13,7 +13,6 @@
 
 namespace ckpt::fs {
 
-
 // A run of file bytes stored exactly (zstd blocks of `block_bytes` input each).
 struct exact_region {
   std::uint64_t offset = 0;  // in the file

@@ -23,7 +23,7 @@ TEST_CASE("format-1 content objects (older stores) read the same and serve as ba
   const bytes plain(3u << 20, std::byte{0x5a});
   fs::content_ref exact;
   for (int step = 0; step < 5; ++step) {
-    opt.object_format = step < 2 ? 1 : 2;  // a keyframe and a delta in format 1, then format 2
+    opt.object_format = step < 2 ? 1 : 2;      // a keyframe and a delta in format 1, then format 2
     std::vector<fs::content_ref> live = refs;  // the names of the versions (and the exact file)
     if (exact.version) live.push_back(exact);
     opened s(d.path, opt, live);
