@@ -6,7 +6,8 @@
 // destructor finishes pending commits and syncs the journal (filesystem::shutdown) before the
 // lock goes.
 //
-// Store layout used here: STORE/lock, STORE/journal, STORE/objects/, STORE/staging/.
+// Store layout used here: STORE/lock, STORE/journal, STORE/objects/, SCRATCH/staging/,
+// SCRATCH/heads/ (SCRATCH is STORE unless the daemon was given another).
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -26,6 +27,11 @@ struct store_session_options {
   std::uint64_t buffer_bytes = std::uint64_t(1) << 30;  // fs_config::buffer_bytes
   std::optional<std::uint64_t> compact_bytes;           // fs_config::compact_bytes if set
   bool direct_checkpoint_reads = true;                  // fs_config::direct_checkpoint_reads
+  // Staging files and head images go to SCRATCH/staging and SCRATCH/heads (empty: the store).
+  std::string scratch;
+  // Head images (content_options::heads_dir). The daemon's choice; ckptctl's offline mode
+  // leaves them off and does not touch them (the next daemon checks what it finds).
+  bool heads = false;
   // true (the daemon): a missing store directory is created. false (tools): the directory must
   // already be a store (is_store_dir), else ckpt::io_error(ENOENT) — a typo must not create an
   // empty store.

@@ -38,6 +38,7 @@
 #include "fs/content/buffer_pool.hpp"
 #include "fs/content/content_store.hpp"
 #include "fs/content/encode_slots.hpp"
+#include "fs/content/head_store.hpp"
 #include "fs/content/version_meta.hpp"
 #include "fs/store/page_buffer.hpp"
 
@@ -216,6 +217,9 @@ struct content_store::impl {
   cache::lru_cache<cache_key, cache_item, cache_key_hash> chunks;
   // The write path's working memory (puts and rekeys wait for a set).
   encode_slots slots;
+  // Head images of large lineages (null: heads off, or their directory unusable: heads_error).
+  std::unique_ptr<head_store> heads;
+  std::string heads_error;
 
   class reader;
 
@@ -289,6 +293,9 @@ struct content_store::impl {
   void drain();
 
   // ---- ingest.cpp ----
+  // content_store::put; `staged` (may be null) may become the version's head image.
+  content_ref put(std::string_view path, const format::source& src,
+                  std::shared_ptr<staged_file> staged);
   // One compressed tensor of a put: what to code it against.
   struct tensor_job {
     std::size_t tensor;

@@ -22,6 +22,13 @@ content_store::impl::impl(store::object_store& o, store::journal& j, content_opt
               prefetch_workers() + 4)),
       chunks(chunk_budget(op.cache_bytes)),
       slots(std::max(2u, std::thread::hardware_concurrency()), kSlabBytes) {
+  if (!opt.heads_dir.empty()) {
+    try {
+      heads = std::make_unique<head_store>(opt.heads_dir);
+    } catch (const std::exception& e) {
+      heads_error = e.what();  // logged once a logger is set; restores decode the chains
+    }
+  }
   for (std::size_t i = 0, n = prefetch_workers(); i < n; ++i)
     prefetchers.emplace_back([this](std::stop_token stop) { prefetch_loop(stop); });
 }
@@ -64,6 +71,35 @@ std::string to_json(const version_info& i) {
 void content_store::drop_caches() {
   impl_->cache.clear();
   impl_->chunks.clear();
+}
+
+void content_store::wait_heads() {
+  if (impl_->heads) impl_->heads->wait_published();
+}
+
+void content_store::set_logger(std::function<void(const std::string&)> log) {
+  if (!impl_->heads_error.empty())
+    log("head images are off: " + impl_->heads_error + "; restores decode the chains");
+  if (impl_->heads) impl_->heads->set_log(std::move(log));
+}
+
+content_store::resources content_store::usage() const {
+  resources r;
+  r.cache_bytes = impl_->cache.bytes();
+  r.cache_budget = impl_->cache.budget();
+  r.chunk_bytes = impl_->chunks.bytes();
+  r.chunk_budget = impl_->chunks.budget();
+  r.encode_slots = impl_->slots.count();
+  r.encodes_running = impl_->slots.in_use();
+  r.encode_memory = impl_->slots.resident_bytes();
+  if (impl_->heads) {
+    const auto h = impl_->heads->stat();
+    r.heads = h.images;
+    r.heads_on_disk = h.published;
+    r.head_memory = h.memory_bytes;
+    r.head_disk_bytes = h.disk_bytes;
+  }
+  return r;
 }
 
 }  // namespace ckpt::fs

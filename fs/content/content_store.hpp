@@ -23,6 +23,7 @@
 #include "codec/format/source.hpp"
 #include "codec/quantizer.hpp"
 #include "codec/tensor_codec.hpp"
+#include "fs/content/staged_file.hpp"
 #include "fs/content/version_meta.hpp"
 #include "fs/store/journal.hpp"
 #include "fs/store/object_store.hpp"
@@ -53,6 +54,11 @@ struct content_options {
   // Record each frame's block index (chunked cold reads). false only in tests, to write objects
   // as stores from before the index did and check that they still read.
   bool block_index = true;
+  // Heads (head_store.hpp): the newest version of each lineage whose compressed tensors make at
+  // least head_min bytes is kept as an image of what it reads as, in heads_dir, so that the next
+  // delta's base and the usual restore do not replay the chain. Empty heads_dir: no heads.
+  std::string heads_dir;
+  std::uint64_t head_min = std::uint64_t(64) << 20;
   // Content object format written (content_object.hpp). 1 only in tests: objects as stores from
   // before streamed objects have them, to check that they still read.
   std::uint32_t object_format = 2;
@@ -88,6 +94,10 @@ class content_reader {
   // memory the reader holds (a reconstructed tensor; no CRC field lies inside a payload), with
   // the same effects as read() of that range; otherwise an empty view (use read()).
   virtual view peek(std::uint64_t /*offset*/, std::size_t /*len*/) const { return {}; }
+
+  // A file descriptor holding exactly the served bytes (a published head image), which the
+  // kernel may read on its own (FUSE passthrough), or -1. Valid while the reader lives.
+  virtual int backing_fd() const { return -1; }
 };
 
 // What `ckptctl stat` shows about one version.
@@ -99,10 +109,11 @@ struct version_info {
   std::uint64_t base = 0;     // base version of a delta, else 0
   std::uint64_t logical_bytes = 0;
   std::uint64_t stored_bytes = 0;
-  std::string path;             // the path it was written at
-  std::int64_t created_ns = 0;  // when it was stored (CLOCK_REALTIME); 0 if not recorded
-  std::uint64_t refs = 0;       // names pointing at it (0: a hidden base or lineage head)
-  std::uint64_t object = 0;     // object id
+  std::string path;              // the path it was written at
+  std::int64_t created_ns = 0;   // when it was stored (CLOCK_REALTIME); 0 if not recorded
+  std::uint64_t refs = 0;        // names pointing at it (0: a hidden base or lineage head)
+  std::uint64_t object = 0;      // object id
+  std::uint64_t head_bytes = 0;  // disk bytes of its head image (0: none, or not on disk yet)
 };
 
 // What `ckptctl stat` shows beyond version_info: how each tensor is stored.
@@ -140,8 +151,15 @@ class content_store {
   // Throws ckpt::io_error (ENOSPC, EIO) with nothing committed. The returned version holds one
   // reference for the caller's name.
   content_ref put(std::string_view path, const format::source& data);
+  // The same for bytes the filesystem staged (its write buffer). A large checkpoint's staged
+  // bytes may be rewritten in place into what the version reads as and kept as its lineage's
+  // head image (head_store.hpp): afterwards staged->modified() is true, also when put throws.
+  content_ref put(std::string_view path, std::shared_ptr<staged_file> staged);
 
   std::shared_ptr<const content_reader> open(const content_ref& ref);
+  // A reader of the version's published head image (its backing_fd() a complete file of the
+  // served bytes), or null when the version has none on disk. Cheap: no I/O.
+  std::shared_ptr<const content_reader> published_head(const content_ref& ref) const;
 
   // Objects that a record appended by put() made unnecessary (the superseded lineage head). They
   // may only go once that record is durable: the caller takes them before journal::sync() and
@@ -166,7 +184,21 @@ class content_store {
   // Records that recreate the live content state, for journal::compact().
   void snapshot(std::vector<std::vector<std::byte>>& out) const;
   // Drops every cached reconstruction and decoded block (tests: "after the cache is emptied").
+  // Head images stay: they are the lineages' newest versions, not a cache of them.
   void drop_caches();
+  // Waits until every head image made so far is on disk (tests, benchmarks, shutdown).
+  void wait_heads();
+  // Where problems that fail no request go (a head image that could not be kept on disk).
+  void set_logger(std::function<void(const std::string&)> log);
+
+  // What the store holds in memory and on scratch disk right now (`ckptctl status`).
+  struct resources {
+    std::uint64_t cache_bytes = 0, cache_budget = 0;  // reconstructions, metadata, blocks
+    std::uint64_t chunk_bytes = 0, chunk_budget = 0;  // decoded chunks of cold reads
+    std::uint64_t encode_slots = 0, encodes_running = 0, encode_memory = 0;
+    std::uint64_t heads = 0, heads_on_disk = 0, head_memory = 0, head_disk_bytes = 0;
+  };
+  resources usage() const;
 
   // ---- management (fs/admin) ----
   // Every stored version, live or hidden, ascending id (within a lineage: completion order).

@@ -70,6 +70,12 @@ exact_region content_store::impl::write_exact_region(const format::source& src,
 void content_store::impl::read_recon_slab(std::uint64_t base, std::size_t tensor,
                                           std::uint64_t offset, std::span<std::byte> out,
                                           std::shared_ptr<const cache_item>& whole) {
+  if (heads && !whole) {
+    if (const auto h = heads->get(base)) {  // the lineage head: no decoding at all
+      h->read(meta_of(base)->meta->layout.tensors.at(tensor).offset + offset, out);
+      return;
+    }
+  }
   if (!whole) whole = cache.get({base, k_tensor, tensor});
   if (!whole) {
     // Decoded through the base's chain a chunk at a time, when every link has a block index;
@@ -143,7 +149,20 @@ content_store::impl::tensor_result content_store::impl::encode_tensor(
 }
 
 content_ref content_store::put(std::string_view path, const format::source& src) {
-  auto& m = *impl_;
+  return impl_->put(path, src, nullptr);
+}
+
+content_ref content_store::put(std::string_view path, std::shared_ptr<staged_file> staged) {
+  const staged_file& bytes = *staged;
+  const format::source src(bytes.size(), [&bytes](std::uint64_t off, std::span<std::byte> out) {
+    bytes.read_fully(off, out);
+  });
+  return impl_->put(path, src, std::move(staged));
+}
+
+content_ref content_store::impl::put(std::string_view path, const format::source& src,
+                                     std::shared_ptr<staged_file> staged) {
+  auto& m = *this;
   const std::uint64_t size = src.size();
   if (size == 0) return {};
   format::layout layout = format::recognise(src);
@@ -152,6 +171,7 @@ content_ref content_store::put(std::string_view path, const format::source& src)
   for (const auto& t : layout.tensors) checkpoint |= t.compress;
 
   std::uint64_t id = 0, lineage_id = 0, base_id = 0, since = 0;
+  bool make_head = false;
   std::shared_ptr<std::mutex> encode_mu;
   if (checkpoint) {
     std::lock_guard lock(m.mu);
@@ -228,7 +248,7 @@ content_ref content_store::put(std::string_view path, const format::source& src)
       // Into `unneeded`: what made the base unnecessary (a newer head) may not be durable yet.
       m.collect(base, m.unneeded);
     }
-  } base_pin{m, base_id};
+  } base_pin{*this, base_id};
 
   // The working memory: taken after the lineage lock (a put waiting for its lineage holds none).
   const encode_slots::lease slot = m.slots.acquire();
@@ -280,12 +300,12 @@ content_ref content_store::put(std::string_view path, const format::source& src)
       for (const auto& f : base_meta->meta->tensors)
         base_by_name[bl.tensors[f.tensor].name] = f.tensor;
     }
-    std::vector<impl::tensor_job> jobs;
+    std::vector<tensor_job> jobs;
     std::uint64_t tensor_bytes = 0;
     for (std::size_t i = 0; i < layout.tensors.size(); ++i) {
       const auto& t = layout.tensors[i];
       if (!t.compress) continue;
-      impl::tensor_job j{i, *format::codec_dtype(t.type), std::nullopt};
+      tensor_job j{i, *format::codec_dtype(t.type), std::nullopt};
       if (base_meta && !(m.opt.exact_optimizer && is_optimizer_state(t.name))) {
         if (auto b = base_by_name.find(t.name); b != base_by_name.end()) {
           const auto& bt = base_meta->meta->layout.tensors[b->second];
@@ -323,10 +343,12 @@ content_ref content_store::put(std::string_view path, const format::source& src)
         m.opt.bits, meta.coding.group ? meta.coding.group : codec::default_group(m.opt.bits),
         m.opt.rep,
         m.opt.paper_coding ? codec::entropy_policy::huffman_only : codec::entropy_policy::best};
-    // Small checkpoints keep their reconstruction in the cache, a whole tensor at a time: it is
-    // the next version's base and the likeliest next read. Larger ones are decoded again when
-    // needed, a chunk at a time.
-    const bool retain = tensor_bytes <= m.cache.budget() / 2;
+    // A large checkpoint's staged bytes become its head image: each delta tensor's payload is
+    // overwritten with its reconstruction as it is made (a lossless one already is its own), the
+    // CRC fields below. Small checkpoints instead keep their reconstruction in the cache, a
+    // whole tensor at a time: it is the next version's base and the likeliest next read.
+    make_head = m.heads && staged && tensor_bytes >= m.opt.head_min;
+    const bool retain = !make_head && tensor_bytes <= m.cache.budget() / 2;
     std::vector<std::uint32_t> tensor_crc(layout.tensors.size());
     std::vector<bool> replaced(layout.tensors.size());
     for (const auto& j : jobs) {
@@ -341,8 +363,9 @@ content_ref content_store::put(std::string_view path, const format::source& src)
       }
       const auto sink = [&](std::uint64_t off, std::span<const std::byte> recon) {
         if (keep) std::memcpy(keep->data.data() + off, recon.data(), recon.size());
+        if (make_head && j.base_tensor) staged->overwrite(t.offset + off, recon);
       };
-      impl::tensor_result r = m.encode_tensor(
+      tensor_result r = m.encode_tensor(
           src, t, j, base_id, shared_tables ? &*shared_tables : nullptr, params, slab, out, sink);
       if (j.base_tensor) {
         // The superseded base is the likeliest eviction victim; readers of the old version
@@ -386,12 +409,25 @@ content_ref content_store::put(std::string_view path, const format::source& src)
       }
       if (dirty) meta.member_crcs.push_back({fx.member, crc});
     }
+    if (make_head) {
+      // The CRC fields the served file rewrites (a field written as 0 stays 0).
+      for (const auto& fx : layout.fixups) {
+        if (fx.original == 0) continue;
+        for (const auto& [member, crc] : meta.member_crcs) {
+          if (member != fx.member) continue;
+          std::byte field[4];
+          std::memcpy(field, &crc, 4);  // little-endian
+          staged->overwrite(fx.field_offset, field);
+        }
+      }
+    }
     meta.layout = std::move(layout);
   }
 
   std::shared_lock object_gate(m.object_gate);  // until the record names the object
   const store::object_ref obj = out.finish(meta);
 
+  std::uint64_t superseded = 0;
   version_rec r;
   r.obj = obj;
   r.size = size;
@@ -410,11 +446,11 @@ content_ref content_store::put(std::string_view path, const format::source& src)
     if (lineage_id) {
       auto& l = m.lineages.at(lineage_id);
       if (!l.journaled) {
-        m.journal.append(to_bytes(impl::lineage_json(l)));
+        m.journal.append(to_bytes(lineage_json(l)));
         l.journaled = true;
       }
     }
-    m.journal.append(to_bytes(impl::version_json(r)));
+    m.journal.append(to_bytes(version_json(r)));
     base_pin.armed = false;  // the pin becomes the new version's dependency on its base
     std::uint64_t old_head = 0;
     if (lineage_id) {
@@ -426,7 +462,11 @@ content_ref content_store::put(std::string_view path, const format::source& src)
     m.versions.emplace(id, std::move(r));
     // A superseded head that nothing else needs goes only after this record is durable.
     if (old_head) m.collect(old_head, m.unneeded);
+    superseded = old_head;
   }
+  if (make_head) m.heads->adopt(id, obj.checksum, std::move(staged));
+  // The previous head's image goes: its version now decodes through its chain like any other.
+  if (superseded && m.heads) m.heads->drop(superseded);
   return {id, size};
 }
 

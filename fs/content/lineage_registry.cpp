@@ -115,6 +115,7 @@ void content_store::replay_done(std::span<const content_ref> live) {
   // are removed again at every replay: their ids must never name a new object.
   impl_->objects.reserve_through(impl_->max_object);
   std::vector<std::uint64_t> doomed;
+  std::map<std::uint64_t, head_store::expected> heads;
   {
     std::lock_guard lock(impl_->mu);
     auto& vs = impl_->versions;
@@ -134,8 +135,13 @@ void content_store::replay_done(std::span<const content_ref> live) {
     for (auto o : impl_->replaced)
       if (!in_use.count(o)) doomed.push_back(o);
     impl_->replaced.clear();
+    // Head images on disk that still match their lineage's newest version are kept.
+    for (const auto& [lid, l] : impl_->lineages)
+      if (auto it = vs.find(l.head); it != vs.end())
+        heads[l.head] = {it->second.obj.checksum, it->second.size};
   }
   impl_->remove_objects(doomed);
+  if (impl_->heads) impl_->heads->scan(heads);
 }
 
 void content_store::ref(const content_ref& ref) {
@@ -164,6 +170,9 @@ version_info content_store::info(const content_ref& ref) const {
   i.created_ns = r.created_ns;
   i.refs = r.refs;
   i.object = r.obj.id;
+  if (impl_->heads)
+    if (const auto h = impl_->heads->get(r.id); h && h->published_fd() >= 0)
+      i.head_bytes = h->size();
   return i;
 }
 

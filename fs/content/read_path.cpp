@@ -482,10 +482,37 @@ class empty_reader final : public content_reader {
   std::size_t read(std::uint64_t, std::span<std::byte>) const override { return 0; }
 };
 
+// A lineage's newest version, served from its head image: the bytes are already what it reads
+// as, so nothing is decoded. Holding the image keeps it readable after the lineage moves on.
+class head_reader final : public content_reader {
+ public:
+  explicit head_reader(std::shared_ptr<const head_image> image) : image_(std::move(image)) {}
+  std::uint64_t size() const override { return image_->size(); }
+  std::size_t read(std::uint64_t offset, std::span<std::byte> out) const override {
+    if (offset >= size()) return 0;
+    const std::size_t n = std::size_t(std::min<std::uint64_t>(out.size(), size() - offset));
+    image_->read(offset, out.first(n));
+    return n;
+  }
+  int backing_fd() const override { return image_->published_fd(); }
+
+ private:
+  std::shared_ptr<const head_image> image_;
+};
+
 }  // namespace
+
+std::shared_ptr<const content_reader> content_store::published_head(const content_ref& ref) const {
+  if (!impl_->heads || !ref.version) return nullptr;
+  auto h = impl_->heads->get(ref.version);
+  if (!h || h->published_fd() < 0) return nullptr;
+  return std::make_shared<head_reader>(std::move(h));
+}
 
 std::shared_ptr<const content_reader> content_store::open(const content_ref& ref) {
   if (ref.version == 0) return std::make_shared<empty_reader>();
+  if (impl_->heads)
+    if (auto h = impl_->heads->get(ref.version)) return std::make_shared<head_reader>(std::move(h));
   auto r = std::make_shared<impl::reader>(*impl_, ref.version, impl_->meta_of(ref.version));
   r->pin();
   return r;

@@ -129,6 +129,8 @@ int serve(const fuse::daemon_options& opt, const std::string& program, parent_li
   so.content = opt.content;
   so.buffer_bytes = opt.buffer_bytes;
   so.direct_checkpoint_reads = opt.direct_checkpoint_reads;
+  so.scratch = opt.scratch;
+  so.heads = opt.heads;
   so.create = true;
   // Tests: snapshot the journal early and often (default 64 MiB).
   if (const char* c = std::getenv("CKPTFS_COMPACT_BYTES"))
@@ -177,6 +179,14 @@ int serve(const fuse::daemon_options& opt, const std::string& program, parent_li
     // (a long verify) finishes against the filesystem, which lives until shutdown() below.
     std::optional<admin::control_server> control;
     mounted_session mounted(se.get(), mnt.string());
+    // Before the loop reads FUSE_INIT: the hooks negotiate passthrough there.
+    std::optional<fuse::passthrough> pt;
+    try {
+      pt.emplace(se.get(), opt.passthrough);
+      ctx.pt = &*pt;
+    } catch (const std::exception& e) {
+      log_error(std::string(e.what()) + "; head images are read through the daemon");
+    }
     const std::string pid_file = (store / "ckptfs.pid").string();
     if (FILE* f = std::fopen(pid_file.c_str(), "w")) {
       std::fprintf(f, "%d\n", int(::getpid()));

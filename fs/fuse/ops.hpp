@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "fs/fuse/inval_notifier.hpp"
+#include "fs/fuse/passthrough.hpp"
 
 #include "fs/namespace/filesystem.hpp"
 
@@ -19,6 +20,7 @@ struct context {
   double timeout = 86400.0;  // entry and attribute cache: every change goes through us
   std::atomic<bool> serving{false};
   std::optional<inval_notifier> notifier;  // commits post invalidations here, never block on them
+  passthrough* pt = nullptr;  // the transport hooks (set before the session loop starts)
 };
 
 inline context& ctx(fuse_req_t req) {

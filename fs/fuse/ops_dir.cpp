@@ -24,8 +24,7 @@ void do_opendir(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
     fi->fh = fsys.opendir(ino);
     fi->cache_readdir = 0;
     const std::uint64_t fh = fi->fh;
-    if (fuse_reply_open(req, fi) == -ENOENT)
-      after_reply("opendir", [&] { fsys.releasedir(fh); });
+    if (fuse_reply_open(req, fi) == -ENOENT) after_reply("opendir", [&] { fsys.releasedir(fh); });
   });
 }
 

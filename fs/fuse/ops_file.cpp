@@ -16,10 +16,21 @@ void set_open_flags(fuse_file_info* fi, const open_result& r) {
 void do_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
   guarded(req, "open", [&] {
     filesystem& fsys = fs_of(req);  // the request is freed by the reply
+    passthrough* pt = ctx(req).pt;
     open_result r = fsys.open(ino, fi->flags);
     set_open_flags(fi, r);
+    if (pt) {
+      // A newest version with its image on disk is read by the kernel itself (passthrough.hpp).
+      const auto c = pt->decide(r.fh, ino, r.version, r.image ? r.image->backing_fd() : -1,
+                                r.writable, r.direct_io);
+      if (c.passthrough) fi->keep_cache = 0;
+      fi->direct_io = c.direct_io;
+    }
     if (fuse_reply_open(req, fi) == -ENOENT)  // interrupted open
-      after_reply("open", [&] { fsys.release(r.fh); });
+      after_reply("open", [&] {
+        if (pt) pt->release(r.fh);
+        fsys.release(r.fh);
+      });
   });
 }
 
@@ -32,8 +43,7 @@ void do_create(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
     set_open_flags(fi, r);
     fuse_entry_param e = entry_param(req, st);
     const std::uint64_t fh = r.fh;
-    if (fuse_reply_create(req, &e, fi) == -ENOENT)
-      after_reply("create", [&] { fsys.release(fh); });
+    if (fuse_reply_create(req, &e, fi) == -ENOENT) after_reply("create", [&] { fsys.release(fh); });
   });
 }
 
@@ -80,6 +90,7 @@ void do_flush(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
 // of later opens (filesystem::runtime::error).
 void do_release(fuse_req_t req, fuse_ino_t, fuse_file_info* fi) {
   guarded(req, "release", [&] {
+    if (passthrough* pt = ctx(req).pt) pt->release(fi->fh);
     fs_of(req).release(fi->fh);
     fuse_reply_err(req, 0);
   });

@@ -5,6 +5,10 @@
 #include <cmath>
 #include <initializer_list>
 
+#include <unistd.h>
+
+#include <algorithm>
+
 namespace ckpt::fs::fuse {
 namespace {
 
@@ -97,6 +101,19 @@ void take_option(daemon_options& d, const std::string& o) {
   } else if (key == "buffer") {
     need_value();
     d.buffer_bytes = parse_size(val, key);
+  } else if (key == "heads") {
+    need_value();
+    d.heads = choose(val, key, {"on", "off"}) == 0;
+  } else if (key == "head_min") {
+    need_value();
+    d.content.head_min = parse_size(val, key);
+  } else if (key == "scratch") {
+    need_value();
+    if (val.empty() || val[0] != '/') throw usage_error("-o scratch needs an absolute directory");
+    d.scratch = std::string(val);
+  } else if (key == "passthrough") {
+    need_value();
+    d.passthrough = choose(val, key, {"on", "off"}) == 0;
   } else if (key == "reads") {
     need_value();
     d.direct_checkpoint_reads = choose(val, key, {"direct", "cached"}) == 0;
@@ -143,8 +160,27 @@ std::uint64_t parse_size(std::string_view text, std::string_view option) {
   return std::uint64_t(bytes);
 }
 
+namespace {
+std::uint64_t physical_memory() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? std::uint64_t(pages) * std::uint64_t(page)
+                               : std::uint64_t(16) << 30;
+}
+}  // namespace
+
+std::uint64_t default_cache_bytes() {
+  return std::clamp<std::uint64_t>(physical_memory() / 8, std::uint64_t(256) << 20,
+                                   std::uint64_t(2) << 30);
+}
+
+std::uint64_t default_buffer_bytes() {
+  return std::clamp<std::uint64_t>(physical_memory() / 16, std::uint64_t(128) << 20,
+                                   std::uint64_t(1) << 30);
+}
+
 daemon_options parse_command_line(int argc, const char* const* argv) {
   daemon_options d;
+  d.content.cache_bytes = default_cache_bytes();
   std::vector<std::string> positional;
   for (int i = 1; i < argc; ++i) {
     std::string_view a = argv[i];
@@ -178,6 +214,13 @@ daemon_options parse_command_line(int argc, const char* const* argv) {
   return d;
 }
 
+namespace {
+std::string human(std::uint64_t bytes) {
+  if (bytes % (std::uint64_t(1) << 30) == 0) return std::to_string(bytes >> 30) + "G";
+  return std::to_string(bytes >> 20) + "M";
+}
+}  // namespace
+
 std::string usage_text(std::string_view program) {
   std::string p(program);
   return "usage: " + p +
@@ -206,9 +249,29 @@ std::string usage_text(std::string_view program) {
          "  -o relative=on|off     on (default): tensors that are never negative (Adam's\n"
          "                         exp_avg_sq) are coded as relative changes, which keeps them\n"
          "                         within a bounded factor of their value; off: as differences\n"
-         "  -o cache=SIZE          memory for reconstructed checkpoints (default 2G)\n"
-         "  -o buffer=SIZE         memory for files being written; more spills to STORE/staging\n"
-         "                         (default 1G)\n"
+         "  -o cache=SIZE          memory for reconstructed checkpoints and decoded data\n"
+         "                         (default RAM/8, from 256M to 2G: " +
+         human(default_cache_bytes()) +
+         " here)\n"
+         "  -o buffer=SIZE         memory for files being written; more goes to the staging\n"
+         "                         directory (default RAM/16, from 128M to 1G: " +
+         human(default_buffer_bytes()) +
+         " here).\n"
+         "                         The daemon stays within cache + buffer + 512M whatever the\n"
+         "                         file sizes and writers\n"
+         "  -o heads=on|off        on (default): the newest version of each large checkpoint\n"
+         "                         (head_min or more of tensors) is kept as a full-size image in\n"
+         "                         SCRATCH/heads, so restoring it and storing the next delta\n"
+         "                         decode nothing; costs the checkpoint's size on disk per\n"
+         "                         lineage (counted in ckptctl ls). off: no images, restores\n"
+         "                         decode the keyframe and the deltas after it\n"
+         "  -o head_min=SIZE       smallest checkpoint (compressed tensor bytes) given a head\n"
+         "                         image (default 64M); smaller ones keep theirs in the cache\n"
+         "  -o scratch=DIR         where staging files and head images live (default STORE);\n"
+         "                         a fast local disk helps; must be an absolute path\n"
+         "  -o passthrough=on|off  on (default): reads of a head image go from the kernel\n"
+         "                         straight to its file (FUSE passthrough, kernel 6.9+, needs\n"
+         "                         root), at the speed of a plain file; off: through the daemon\n"
          "  -o reads=MODE          direct (default): torch checkpoints are read past the kernel\n"
          "                         page cache, from the daemon's caches into the reader's buffer\n"
          "                         (shared mmap of them fails with ENODEV; private works);\n"

@@ -18,6 +18,13 @@ struct usage_error : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Defaults sized from the machine's memory (RAM: physical memory, sysconf): cache= is RAM/8 and
+// buffer= RAM/16, each between 256 MiB (128 MiB for buffer=) and 2 GiB (1 GiB). So a 16 GiB or
+// larger machine gets cache=2G,buffer=1G, an 8 GiB one cache=1G,buffer=512M, and the daemon's
+// budget (cache + buffer + 512 MiB) stays under a quarter of memory plus the constant.
+std::uint64_t default_cache_bytes();
+std::uint64_t default_buffer_bytes();
+
 struct daemon_options {
   std::string store;
   std::string mountpoint;
@@ -25,9 +32,12 @@ struct daemon_options {
   bool debug = false;
   bool help = false;
   bool version = false;
-  content_options content;
-  std::uint64_t buffer_bytes = std::uint64_t(1) << 30;
-  bool direct_checkpoint_reads = true;  // -o reads=direct (default) or reads=cached
+  content_options content;  // cache_bytes: default_cache_bytes()
+  std::uint64_t buffer_bytes = default_buffer_bytes();
+  bool direct_checkpoint_reads = true;    // -o reads=direct (default) or reads=cached
+  bool heads = true;                      // -o heads=on|off (head_min: content.head_min)
+  std::string scratch;                    // -o scratch=DIR: staging and heads (default STORE)
+  bool passthrough = true;                // -o passthrough=on|off
   std::vector<std::string> fuse_options;  // passed to libfuse as -o
 };
 

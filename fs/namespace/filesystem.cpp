@@ -24,7 +24,10 @@ timespec filesystem::now() {
 }
 
 filesystem::filesystem(store::journal& journal, content_store& content, fs_config cfg)
-    : journal_(journal), content_(content), cfg_(std::move(cfg)), budget_(cfg_.buffer_bytes) {
+    : journal_(journal),
+      content_(content),
+      cfg_(std::move(cfg)),
+      budget_(std::make_shared<memory_budget>(cfg_.buffer_bytes)) {
   rt_[root_ino].nlookup = 1;  // the kernel never looks the root up, nor forgets it
   workers_ = std::make_unique<worker_pool>(std::max(1u, cfg_.commit_threads));
   flusher_ = std::jthread([this] { flusher(); });
@@ -117,7 +120,7 @@ void filesystem::wait_idle(lock_t& lk, ino_t ino) {
 void filesystem::load(lock_t& lk, ino_t ino) {
   runtime& r = rt(ino);
   if (r.loaded) return;
-  if (!r.buf) r.buf = std::make_unique<write_buffer>(budget_, cfg_.staging_dir);
+  if (!r.buf) r.buf = std::make_shared<write_buffer>(budget_, cfg_.staging_dir);
   content_ref ref = tree_.get(ino).content;
   if (ref.size != 0) {
     // Decoding may take a while: mark the inode busy and do it without the lock.
@@ -125,7 +128,7 @@ void filesystem::load(lock_t& lk, ino_t ino) {
     lk.unlock();
     int err = 0;
     std::string what;
-    auto fresh = std::make_unique<write_buffer>(budget_, cfg_.staging_dir);
+    auto fresh = std::make_shared<write_buffer>(budget_, cfg_.staging_dir);
     try {
       auto reader = content_.open(ref);
       std::vector<std::byte> chunk(write_buffer::chunk_bytes);
@@ -330,7 +333,7 @@ void filesystem::shutdown() {
     }
   }
   for (ino_t ino : dirty) {
-    std::unique_ptr<write_buffer> buf;
+    std::shared_ptr<write_buffer> buf;
     std::string path;
     timespec mtime{};
     {
@@ -341,7 +344,7 @@ void filesystem::shutdown() {
       path = r.path;
       mtime = r.mtime;
     }
-    if (int err = commit(ino, *buf, path, mtime))
+    if (int err = commit(ino, buf, path, mtime))
       log_error("at unmount, " + path + " could not be stored: " + std::strerror(err));
     else
       log_info("at unmount, stored " + path + " (still open for writing)");
@@ -354,6 +357,9 @@ void filesystem::shutdown() {
   if (flusher_.joinable()) flusher_.join();
   workers_.reset();
   sync_journal();
+  // The newest checkpoints' head images go to disk before the daemon exits, so that the first
+  // load after the next mount does not decode their chains.
+  content_.wait_heads();
 }
 
 }  // namespace ckpt::fs

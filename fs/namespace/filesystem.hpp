@@ -68,6 +68,11 @@ struct open_result {
   std::uint64_t fh = 0;
   bool keep_cache = false;  // the kernel may keep cached pages of this file
   bool direct_io = false;   // bypass the page cache (files being written, checkpoints read)
+  bool writable = false;
+  std::uint64_t version = 0;  // the content the open starts with (0: empty or being written)
+  // Read-only opens of a version with a published head image: its reader, whose backing_fd()
+  // the FUSE layer may hand to the kernel (passthrough). Null otherwise.
+  std::shared_ptr<const content_reader> image;
 };
 
 struct dir_entry {
@@ -93,7 +98,8 @@ class filesystem {
   // Called after a name was removed outside a request (ckptctl rm/prune through the control
   // socket): the FUSE layer tells the kernel to drop the dentry (fuse_lowlevel_notify_delete),
   // so the listing changes at once. Set before serving.
-  void set_entry_removed_hook(std::function<void(ino_t parent, ino_t child, std::string_view name)> hook) {
+  void set_entry_removed_hook(
+      std::function<void(ino_t parent, ino_t child, std::string_view name)> hook) {
     entry_removed_ = std::move(hook);
   }
 
@@ -194,7 +200,8 @@ class filesystem {
     std::uint64_t nlookup = 0;
     std::uint32_t opens = 0;    // file and directory handles
     std::uint32_t writers = 0;  // writable file handles
-    std::unique_ptr<write_buffer> buf;
+    // Shared: a commit hands it to the content store, which may keep it as a head image.
+    std::shared_ptr<write_buffer> buf;
     bool loaded = false;   // buf holds the file's bytes (else reads go to the committed version)
     bool dirty = false;    // buf differs from the committed version
     bool pending = false;  // a commit (or a synchronous load/commit) is in progress
@@ -248,8 +255,10 @@ class filesystem {
   std::uint64_t add_file_handle(ino_t ino, bool writable);
   // mu_ held. Throws the errno of a failed commit `fh` has not reported yet (runtime::error).
   void report_commit_error(std::uint64_t fh);
-  // Stores `buf` as the inode's new content and syncs; returns 0 or an errno. mu_ not held.
-  int commit(ino_t ino, const write_buffer& buf, const std::string& path, timespec mtime);
+  // Stores `buf` as the inode's new content and syncs; returns 0 or an errno. mu_ not held. The
+  // content store may keep `buf` (a head image) and rewrite it in place (buf->modified()).
+  int commit(ino_t ino, const std::shared_ptr<write_buffer>& buf, const std::string& path,
+             timespec mtime);
   void sync_journal();
   // Writes a snapshot into a new journal when it grew past compact_bytes (or `force`); false if
   // it did not (small enough, or a put is in flight).
@@ -260,7 +269,7 @@ class filesystem {
   store::journal& journal_;
   content_store& content_;
   fs_config cfg_;
-  memory_budget budget_;
+  std::shared_ptr<memory_budget> budget_;
   std::function<void(ino_t)> invalidate_;
   std::function<void(ino_t, ino_t, std::string_view)> entry_removed_;
 

@@ -30,7 +30,7 @@ open_result filesystem::open(ino_t ino, int flags) {
   open_result res;
   if (writable) {
     if (!r.buf) {
-      r.buf = std::make_unique<write_buffer>(budget_, cfg_.staging_dir);
+      r.buf = std::make_shared<write_buffer>(budget_, cfg_.staging_dir);
       r.loaded = n.content.size == 0;
     }
     if (flags & O_TRUNC) {
@@ -42,6 +42,7 @@ open_result filesystem::open(ino_t ino, int flags) {
     ++r.writers;
     res.direct_io = true;
   } else {
+    if (!r.buf) res.image = content_.published_head(n.content);
     if (!r.buf && cfg_.direct_checkpoint_reads && content_.direct_read_ok(n.content)) {
       res.direct_io = true;
     } else {
@@ -50,6 +51,8 @@ open_result filesystem::open(ino_t ino, int flags) {
     }
   }
   ++r.opens;
+  res.writable = writable;
+  res.version = r.buf ? 0 : n.content.version;
   res.fh = add_file_handle(ino, writable);
   return res;
 }
@@ -66,7 +69,7 @@ std::pair<struct stat, open_result> filesystem::create(ino_t parent, std::string
   ino_t ino = rec.at("i");
   runtime& r = rt(ino);
   r.path = path_of(parent, name);
-  r.buf = std::make_unique<write_buffer>(budget_, cfg_.staging_dir);
+  r.buf = std::make_shared<write_buffer>(budget_, cfg_.staging_dir);
   r.loaded = true;
   bool writable = (flags & O_ACCMODE) != O_RDONLY;
   if (writable) ++r.writers;
@@ -176,14 +179,14 @@ void filesystem::flush(std::uint64_t fh) {
   report_commit_error(fh);
 }
 
-int filesystem::commit(ino_t ino, const write_buffer& buf, const std::string& path,
+int filesystem::commit(ino_t ino, const std::shared_ptr<write_buffer>& buf, const std::string& path,
                        timespec mtime) {
   content_ref fresh;
   bool named = false;  // the inode points at `fresh`
   const auto start = std::chrono::steady_clock::now();
   try {
     std::shared_lock gate(put_gate_);
-    if (buf.size() != 0) fresh = content_.put(path, buf.source());
+    if (buf->size() != 0) fresh = content_.put(path, std::shared_ptr<staged_file>(buf));
     std::lock_guard lk(mu_);
     const inode* n = tree_.find(ino);
     if (!n || n->nlink == 0) {
@@ -202,7 +205,7 @@ int filesystem::commit(ino_t ino, const write_buffer& buf, const std::string& pa
       std::lock_guard lk(mu_);
       release_content(fresh);
     }
-    log_error("storing " + path + " (" + std::to_string(buf.size()) +
+    log_error("storing " + path + " (" + std::to_string(buf->size()) +
               " bytes) failed, the file keeps its previous content: " + e.what());
     return err;
   }
@@ -212,11 +215,11 @@ int filesystem::commit(ino_t ino, const write_buffer& buf, const std::string& pa
     log_error("journal sync after storing " + path + ": " + e.what());
     return errno_of(e);
   }
-  if (buf.size() >= (std::uint64_t(16) << 20)) {  // big files only: one line per checkpoint
+  if (buf->size() >= (std::uint64_t(16) << 20)) {  // big files only: one line per checkpoint
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     char line[96];
     std::snprintf(line, sizeof line, " (%.1f MiB) in %.2f s, version %llu",
-                  double(buf.size()) / (1 << 20), secs, (unsigned long long)fresh.version);
+                  double(buf->size()) / (1 << 20), secs, (unsigned long long)fresh.version);
     log_info("stored " + path + line);
   }
   return 0;
@@ -248,7 +251,7 @@ void filesystem::release(std::uint64_t fh) {
             linked = n && n->nlink > 0;
           }
           // Deleted while queued (rmtree of a fresh checkpoint): nothing to store.
-          err = linked ? commit(ino, *buf, path, mtime) : 0;
+          err = linked ? commit(ino, buf, path, mtime) : 0;
         } catch (...) {
           err = EIO;
         }
@@ -308,14 +311,25 @@ void filesystem::fsync(std::uint64_t fh) {
       r.dirty = false;
       std::string path = r.path;
       timespec mtime = r.mtime;
-      write_buffer* buf = r.buf.get();
+      const std::shared_ptr<write_buffer> buf = r.buf;
       lk.unlock();
-      int err = commit(ino, *buf, path, mtime);
+      int err = commit(ino, buf, path, mtime);
       lk.lock();
       runtime& r2 = rt(ino);
       r2.pending = false;
       r2.cache_ok = false;
-      if (err) {
+      if (err && buf->modified()) {
+        // The store began turning the buffer into the version's head image before the commit
+        // failed: its bytes are no longer what was written. The file keeps its previous content,
+        // as a failed fsync leaves it on Linux (the error is returned below).
+        log_error("fsync of " + path + " failed after the write path had rewritten its buffer; " +
+                  "the file keeps its previous content");
+        r2.buf = std::make_shared<write_buffer>(budget_, cfg_.staging_dir);
+        r2.loaded = tree_.get(ino).content.size == 0;
+        r2.commit_failed(err);
+        r2.error_claimed = r2.error_seq;
+        if (auto h = handles_.find(fh); h != handles_.end()) h->second.error_since = r2.error_seq;
+      } else if (err) {
         r2.dirty = true;  // still ours to store at release
         // Returned to this caller below (claimed, and not reported to this handle again); the
         // file's other open handles report it by their next flush or fsync.
@@ -323,7 +337,7 @@ void filesystem::fsync(std::uint64_t fh) {
         r2.error_claimed = r2.error_seq;
         if (auto h = handles_.find(fh); h != handles_.end()) h->second.error_since = r2.error_seq;
       } else {
-        r2.buf = std::make_unique<write_buffer>(budget_, cfg_.staging_dir);
+        r2.buf = std::make_shared<write_buffer>(budget_, cfg_.staging_dir);
         r2.loaded = tree_.get(ino).content.size == 0;
       }
       idle_cv_.notify_all();

@@ -90,8 +90,9 @@ struct stat filesystem::setattr(ino_t ino, const attr_change& change,
         r2.buf->truncate(*size);
         r2.pending = true;
         std::string path = r2.path;
+        const std::shared_ptr<write_buffer> buf = r2.buf;
         lk.unlock();
-        int err = commit(ino, *r2.buf, path, now());
+        int err = commit(ino, buf, path, now());
         lk.lock();
         runtime& r3 = rt(ino);
         r3.pending = false;

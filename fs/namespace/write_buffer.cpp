@@ -1,6 +1,7 @@
 #include "fs/namespace/write_buffer.hpp"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -50,12 +51,12 @@ void pread_zeros(int fd, std::byte* p, std::size_t n, std::uint64_t off) {
 
 }  // namespace
 
-write_buffer::write_buffer(memory_budget& budget, std::string staging_dir)
-    : budget_(budget), staging_dir_(std::move(staging_dir)) {}
+write_buffer::write_buffer(std::shared_ptr<memory_budget> budget, std::string staging_dir)
+    : budget_(std::move(budget)), staging_dir_(std::move(staging_dir)) {}
 
 write_buffer::~write_buffer() {
-  for (auto& c : chunks_) budget_.recycle(std::move(c.mem));
-  budget_.give(taken_);
+  for (auto& c : chunks_) budget_->recycle(std::move(c.mem));
+  budget_->give(taken_);
   if (fd_ >= 0) ::close(fd_);
 }
 
@@ -67,11 +68,11 @@ write_buffer::chunk& write_buffer::place(std::size_t index) {
   if (index >= chunks_.size()) chunks_.resize(index + 1);
   chunk& c = chunks_[index];
   if (c.mem || c.in_file) return c;
-  if (budget_.try_take(chunk_bytes)) {
+  if (budget_->try_take(chunk_bytes)) {
     try {
-      c.mem = budget_.take_chunk();
+      c.mem = budget_->take_chunk();
     } catch (...) {
-      budget_.give(chunk_bytes);
+      budget_->give(chunk_bytes);
       throw;
     }
     c.filled = 0;
@@ -132,8 +133,8 @@ void write_buffer::truncate(std::uint64_t size) {
     std::size_t keep = std::size_t((size + chunk_bytes - 1) / chunk_bytes);
     for (std::size_t i = keep; i < chunks_.size(); ++i) {
       if (chunks_[i].mem) {
-        budget_.recycle(std::move(chunks_[i].mem));
-        budget_.give(chunk_bytes);
+        budget_->recycle(std::move(chunks_[i].mem));
+        budget_->give(chunk_bytes);
         taken_ -= chunk_bytes;
       }
     }
@@ -146,10 +147,50 @@ void write_buffer::truncate(std::uint64_t size) {
   size_ = size;
 }
 
+void write_buffer::read_fully(std::uint64_t offset, std::span<std::byte> out) const {
+  if (read(offset, out) != out.size()) throw io_error(EIO, "write buffer shorter than its size");
+}
+
+void write_buffer::overwrite(std::uint64_t offset, std::span<const std::byte> data) {
+  if (offset > size_ || data.size() > size_ - offset)
+    throw io_error(EINVAL, "overwrite past the end of a write buffer");
+  modified_ = true;
+  write(offset, data);
+}
+
+int write_buffer::backing_file() {
+  if (fd_ < 0) open_staging();
+  struct stat st;
+  if (::fstat(fd_, &st) != 0) throw_errno(errno, "staging file stat");
+  if (std::uint64_t(st.st_size) != size_ && ::ftruncate(fd_, off_t(size_)) != 0)
+    throw_errno(errno, "staging file truncate");
+  return fd_;
+}
+
+void write_buffer::copy_memory_to_file() const {
+  for (std::size_t i = 0; i < chunks_.size(); ++i) {
+    const chunk& c = chunks_[i];
+    if (!c.mem || !c.filled) continue;
+    const std::uint64_t off = std::uint64_t(i) * chunk_bytes;
+    const std::size_t n = std::size_t(std::min<std::uint64_t>(c.filled, size_ - off));
+    pwrite_all(fd_, c.mem.data(), n, off);  // past `filled` the file reads zeros (a hole)
+  }
+}
+
+void write_buffer::drop_memory() {
+  for (auto& c : chunks_) {
+    if (!c.mem) continue;
+    budget_->recycle(std::move(c.mem));
+    c.in_file = true;
+    c.filled = 0;
+  }
+  budget_->give(taken_);
+  taken_ = 0;
+}
+
 format::source write_buffer::source() const {
-  return format::source(size_, [this](std::uint64_t off, std::span<std::byte> out) {
-    if (read(off, out) != out.size()) throw io_error(EIO, "write buffer shorter than its size");
-  });
+  return format::source(
+      size_, [this](std::uint64_t off, std::span<std::byte> out) { read_fully(off, out); });
 }
 
 }  // namespace ckpt::fs

@@ -8,6 +8,10 @@
 //
 // A memory chunk's bytes past its `filled` mark read as zeros without being cleared (recycled
 // chunks hold old data), so sequential writes never memset: only a gap a write skips is zeroed.
+//
+// As a staged_file (fs/content/staged_file.hpp), a finished buffer is handed to the content
+// store, which may rewrite it in place into the head image of a checkpoint lineage, move its
+// memory into the staging file and keep that file.
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -16,20 +20,23 @@
 #include <vector>
 
 #include "codec/format/source.hpp"
+#include "fs/content/staged_file.hpp"
 #include "fs/namespace/memory_budget.hpp"
 
 namespace ckpt::fs {
 
-class write_buffer {
+class write_buffer final : public staged_file {
  public:
   static constexpr std::size_t chunk_bytes = chunk_memory::bytes;
 
-  write_buffer(memory_budget& budget, std::string staging_dir);
-  ~write_buffer();
+  // The budget is shared: a buffer the content store keeps as a head image may outlive the
+  // filesystem that made it.
+  write_buffer(std::shared_ptr<memory_budget> budget, std::string staging_dir);
+  ~write_buffer() override;
   write_buffer(const write_buffer&) = delete;
   write_buffer& operator=(const write_buffer&) = delete;
 
-  std::uint64_t size() const { return size_; }
+  std::uint64_t size() const override { return size_; }
   bool spilled() const { return fd_ >= 0; }  // some chunks are in the staging file
 
   // Throws ckpt::io_error (e.g. ENOSPC from the staging file).
@@ -41,6 +48,15 @@ class write_buffer {
   // A source over the current bytes; valid while this buffer lives and is not modified.
   format::source source() const;
 
+  // staged_file (see there for the contract).
+  void read_fully(std::uint64_t offset, std::span<std::byte> out) const override;
+  void overwrite(std::uint64_t offset, std::span<const std::byte> data) override;
+  bool modified() const override { return modified_; }
+  int backing_file() override;
+  void copy_memory_to_file() const override;
+  void drop_memory() override;
+  std::uint64_t memory_bytes() const override { return taken_; }
+
  private:
   struct chunk {
     chunk_memory mem;        // in memory (else in the staging file, or a hole)
@@ -50,12 +66,13 @@ class write_buffer {
   chunk& place(std::size_t index);  // gives an untouched chunk memory, or a place in the file
   void open_staging();
 
-  memory_budget& budget_;
+  std::shared_ptr<memory_budget> budget_;
   std::string staging_dir_;
   std::vector<chunk> chunks_;
   std::uint64_t taken_ = 0;  // bytes taken from the budget
   int fd_ = -1;              // the staging file, once a chunk needed it
   std::uint64_t size_ = 0;
+  bool modified_ = false;  // overwritten in place by the content store
 };
 
 }  // namespace ckpt::fs

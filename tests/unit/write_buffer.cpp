@@ -15,7 +15,7 @@ TEST_CASE("write_buffer: random writes and truncates match a byte vector across 
   auto dir = boost::filesystem::temp_directory_path() / boost::filesystem::unique_path();
   boost::filesystem::create_directories(dir);
   for (std::uint64_t budget_mib : {0, 3, 64}) {
-    memory_budget budget(budget_mib << 20);
+    auto budget = std::make_shared<memory_budget>(budget_mib << 20);
     std::mt19937_64 rng(budget_mib);
     // Two rounds on one budget: the second buffer gets recycled chunks full of old bytes, which
     // must still read as zeros where nothing was written.
@@ -46,13 +46,13 @@ TEST_CASE("write_buffer: random writes and truncates match a byte vector across 
         CHECK(buf.read(model.size() + 5, tail) == 0);
         CHECK(buf.spilled() == (budget_mib < 6));
       }
-      CHECK(budget.used() == 0);  // everything given back
-      CHECK(budget.pooled_chunks() <= (budget_mib << 20) / write_buffer::chunk_bytes);
+      CHECK(budget->used() == 0);  // everything given back
+      CHECK(budget->pooled_chunks() <= (budget_mib << 20) / write_buffer::chunk_bytes);
       CHECK(boost::filesystem::is_empty(dir));  // the staging file was anonymous
     }
-    if (budget_mib >= 6) CHECK(budget.pooled_chunks() > 0);
-    budget.trim();
-    CHECK(budget.pooled_chunks() == 0);
+    if (budget_mib >= 6) CHECK(budget->pooled_chunks() > 0);
+    budget->trim();
+    CHECK(budget->pooled_chunks() == 0);
   }
   boost::filesystem::remove_all(dir);
 }

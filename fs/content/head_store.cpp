@@ -1,0 +1,265 @@
+#include "fs/content/head_store.hpp"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cinttypes>
+#include <cstdio>
+#include <vector>
+
+#include "codec/error.hpp"
+#include "fs/store/posix.hpp"
+
+namespace ckpt::fs {
+
+using store::detail::pread_full;
+using store::detail::throw_errno;
+using store::detail::unique_fd;
+
+namespace {
+
+// A published image found in the heads directory at startup: read-only bytes of a file.
+class file_bytes final : public staged_file {
+ public:
+  file_bytes(unique_fd fd, std::uint64_t size) : fd_(std::move(fd)), size_(size) {}
+  std::uint64_t size() const override { return size_; }
+  void read_fully(std::uint64_t offset, std::span<std::byte> out) const override {
+    if (pread_full(fd_.get(), out, offset, "read head image") != out.size())
+      throw io_error(EIO, "head image shorter than its size");
+  }
+  void overwrite(std::uint64_t, std::span<const std::byte>) override {
+    throw io_error(EROFS, "a published head image is not rewritten");
+  }
+  bool modified() const override { return false; }
+  int backing_file() override { return fd_.get(); }
+  void copy_memory_to_file() const override {}
+  void drop_memory() override {}
+  std::uint64_t memory_bytes() const override { return 0; }
+
+ private:
+  unique_fd fd_;
+  std::uint64_t size_;
+};
+
+bool parse_name(const char* name, std::uint64_t& version, std::uint64_t& checksum) {
+  char tail[8] = {};
+  return std::sscanf(name, "%16" SCNx64 "-%16" SCNx64 "%7s", &version, &checksum, tail) == 3 &&
+         std::string_view(tail) == ".head" && std::strlen(name) == 16 + 1 + 16 + 5;
+}
+
+}  // namespace
+
+// ---- head_image ----------------------------------------------------------------------------
+
+head_image::head_image(std::uint64_t version, std::uint64_t checksum,
+                       std::shared_ptr<staged_file> bytes)
+    : version_(version), checksum_(checksum), size_(bytes->size()), bytes_(std::move(bytes)) {}
+
+void head_image::read(std::uint64_t offset, std::span<std::byte> out) const {
+  std::shared_lock lock(mu_);
+  bytes_->read_fully(offset, out);
+}
+
+int head_image::published_fd() const {
+  std::shared_lock lock(mu_);
+  return fd_;
+}
+
+std::uint64_t head_image::memory_bytes() const {
+  std::shared_lock lock(mu_);
+  return bytes_->memory_bytes();
+}
+
+void head_image::publish(int dir_fd, const std::string& name) {
+  int fd;
+  {
+    std::unique_lock lock(mu_);
+    fd = bytes_->backing_file();
+  }
+  {
+    std::shared_lock lock(mu_);  // readers go on meanwhile: the memory is only read
+    bytes_->copy_memory_to_file();
+  }
+  if (::fdatasync(fd) != 0) throw_errno(errno, "fdatasync of head image " + name);
+  // The staging file has no name (O_TMPFILE): give it one in the heads directory. A file that
+  // cannot be linked there (another filesystem, a staging file made without O_TMPFILE) is
+  // copied instead.
+  ::unlinkat(dir_fd, name.c_str(), 0);
+  const std::string proc = "/proc/self/fd/" + std::to_string(fd);
+  if (::linkat(AT_FDCWD, proc.c_str(), dir_fd, name.c_str(), AT_SYMLINK_FOLLOW) != 0) {
+    const std::string tmp = name + ".tmp";
+    unique_fd out(::openat(dir_fd, tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+    if (!out) throw_errno(errno, "cannot create head image " + tmp);
+    loff_t in_off = 0, out_off = 0;
+    while (std::uint64_t(in_off) < size_) {
+      const ssize_t n = ::copy_file_range(fd, &in_off, out.get(), &out_off,
+                                          std::size_t(size_ - std::uint64_t(in_off)), 0);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        const int e = n < 0 ? errno : EIO;
+        ::unlinkat(dir_fd, tmp.c_str(), 0);
+        throw_errno(e, "copy of head image " + name);
+      }
+    }
+    if (::fdatasync(out.get()) != 0 || ::renameat(dir_fd, tmp.c_str(), dir_fd, name.c_str()) != 0) {
+      const int e = errno;
+      ::unlinkat(dir_fd, tmp.c_str(), 0);
+      throw_errno(e, "head image " + name);
+    }
+  }
+  std::unique_lock lock(mu_);
+  bytes_->drop_memory();
+  fd_ = fd;
+}
+
+// ---- head_store ----------------------------------------------------------------------------
+
+head_store::head_store(std::string dir) : dir_(std::move(dir)) {
+  if (::mkdir(dir_.c_str(), 0700) != 0 && errno != EEXIST)
+    throw_errno(errno, "cannot create the heads directory " + dir_);
+  dir_fd_ = ::open(dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir_fd_ < 0) throw_errno(errno, "cannot open the heads directory " + dir_);
+  worker_ = std::jthread([this](std::stop_token stop) { worker(stop); });
+}
+
+head_store::~head_store() {
+  worker_.request_stop();
+  cv_.notify_all();
+  if (worker_.joinable()) worker_.join();
+  ::close(dir_fd_);
+}
+
+std::string head_store::file_name(std::uint64_t version, std::uint64_t checksum) {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%016" PRIx64 "-%016" PRIx64 ".head", version, checksum);
+  return buf;
+}
+
+void head_store::scan(const std::map<std::uint64_t, expected>& heads) {
+  std::vector<std::string> names;
+  {
+    int fd = ::openat(dir_fd_, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) throw_errno(errno, "cannot read the heads directory " + dir_);
+    DIR* d = ::fdopendir(fd);
+    if (!d) {
+      ::close(fd);
+      throw_errno(errno, "cannot read the heads directory " + dir_);
+    }
+    while (dirent* e = ::readdir(d))
+      if (std::string_view(e->d_name) != "." && std::string_view(e->d_name) != "..")
+        names.emplace_back(e->d_name);
+    ::closedir(d);
+  }
+  std::lock_guard lock(mu_);
+  for (const auto& name : names) {
+    std::uint64_t version = 0, checksum = 0;
+    bool keep = false;
+    if (parse_name(name.c_str(), version, checksum)) {
+      auto it = heads.find(version);
+      struct stat st;
+      if (it != heads.end() && it->second.checksum == checksum &&
+          ::fstatat(dir_fd_, name.c_str(), &st, 0) == 0 &&
+          std::uint64_t(st.st_size) == it->second.size) {
+        unique_fd fd(::openat(dir_fd_, name.c_str(), O_RDONLY | O_CLOEXEC));
+        if (fd) {
+          const int raw = fd.get();
+          auto image = std::make_shared<head_image>(
+              version, checksum, std::make_shared<file_bytes>(std::move(fd), it->second.size));
+          image->fd_ = raw;
+          images_[version] = std::move(image);
+          keep = true;
+        }
+      }
+    }
+    if (!keep) ::unlinkat(dir_fd_, name.c_str(), 0);
+  }
+}
+
+std::shared_ptr<const head_image> head_store::get(std::uint64_t version) const {
+  std::lock_guard lock(mu_);
+  auto it = images_.find(version);
+  return it == images_.end() ? nullptr : it->second;
+}
+
+void head_store::adopt(std::uint64_t version, std::uint64_t checksum,
+                       std::shared_ptr<staged_file> bytes) {
+  auto image = std::make_shared<head_image>(version, checksum, std::move(bytes));
+  {
+    std::lock_guard lock(mu_);
+    images_[version] = image;
+    to_publish_.push_back(std::move(image));
+  }
+  cv_.notify_all();
+}
+
+void head_store::drop(std::uint64_t version) {
+  std::shared_ptr<head_image> image;
+  {
+    std::lock_guard lock(mu_);
+    auto it = images_.find(version);
+    if (it == images_.end()) return;
+    image = std::move(it->second);
+    images_.erase(it);
+    std::erase(to_publish_, image);
+  }
+  // A name the worker is creating right now is removed by the worker (it checks afterwards).
+  if (image->published_fd() >= 0)
+    ::unlinkat(dir_fd_, file_name(image->version(), image->checksum()).c_str(), 0);
+}
+
+head_store::stats head_store::stat() const {
+  std::lock_guard lock(mu_);
+  stats s;
+  for (const auto& [v, image] : images_) {
+    ++s.images;
+    if (image->published_fd() >= 0) {
+      ++s.published;
+      s.disk_bytes += image->size();
+    }
+    s.memory_bytes += image->memory_bytes();
+  }
+  return s;
+}
+
+void head_store::wait_published() {
+  std::unique_lock lock(mu_);
+  cv_.wait(lock, [&] { return to_publish_.empty() && publishing_ == 0; });
+}
+
+void head_store::worker(std::stop_token stop) {
+  for (;;) {
+    std::shared_ptr<head_image> image;
+    {
+      std::unique_lock lock(mu_);
+      if (!cv_.wait(lock, stop, [&] { return !to_publish_.empty(); })) return;
+      image = std::move(to_publish_.front());
+      to_publish_.pop_front();
+      ++publishing_;
+    }
+    const std::string name = file_name(image->version(), image->checksum());
+    bool failed = false;
+    try {
+      image->publish(dir_fd_, name);
+    } catch (const std::exception& e) {
+      failed = true;
+      if (log_)
+        log_("head image of version " + std::to_string(image->version()) +
+             " not kept (its version decodes through its chain instead): " + e.what());
+    }
+    {
+      std::lock_guard lock(mu_);
+      --publishing_;
+      auto it = images_.find(image->version());
+      const bool current = it != images_.end() && it->second == image;
+      if (!current && image->published_fd() >= 0)
+        ::unlinkat(dir_fd_, name.c_str(), 0);  // dropped or replaced while it was published
+      // An image that cannot go to disk is not kept in memory either: that memory is buffer=.
+      if (failed && current) images_.erase(it);
+    }
+    cv_.notify_all();
+  }
+}
+
+}  // namespace ckpt::fs

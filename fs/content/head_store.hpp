@@ -1,0 +1,112 @@
+#pragma once
+// Heads (DESIGN.md §12): the newest reconstruction of each large checkpoint lineage, kept as an
+// image of the bytes its newest version reads as, so that neither the next delta's base nor the
+// usual restore replays keyframe + deltas.
+//
+// An image is born from the version's staged bytes, which the write path rewrote in place into
+// the served bytes (staged_file.hpp), and is readable at once. A background worker then
+// *publishes* it: the bytes still in memory go into the staging file, the file is fdatasync'ed,
+// and only then linked as HEADS/<version>-<object checksum>.head. So a name always holds a
+// complete image of exactly that version's object (the checksum tells a version id reused after
+// a crash from the one the image was made for). A published image can be handed to the kernel
+// (FUSE passthrough) and is found again after a restart.
+//
+// Images are a cache of what the chain decodes to: never journaled, never fsync'ed into a
+// directory, rebuilt when missing (a crash before publication, a lost scratch disk). They cost
+// one file of the checkpoint's full size per lineage with a head; that space counts in every
+// ratio we publish (ckptctl ls, README).
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <span>
+#include <string>
+#include <thread>
+
+#include "fs/content/staged_file.hpp"
+
+namespace ckpt::fs {
+
+class head_image {
+ public:
+  head_image(std::uint64_t version, std::uint64_t checksum, std::shared_ptr<staged_file> bytes);
+  head_image(const head_image&) = delete;
+  head_image& operator=(const head_image&) = delete;
+
+  std::uint64_t version() const noexcept { return version_; }
+  std::uint64_t checksum() const noexcept { return checksum_; }  // of the version's object
+  std::uint64_t size() const noexcept { return size_; }
+  // All of [offset, offset + out.size()) (inside size()). Thread-safe. Throws io_error.
+  void read(std::uint64_t offset, std::span<std::byte> out) const;
+  // The image's file once it is published (complete, synced, named), else -1. Stays valid while
+  // the image lives, also after drop() unlinked its name.
+  int published_fd() const;
+  std::uint64_t memory_bytes() const;
+
+ private:
+  friend class head_store;
+  void publish(int dir_fd, const std::string& name);  // the worker; throws io_error
+
+  const std::uint64_t version_, checksum_, size_;
+  mutable std::shared_mutex mu_;  // shared: reads; exclusive: state changes of bytes_
+  std::shared_ptr<staged_file> bytes_;
+  int fd_ = -1;  // owned by bytes_; set once published
+};
+
+class head_store {
+ public:
+  // `dir` is created if missing. Throws io_error when it cannot be used.
+  explicit head_store(std::string dir);
+  ~head_store();  // stops the worker; unpublished images are dropped (rebuilt when needed)
+  head_store(const head_store&) = delete;
+  head_store& operator=(const head_store&) = delete;
+
+  // After replay: `heads` maps each lineage head's version to (object checksum, logical size).
+  // Images in the directory that match one are kept as published heads; every other file there
+  // (older heads, leftovers) is removed.
+  struct expected {
+    std::uint64_t checksum = 0;
+    std::uint64_t size = 0;
+  };
+  void scan(const std::map<std::uint64_t, expected>& heads);
+
+  std::shared_ptr<const head_image> get(std::uint64_t version) const;
+  // The staged bytes of a version just committed (rewritten into what it reads as) become its
+  // head; published in the background. Replaces an image of the same version.
+  void adopt(std::uint64_t version, std::uint64_t checksum, std::shared_ptr<staged_file> bytes);
+  // The version is no longer a head: its name goes (readers holding the image keep reading).
+  void drop(std::uint64_t version);
+
+  struct stats {
+    std::uint64_t images = 0, published = 0;
+    std::uint64_t memory_bytes = 0;  // write-buffer memory still held by unpublished images
+    std::uint64_t disk_bytes = 0;    // logical bytes of the images (files are not sparse)
+  };
+  stats stat() const;
+  const std::string& dir() const noexcept { return dir_; }
+  // Waits until every image adopted so far is published or failed (tests, shutdown).
+  void wait_published();
+  // Called with a message when publishing fails (the image stays readable from memory and the
+  // staging file; it is just not kept across a restart).
+  void set_log(std::function<void(const std::string&)> log) { log_ = std::move(log); }
+
+ private:
+  void worker(std::stop_token stop);
+  static std::string file_name(std::uint64_t version, std::uint64_t checksum);
+
+  const std::string dir_;
+  int dir_fd_ = -1;
+  mutable std::mutex mu_;
+  std::condition_variable_any cv_;
+  std::map<std::uint64_t, std::shared_ptr<head_image>> images_;
+  std::deque<std::shared_ptr<head_image>> to_publish_;
+  std::uint64_t publishing_ = 0;  // images the worker holds right now
+  std::function<void(const std::string&)> log_;
+  std::jthread worker_;  // last: stopped and joined before the rest goes
+};
+
+}  // namespace ckpt::fs
