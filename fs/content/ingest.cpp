@@ -414,7 +414,7 @@ content_ref content_store::impl::put(std::string_view path, const format::source
       for (const auto& fx : layout.fixups) {
         if (fx.original == 0) continue;
         for (const auto& [member, crc] : meta.member_crcs) {
-          if (member != fx.member) continue;
+          if (member != fx.member || crc == fx.original) continue;  // lossless: unchanged
           std::byte field[4];
           std::memcpy(field, &crc, 4);  // little-endian
           staged->overwrite(fx.field_offset, field);

@@ -1,0 +1,213 @@
+// Head images (fs/content/head_store.hpp): the staged bytes of a large checkpoint, rewritten in
+// place by the write path, must be exactly what the version reads as through its chain (tensor
+// payloads and zip CRC fields included), serve reads and bases, be published to the heads
+// directory, be found again after a restart, and stale files there must go.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <random>
+
+#include "codec/error.hpp"
+#include "codec/format/crc32.hpp"
+#include "codec/format/recognise.hpp"
+#include "codec/format/source.hpp"
+#include "content_test_util.hpp"
+#include "tests/unit/format_test_util.hpp"
+
+using namespace ckpt;
+using namespace ckpt::test;
+
+namespace {
+
+// Staged bytes as the filesystem's write buffer holds them, here all in memory until the head
+// store asks for a backing file (an unlinked O_TMPFILE, as the write buffer's staging file).
+class memory_staged final : public fs::staged_file {
+ public:
+  memory_staged(bytes b, std::string dir) : bytes_(std::move(b)), size_(bytes_.size()), dir_(dir) {}
+  ~memory_staged() override {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  std::uint64_t size() const override { return size_; }
+  void read_fully(std::uint64_t off, std::span<std::byte> out) const override {
+    if (in_file_) {
+      REQUIRE(::pread(fd_, out.data(), out.size(), off_t(off)) == ssize_t(out.size()));
+      return;
+    }
+    std::memcpy(out.data(), bytes_.data() + off, out.size());
+  }
+  void overwrite(std::uint64_t off, std::span<const std::byte> data) override {
+    modified_ = true;
+    std::memcpy(bytes_.data() + off, data.data(), data.size());
+  }
+  bool modified() const override { return modified_; }
+  int backing_file() override {
+    if (fd_ < 0) fd_ = ::open(dir_.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+    if (fd_ < 0) throw ckpt::io_error(errno, "O_TMPFILE");
+    return fd_;
+  }
+  void copy_memory_to_file() const override {
+    REQUIRE(::pwrite(fd_, bytes_.data(), bytes_.size(), 0) == ssize_t(bytes_.size()));
+  }
+  void drop_memory() override {
+    in_file_ = true;
+    bytes_ = {};
+  }
+  std::uint64_t memory_bytes() const override { return bytes_.size(); }
+
+ private:
+  bytes bytes_;
+  std::uint64_t size_;
+  std::string dir_;
+  int fd_ = -1;
+  bool in_file_ = false, modified_ = false;
+};
+
+// A torch.save-like zip: data.pkl, two float storages of n elements and an int64 one, CRCs set.
+bytes torch_like(const std::vector<float>& a, const std::vector<float>& b) {
+  using namespace ckpt::format::test;
+  pickle_writer p;
+  p.proto(2).op('}').op('(');
+  p.str("a").tensor("0", "FloatStorage", std::int32_t(a.size()), 0, {std::int32_t(a.size())}, {1});
+  p.str("b").tensor("1", "FloatStorage", std::int32_t(b.size()), 0, {std::int32_t(b.size())}, {1});
+  p.str("step").tensor("2", "LongStorage", 1, 0, {}, {});
+  p.op('u').stop();
+  zip_writer z;
+  z.add("ckpt/data.pkl", p.out);
+  auto floats = [](const std::vector<float>& v) {
+    bytes out(4 * v.size());
+    std::memcpy(out.data(), v.data(), out.size());
+    return out;
+  };
+  z.add("ckpt/data/0", floats(a));
+  z.add("ckpt/data/1", floats(b));
+  bytes one(8);
+  one[0] = std::byte(7);
+  z.add("ckpt/data/2", one);
+  z.add("ckpt/version", bytes_of("3\n"));
+  return z.finish();
+}
+
+// Every CRC the served zip names matches its member's served bytes (what torch.load checks).
+void check_crcs(const bytes& served) {
+  const auto l = format::recognise(format::memory_source(served));
+  REQUIRE(l.format == format::file_format::torch_zip);
+  REQUIRE(!l.members.empty());
+  for (const auto& fx : l.fixups) {
+    const auto& m = l.members.at(fx.member);
+    const std::uint32_t want =
+        format::crc32(0, std::span(served).subspan(m.data_offset, m.data_length));
+    std::uint32_t field;
+    std::memcpy(&field, served.data() + fx.field_offset, 4);
+    INFO("member " << m.name);
+    CHECK((field == 0 || field == want));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("head images read exactly as the chain decodes, and are kept across a restart",
+          "[content][heads]") {
+  temp_dir d;
+  fs::content_options opt;
+  opt.heads_dir = (d.path / "heads").string();
+  opt.head_min = 1 << 20;
+  opt.keyframe_interval = 20;
+  std::mt19937_64 rng(31);
+  drifting_weights a(700'000, rng), b(300'000, rng);  // 4 MiB in all: a head image each version
+  std::vector<fs::content_ref> refs;
+  std::vector<bytes> served;
+  {
+    opened s(d.path, opt);
+    for (int v = 0; v < 4; ++v) {
+      a.step(rng);
+      b.step(rng);
+      const bytes file = torch_like(a.values, b.values);
+      auto staged = std::make_shared<memory_staged>(file, opt.heads_dir);
+      refs.push_back(s.content.put("run/step_" + std::to_string(v) + ".pt", staged));
+      // A keyframe is stored losslessly: its staged bytes already are what it reads as.
+      CHECK(staged->modified() == (v > 0));
+      s.content.wait_heads();
+      const auto head = s.content.published_head(refs.back());
+      REQUIRE(head);
+      REQUIRE(head->backing_fd() >= 0);
+      CHECK(s.content.info(refs.back()).head_bytes == file.size());
+      // The previous version is no longer a head.
+      if (v > 0) CHECK_FALSE(s.content.published_head(refs[std::size_t(v) - 1]));
+      served.push_back(read_all(s.content, refs.back()));  // from the head image
+      check_crcs(served.back());
+      // The image file holds exactly those bytes.
+      bytes from_file(served.back().size());
+      REQUIRE(::pread(head->backing_fd(), from_file.data(), from_file.size(), 0) ==
+              ssize_t(from_file.size()));
+      CHECK(from_file == served.back());
+    }
+    s.journal.sync();
+  }
+  // The same versions decoded through their chains (no head images): the same bytes.
+  {
+    fs::content_options plain = opt;
+    plain.heads_dir.clear();
+    opened s(d.path, plain, refs);
+    for (std::size_t v = 0; v < refs.size(); ++v) {
+      INFO("version " << v);
+      CHECK_FALSE(s.content.published_head(refs[v]));
+      REQUIRE(read_all(s.content, refs[v]) == served[v]);
+    }
+  }
+  // A restart finds the newest version's image again; files that are not a current head go.
+  {
+    std::ofstream(opt.heads_dir + "/junk.tmp") << "x";
+    std::ofstream(opt.heads_dir + "/00000000000000ff-0000000000000001.head") << "stale";
+    opened s(d.path, opt, refs);
+    const auto head = s.content.published_head(refs.back());
+    REQUIRE(head);
+    CHECK(read_all(s.content, refs.back()) == served.back());
+    std::size_t files = 0;
+    for (const auto& e : bfs::directory_iterator(opt.heads_dir)) {
+      ++files;
+      CHECK(e.path().extension() == ".head");
+    }
+    CHECK(files == 1);
+    // The next version takes its base from the image, and becomes the head in turn.
+    a.step(rng);
+    b.step(rng);
+    const bytes file = torch_like(a.values, b.values);
+    const auto r =
+        s.content.put("run/step_9.pt", std::make_shared<memory_staged>(file, opt.heads_dir));
+    CHECK(s.content.info(r).kind == "delta");
+    s.content.wait_heads();
+    REQUIRE(s.content.published_head(r));
+    const bytes newest = read_all(s.content, r);
+    check_crcs(newest);
+    s.content.drop_caches();
+    fs::content_options plain = opt;
+    plain.heads_dir.clear();
+    s.journal.sync();
+    std::vector<fs::content_ref> live = refs;
+    live.push_back(r);
+    opened chain(d.path, plain, live);
+    CHECK(read_all(chain.content, r) == newest);
+  }
+}
+
+TEST_CASE("small checkpoints get no head image, and a put from a plain source none either",
+          "[content][heads]") {
+  temp_dir d;
+  fs::content_options opt;
+  opt.heads_dir = (d.path / "heads").string();
+  opt.head_min = 64 << 20;
+  opened s(d.path, opt);
+  std::mt19937_64 rng(5);
+  drifting_weights a(100'000, rng), b(100, rng);
+  const bytes file = torch_like(a.values, b.values);
+  auto staged = std::make_shared<memory_staged>(file, opt.heads_dir);
+  const auto r1 = s.content.put("m.pt", staged);
+  s.content.wait_heads();
+  CHECK_FALSE(s.content.published_head(r1));
+  CHECK_FALSE(staged->modified());
+  opt.head_min = 0;
+  const auto r2 = s.content.put("n.pt", format::memory_source(file));  // nothing to keep
+  s.content.wait_heads();
+  CHECK_FALSE(s.content.published_head(r2));
+}
