@@ -193,53 +193,93 @@ std::string content_store::verify(std::uint64_t v, bool deep,
         return "a delta frame names a base tensor that does not exist";
     }
     if (!deep) return {};
-    for (std::size_t ri = 0; ri < meta.exact.size(); ++ri) {
-      const auto& x = meta.exact[ri];
-      const bytes enc = [&] {
-        bytes b(x.encoded_bytes);
-        m.objects.read(item->obj_id, item->data_base + x.data_at, b);
-        return b;
-      }();
+    // Block by block and slab by slab: verifying a 100 GB version holds what a put holds.
+    const encode_slots::lease slot = m.slots.acquire();
+    encode_slots::slabs& slab = slot.get();
+    for (const auto& x : meta.exact) {
       std::uint64_t decoded = 0;
       for (std::size_t b = 0; b < x.blocks.size(); ++b) {
         const std::uint64_t begin = x.blocks[b];
         const std::uint64_t end = b + 1 < x.blocks.size() ? x.blocks[b + 1] : x.encoded_bytes;
-        if (end < begin || end > enc.size()) return "an exact region's block index is damaged";
-        byte_buffer out(std::min<std::uint64_t>(x.block_bytes, x.length - decoded));
-        codec::decode(std::span(enc).subspan(begin, end - begin), {}, out);
-        decoded += out.size();
+        const std::uint64_t want = std::min<std::uint64_t>(x.block_bytes, x.length - decoded);
+        if (end < begin || end > x.encoded_bytes || end - begin > kSlabBytes || want > kSlabBytes)
+          return "an exact region's block index is damaged";
+        const std::span<std::byte> enc(slab.cur.data(), std::size_t(end - begin));
+        m.objects.read(item->obj_id, item->data_base + x.data_at + begin, enc);
+        codec::decode(enc, {}, std::span<std::byte>(slab.recon.data(), std::size_t(want)));
+        decoded += want;
       }
       if (decoded != x.length) return "an exact region decodes to the wrong length";
     }
     for (const auto& f : meta.tensors) {
-      // Decode this version's frame from disk, on top of the base's reconstruction (cached,
-      // or decoded from its own chain).
-      const std::uint64_t length = meta.layout.tensors.at(f.tensor).length;
-      byte_buffer enc(f.encoded_bytes);
-      m.objects.read(item->obj_id, item->data_base + f.data_at, enc);
-      if (!f.blocks.empty()) {
+      const auto& t = meta.layout.tensors.at(f.tensor);
+      if (f.blocks.empty()) {
+        // Frames from before block indexes: decoded whole, as they are read.
+        byte_buffer enc(f.encoded_bytes);
+        m.objects.read(item->obj_id, item->data_base + f.data_at, enc);
+        byte_buffer out(t.length);
+        if (f.mode == tensor_mode::delta) {
+          const auto base = m.tensor_recon(r.base, f.base_tensor);
+          if (base->data.size() != t.length) return "a delta frame's base has another size";
+          codec::decode(enc, base->data, out);
+        } else {
+          codec::decode(enc, {}, out);
+        }
+        if (f.digest && XXH3_64bits(out.data(), out.size()) != f.digest)
+          return "tensor '" + t.name + "' does not decode to its recorded digest";
+        continue;
+      }
+      // Decode this version's blocks from disk a slab at a time, on top of the same slab of the
+      // base's reconstruction (its head image, the cache, or its own chain), into one digest.
+      const std::uint64_t block_bytes =
+          std::uint64_t(f.block_elements) * codec::element_size(f.type);
+      if (!block_bytes) return "tensor '" + t.name + "' has an empty block index";
+      const std::size_t per_slab =
+          std::size_t(std::max<std::uint64_t>(1, kSlabBytes / block_bytes));
+      if (per_slab * block_bytes > kSlabBytes ||
+          f.blocks.size() != (t.length + block_bytes - 1) / block_bytes)
+        return "tensor '" + t.name + "' has a block index that does not match its size";
+      XXH3_state_t digest;
+      XXH3_64bits_reset(&digest);
+      std::shared_ptr<const cache_item> base_whole;
+      for (std::size_t b0 = 0; b0 < f.blocks.size(); b0 += per_slab) {
+        const std::size_t b1 = std::min(b0 + per_slab, f.blocks.size());
+        const std::uint64_t from = f.blocks[b0];
+        const std::uint64_t to = b1 < f.blocks.size() ? f.blocks[b1] : f.encoded_bytes;
+        const std::uint64_t at = b0 * block_bytes;
+        const std::size_t n =
+            std::size_t(std::min<std::uint64_t>(t.length - at, (b1 - b0) * block_bytes));
+        if (to < from || to > f.encoded_bytes)
+          return "tensor '" + t.name + "' has a block index that does not match its frame";
+        slab.enc.resize(std::size_t(to - from));
+        m.objects.read(item->obj_id, item->data_base + f.data_at + from, slab.enc);
         // A block index that is well-formed but wrong would serve shifted blocks whose own
-        // checksums pass: compare it with the frame's headers.
-        const auto fi = codec::index_frame(enc);
-        if (fi.block_elements != f.block_elements || fi.offsets != f.blocks)
-          return "tensor '" + meta.layout.tensors.at(f.tensor).name +
-                 "' has a block index that does not match its frame";
+        // checksums pass: compare it with the blocks' headers.
+        const auto fi = codec::index_frame(slab.enc);
+        bool same = fi.block_elements == f.block_elements && fi.offsets.size() == b1 - b0;
+        for (std::size_t i = 0; same && i < fi.offsets.size(); ++i)
+          same = fi.offsets[i] + from == f.blocks[b0 + i];
+        if (!same) return "tensor '" + t.name + "' has a block index that does not match its frame";
+        const std::span<std::byte> out(slab.recon.data(), n);
+        if (f.mode == tensor_mode::delta) {
+          const std::span<std::byte> base(slab.base.data(), n);
+          m.read_recon_slab(r.base, f.base_tensor, at, base, base_whole);
+          codec::decode(slab.enc, base, out);
+        } else {
+          codec::decode(slab.enc, {}, out);
+        }
+        XXH3_64bits_update(&digest, out.data(), out.size());
       }
-      byte_buffer out(length);
-      if (f.mode == tensor_mode::delta) {
-        const auto base = m.tensor_recon(r.base, f.base_tensor);
-        if (base->data.size() != length) return "a delta frame's base has another size";
-        codec::decode(enc, base->data, out);
-      } else {
-        codec::decode(enc, {}, out);
+      if (f.digest && XXH3_64bits_digest(&digest) != f.digest)
+        return "tensor '" + t.name + "' does not decode to its recorded digest";
+      if (t.length <= kSlabBytes) {
+        // The next version in the chain decodes on top of this one (larger tensors decode their
+        // bases again slab by slab: bounded memory before speed).
+        auto whole = std::make_shared<cache_item>();
+        whole->data = byte_buffer(t.length);
+        std::memcpy(whole->data.data(), slab.recon.data(), t.length);
+        m.cache.put({v, k_tensor, f.tensor}, whole, t.length);
       }
-      if (f.digest && XXH3_64bits(out.data(), out.size()) != f.digest)
-        return "tensor '" + meta.layout.tensors.at(f.tensor).name +
-               "' does not decode to its recorded digest";
-      // The next version in the chain decodes on top of this one.
-      auto item_out = std::make_shared<cache_item>();
-      item_out->data = std::move(out);
-      m.cache.put({v, k_tensor, f.tensor}, item_out, length);
     }
   } catch (const std::exception& e) {
     return e.what();
