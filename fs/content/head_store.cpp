@@ -7,6 +7,7 @@
 
 #include <cinttypes>
 #include <cstdio>
+#include <optional>
 #include <vector>
 
 #include "codec/error.hpp"
@@ -169,6 +170,7 @@ void head_store::scan(const std::map<std::uint64_t, expected>& heads) {
               version, checksum, std::make_shared<file_bytes>(std::move(fd), it->second.size));
           image->fd_ = raw;
           images_[version] = std::move(image);
+          wanted_.insert(version);
           keep = true;
         }
       }
@@ -188,16 +190,60 @@ void head_store::adopt(std::uint64_t version, std::uint64_t checksum,
   auto image = std::make_shared<head_image>(version, checksum, std::move(bytes));
   {
     std::lock_guard lock(mu_);
+    wanted_.insert(version);
     images_[version] = image;
     to_publish_.push_back(std::move(image));
   }
   cv_.notify_all();
 }
 
+void head_store::rebuild(std::uint64_t version, std::uint64_t checksum, std::uint64_t size,
+                         byte_reader read) {
+  {
+    std::lock_guard lock(mu_);
+    to_rebuild_.push_back({version, checksum, size, std::move(read)});
+    wanted_.insert(version);
+  }
+  cv_.notify_all();
+}
+
+void head_store::run_rebuild(rebuild_job& job) {
+  const std::string name = file_name(job.version, job.checksum);
+  unique_fd fd(::openat(dir_fd_, ".", O_TMPFILE | O_RDWR | O_CLOEXEC, 0600));
+  if (!fd) throw_errno(errno, "cannot create a head image in " + dir_);
+  std::vector<std::byte> buf(std::size_t(16) << 20);
+  for (std::uint64_t at = 0; at < job.size;) {
+    {
+      std::lock_guard lock(mu_);
+      if (!wanted_.count(job.version) || worker_.get_stop_token().stop_requested()) return;
+    }
+    const std::size_t n = std::size_t(std::min<std::uint64_t>(buf.size(), job.size - at));
+    job.read(at, std::span(buf).first(n));
+    store::detail::pwrite_all(fd.get(), std::span(buf).first(n), at, "write head image " + name);
+    at += n;
+  }
+  if (::fdatasync(fd.get()) != 0) throw_errno(errno, "fdatasync of head image " + name);
+  const int raw = fd.get();
+  auto image = std::make_shared<head_image>(job.version, job.checksum,
+                                            std::make_shared<file_bytes>(std::move(fd), job.size));
+  std::lock_guard lock(mu_);
+  // Dropped meanwhile (the lineage moved on: drop() removed the job's version from `wanted`),
+  // or a newer image adopted: this one is not needed.
+  if (!wanted_.count(job.version) || images_.count(job.version)) return;
+  ::unlinkat(dir_fd_, name.c_str(), 0);
+  const std::string proc = "/proc/self/fd/" + std::to_string(raw);
+  if (::linkat(AT_FDCWD, proc.c_str(), dir_fd_, name.c_str(), AT_SYMLINK_FOLLOW) != 0)
+    throw_errno(errno, "cannot link head image " + name);
+  image->fd_ = raw;
+  images_[job.version] = std::move(image);
+}
+
 void head_store::drop(std::uint64_t version) {
   std::shared_ptr<head_image> image;
   {
     std::lock_guard lock(mu_);
+    wanted_.erase(version);
+    std::erase_if(to_rebuild_, [&](const rebuild_job& j) { return j.version == version; });
     auto it = images_.find(version);
     if (it == images_.end()) return;
     image = std::move(it->second);
@@ -225,18 +271,40 @@ head_store::stats head_store::stat() const {
 
 void head_store::wait_published() {
   std::unique_lock lock(mu_);
-  cv_.wait(lock, [&] { return to_publish_.empty() && publishing_ == 0; });
+  cv_.wait(lock, [&] { return to_publish_.empty() && to_rebuild_.empty() && publishing_ == 0; });
 }
 
 void head_store::worker(std::stop_token stop) {
   for (;;) {
     std::shared_ptr<head_image> image;
+    std::optional<rebuild_job> job;
     {
       std::unique_lock lock(mu_);
-      if (!cv_.wait(lock, stop, [&] { return !to_publish_.empty(); })) return;
-      image = std::move(to_publish_.front());
-      to_publish_.pop_front();
+      if (!cv_.wait(lock, stop, [&] { return !to_publish_.empty() || !to_rebuild_.empty(); }))
+        return;
       ++publishing_;
+      if (!to_publish_.empty()) {  // new heads first: they hold write-buffer memory
+        image = std::move(to_publish_.front());
+        to_publish_.pop_front();
+      } else {
+        job = std::move(to_rebuild_.front());
+        to_rebuild_.pop_front();
+      }
+    }
+    if (job) {
+      try {
+        run_rebuild(*job);
+      } catch (const std::exception& e) {
+        if (log_)
+          log_("head image of version " + std::to_string(job->version) +
+               " not rebuilt (its version decodes through its chain instead): " + e.what());
+      }
+      {
+        std::lock_guard lock(mu_);
+        --publishing_;
+      }
+      cv_.notify_all();
+      continue;
     }
     const std::string name = file_name(image->version(), image->checksum());
     bool failed = false;

@@ -22,6 +22,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <shared_mutex>
 #include <span>
 #include <string>
@@ -80,6 +81,12 @@ class head_store {
   void adopt(std::uint64_t version, std::uint64_t checksum, std::shared_ptr<staged_file> bytes);
   // The version is no longer a head: its name goes (readers holding the image keep reading).
   void drop(std::uint64_t version);
+  // A head found missing at startup (a crash before its image was published, a store written
+  // with heads off or before they existed, a lost scratch disk): the worker writes its image
+  // from `read` (the version's served bytes, decoded through its chain) after the pending
+  // publications, and keeps it if the version is still a head by then.
+  using byte_reader = std::function<void(std::uint64_t offset, std::span<std::byte> out)>;
+  void rebuild(std::uint64_t version, std::uint64_t checksum, std::uint64_t size, byte_reader read);
 
   struct stats {
     std::uint64_t images = 0, published = 0;
@@ -104,6 +111,13 @@ class head_store {
   std::condition_variable_any cv_;
   std::map<std::uint64_t, std::shared_ptr<head_image>> images_;
   std::deque<std::shared_ptr<head_image>> to_publish_;
+  struct rebuild_job {
+    std::uint64_t version = 0, checksum = 0, size = 0;
+    byte_reader read;
+  };
+  std::deque<rebuild_job> to_rebuild_;
+  std::set<std::uint64_t> wanted_;  // versions that are heads (adopted or to be rebuilt)
+  void run_rebuild(rebuild_job& job);
   std::uint64_t publishing_ = 0;  // images the worker holds right now
   std::function<void(const std::string&)> log_;
   std::jthread worker_;  // last: stopped and joined before the rest goes

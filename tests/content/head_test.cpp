@@ -211,3 +211,39 @@ TEST_CASE("small checkpoints get no head image, and a put from a plain source no
   s.content.wait_heads();
   CHECK_FALSE(s.content.published_head(r2));
 }
+
+TEST_CASE("a missing head image is rebuilt from the chain at startup", "[content][heads]") {
+  temp_dir d;
+  fs::content_options opt;
+  opt.heads_dir = (d.path / "heads").string();
+  opt.head_min = 1 << 20;
+  std::mt19937_64 rng(77);
+  drifting_weights a(500'000, rng), b(200'000, rng);
+  std::vector<fs::content_ref> refs;
+  bytes newest;
+  {
+    // Written with heads off (a store from before them, or a crash before publication).
+    fs::content_options off = opt;
+    off.heads_dir.clear();
+    opened s(d.path, off);
+    for (int v = 0; v < 3; ++v) {
+      a.step(rng);
+      b.step(rng);
+      const bytes file = torch_like(a.values, b.values);
+      refs.push_back(s.content.put("run/step_" + std::to_string(v) + ".pt",
+                                   std::make_shared<memory_staged>(file, d.path.string())));
+    }
+    newest = read_all(s.content, refs.back());
+    s.journal.sync();
+  }
+  opened s(d.path, opt, refs);
+  s.content.wait_heads();
+  const auto head = s.content.published_head(refs.back());
+  REQUIRE(head);
+  CHECK(read_all(s.content, refs.back()) == newest);
+  bytes from_file(newest.size());
+  REQUIRE(::pread(head->backing_fd(), from_file.data(), from_file.size(), 0) ==
+          ssize_t(from_file.size()));
+  CHECK(from_file == newest);
+  CHECK_FALSE(s.content.published_head(refs.front()));  // only heads get images
+}
