@@ -69,6 +69,18 @@ void write_safetensors(const bfs::path& path, int tensors, std::size_t n, int st
   REQUIRE(f.good());
 }
 
+// XXH3 of everything a version reads as, read `buf.size()` bytes at a time.
+std::uint64_t digest_of(fs::content_store& c, const fs::content_ref& ref, bytes& buf) {
+  auto r = c.open(ref);
+  XXH3_state_t st;
+  XXH3_64bits_reset(&st);
+  for (std::uint64_t at = 0; at < r->size(); at += buf.size()) {
+    const std::size_t k = r->read(at, buf);
+    XXH3_64bits_update(&st, buf.data(), k);
+  }
+  return XXH3_64bits_digest(&st);
+}
+
 float value(int t, std::size_t i, int step) {
   return float(std::sin(double(i) * 1e-3 + t) * 0.05 + step * 1e-3 * std::cos(double(i)));
 }
@@ -118,16 +130,7 @@ TEST_CASE("a checkpoint far larger than the cache streams through put and rekey 
       }
   }
   // prune's rewrite of v2 as a keyframe: also a slab at a time; it reads the same afterwards.
-  const std::uint64_t digest_before = [&] {
-    auto r = s.content.open(refs[1]);
-    XXH3_state_t st;
-    XXH3_64bits_reset(&st);
-    for (std::uint64_t at = 0; at < r->size(); at += served.size()) {
-      const std::size_t k = r->read(at, served);
-      XXH3_64bits_update(&st, served.data(), k);
-    }
-    return XXH3_64bits_digest(&st);
-  }();
+  const std::uint64_t digest_before = digest_of(s.content, refs[1], served);
   const std::uint64_t before = current_rss();
   reset_peak_rss();
   CHECK(s.content.rekey(refs[1].version) > 0);
@@ -136,14 +139,7 @@ TEST_CASE("a checkpoint far larger than the cache streams through put and rekey 
   CHECK(grew < (std::uint64_t(240) << 20));
   CHECK(s.content.info(refs[1]).kind == "keyframe");
   s.content.drop_caches();
-  auto r = s.content.open(refs[1]);
-  XXH3_state_t st;
-  XXH3_64bits_reset(&st);
-  for (std::uint64_t at = 0; at < r->size(); at += served.size()) {
-    const std::size_t k = r->read(at, served);
-    XXH3_64bits_update(&st, served.data(), k);
-  }
-  CHECK(XXH3_64bits_digest(&st) == digest_before);
+  CHECK(digest_of(s.content, refs[1], served) == digest_before);
   CHECK(s.content.verify(refs[1].version, true, {}).empty());
 }
 
