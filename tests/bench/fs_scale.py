@@ -1,0 +1,1061 @@
+#!/usr/bin/python3
+"""ckptfs at the sizes users have (DESIGN.md §12, issue 13): multi-GiB training states saved
+version after version, restored after a remount, and several ranks writing at once; a ckptfs
+mount against a plain directory on the same disk, side by side in one run.
+
+State dicts, for each size S in --sizes (GiB): a realistic training state built in place and
+reused from version to version (never two copies in memory): 8 large fp32 weight matrices, 56
+small parameters (biases, norms; 256-16384 elements), Adam's exp_avg and exp_avg_sq (nonnegative)
+of every parameter under "optimizer", a float step per parameter and an int64 step counter:
+about 1/3 weights, 1/3 exp_avg, 1/3 exp_avg_sq, 233 small tensors. Each new version is one
+training step: weights += N(0, 1e-4), exp_avg = 0.9 exp_avg + 0.1 g,
+exp_avg_sq = 0.999 exp_avg_sq + 0.001 g^2 with a fresh gradient g ~ N(0, 1e-3). --versions of
+them are saved as run/step_K.pt through the mount and to the plain directory (interleaved, the
+side that goes first alternating). Per size:
+  - save+fsync time of each version (torch.save into a file object, flush, os.fsync, close) and
+    when torch.save returned; v1 (the keyframe) reported apart from the median of the deltas;
+  - torch.load of the newest version, and of the oldest version of the newest keyframe interval
+    (the last version `ckptctl stat` calls a keyframe: v1 at keyframe_interval=20), after a
+    remount with the page cache dropped (plain: drop_caches, then load), --repeats times, the
+    order rotating; before every load the client touches and frees 1.5x the size
+    (fs_speed.prefault, see docs/benchmarks.md) so that fresh pages do not decide the comparison;
+  - the daemon's peak RSS (VmHWM, reset before each save; each load has a fresh daemon) for the
+    saves, the loads and the whole size, against the budget cache + buffer + 512 MiB (DESIGN.md
+    §9.7); sampled every 50 ms: its anonymous RSS, and the unlinked scratch files (staging,
+    spill) it holds in the store, which du cannot see; and the disk space used at the peak of
+    each mount save (anything else writing to the disk moves that too);
+  - store bytes (du -sb and du -sB1, and per top-level entry of the store) against the logical
+    bytes of all versions; the plain side keeps at most two versions on disk (the newest and the
+    load's oldest), the logical total counts all of them;
+  - every load is checked against what was saved: same tensor names, dtypes and shapes, integer
+    tensors (step counters) exact, float tensors (a strided sample of up to 65536 elements each)
+    within 0.2 of the tensor's range (TOLERANCE: garbage, not codec error); a load that fails
+    stops the benchmark. Reported: the largest error as a share of the range, and as a multiple
+    of the largest change since the previous version.
+
+Concurrent writers: --writers processes, each with its own state of --shard-gib, save
+ckpt_rankR/step_K.pt (one lineage per rank) at the same moment, released by a barrier, for
+--writer-steps steps, mount and plain directory in turn (the plain side keeps two versions per
+rank). Per step: wall time from the release to the last fsync, the daemon's peak RSS and
+scratch files; then whether every version after the first of each rank is a delta on its own
+rank's previous version (`ckptctl stat --json`), and store bytes.
+
+Usage: fs_scale.py CKPTFS_BINARY [--sizes 1,4,12] [--versions 6] [--repeats 3] [--writers 8]
+                   [--shard-gib 1] [--writer-steps 3] [--skip-sizes] [--skip-writers]
+                   [--cache 2G] [--buffer 1G] [--opts O,...] [--dir BASE] [--keep]
+                   [--json PATH] [--ckptctl PATH] [--quick]
+--quick: 0.25 GiB, 3 versions, 2 writers x 128 MiB, 1 repeat (a smoke test, about a minute).
+--cache/--buffer are passed as -o cache=,buffer= (defaults: the daemon's, read from its --help)
+and set the memory budget checked; --opts adds other -o options (bits=4, ...).
+Needs root (drop_caches, FUSE) and free disk under BASE (default /var/tmp, a real disk: not
+tmpfs) of about 3x the largest size plus 3x the writers' shards; RAM for the largest state plus
+the daemon's budget. Run by Debian's /usr/bin/python3 (torch 1.13).
+"""
+import argparse
+import contextlib
+import datetime
+import gc
+import json
+import math
+import multiprocessing
+import os
+import platform
+import re
+import shlex
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "fs"))
+sys.path.insert(0, HERE)
+from ckptfs_testlib import mounted, peak_rss, reset_peak_rss  # noqa: E402
+from fs_cold_load import cpu_seconds  # noqa: E402
+from fs_speed import drop_caches, prefault  # noqa: E402
+
+GiB = 1 << 30
+MiB = 1 << 20
+SLACK = 512 * MiB  # the "small constant" of the memory budget
+N_LARGE = 8  # large weight matrices
+COLS = 4096  # their width
+SMALL_NAMES = ("attn.qkv.bias", "attn.out.bias", "ln1.weight", "ln1.bias", "ln2.weight",
+               "ln2.bias", "mlp.fc2.bias")  # per layer: 7 x 8 = 56 small parameters
+SMALL_SIZES = (256, 1024, 4096, 16384)  # elements, cycled
+GRAD_STD = 1e-3
+WEIGHT_NOISE = 1e-4
+SAMPLE = 65536  # elements per tensor kept to check loads against
+# A load fails the check when a float tensor's max abs error exceeds this share of its range
+# (max - min). Loose on purpose: it catches garbage (zeros, another tensor, shifted bytes: 0.5 and
+# more), not codec error, which is bounded by each element's change against its base as read
+# back (the closed-loop bound): Adam's exp_avg moves by up to a sixth of its range in one step
+# (0.1 (g - exp_avg)) and read back up to 5% of its range off, at bits=3 and bits=4 alike (the
+# largest error is set by the top power-of-two bucket of the delta, not by bits; rep=mean: 8%),
+# so 1e-2 failed. Stale versions are caught by the step counters, which must be exact.
+TOLERANCE = 0.2
+BARRIER_TIMEOUT = 3600.0
+
+
+# ---------------------------------------------------------------------------------------------
+# The training state
+
+
+class TrainingState:
+    """A model's parameters and Adam's moments, built in place in about `total_bytes`; `advance`
+    is one training step, in place. `sd` is the object torch.save gets; it shares the tensors."""
+
+    def __init__(self, total_bytes, seed):
+        self.gen = torch.Generator().manual_seed(seed)
+        small = [(f"layers.{layer}.{name}", SMALL_SIZES[(layer * len(SMALL_NAMES) + j) % 4])
+                 for layer in range(N_LARGE) for j, name in enumerate(SMALL_NAMES)]
+        small_bytes = 3 * 4 * sum(n for _, n in small)
+        rows = max(1, (total_bytes // 3 - small_bytes // 3) // 4 // N_LARGE // COLS)
+        large = [(f"layers.{i}.{'attn.qkv' if i % 2 == 0 else 'mlp.fc1'}.weight", (rows, COLS))
+                 for i in range(N_LARGE)]
+        shapes = large + [(name, (n,)) for name, n in small]
+        shapes.sort(key=lambda s: s[0])
+        self.names = [name for name, _ in shapes]
+        self.params = [torch.empty(shape) for _, shape in shapes]
+        self.exp_avg = [torch.empty(shape) for _, shape in shapes]
+        self.exp_avg_sq = [torch.empty(shape) for _, shape in shapes]
+        for name, p, m, v in zip(self.names, self.params, self.exp_avg, self.exp_avg_sq):
+            if ".ln" in name and name.endswith(".weight"):
+                p.normal_(1.0, 0.02, generator=self.gen)
+            else:
+                p.normal_(0.0, 0.02, generator=self.gen)
+            m.normal_(0.0, 0.3 * GRAD_STD, generator=self.gen)
+            v.normal_(0.0, GRAD_STD, generator=self.gen).square_()
+        self.scratch = torch.empty(max(p.numel() for p in self.params))  # the gradient
+        self.step = 1
+        self.sd = self._state_dict()
+
+    def _state_dict(self):
+        state = {i: {"step": torch.tensor(float(self.step)), "exp_avg": m, "exp_avg_sq": v}
+                 for i, (m, v) in enumerate(zip(self.exp_avg, self.exp_avg_sq))}
+        group = {"lr": 1e-4, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0,
+                 "amsgrad": False, "maximize": False, "foreach": None, "capturable": False,
+                 "differentiable": False, "fused": False, "params": list(range(len(self.params)))}
+        return {"model": dict(zip(self.names, self.params)),
+                "optimizer": {"state": state, "param_groups": [group]},
+                "step": torch.tensor(100 * self.step, dtype=torch.int64)}
+
+    def advance(self):
+        self.step += 1
+        for p, m, v in zip(self.params, self.exp_avg, self.exp_avg_sq):
+            g = self.scratch[:p.numel()].view(p.shape)
+            g.normal_(0.0, GRAD_STD, generator=self.gen)
+            m.mul_(0.9).add_(g, alpha=0.1)
+            v.mul_(0.999).addcmul_(g, g, value=0.001)
+            g.normal_(0.0, 1.0, generator=self.gen)
+            p.add_(g, alpha=WEIGHT_NOISE)
+        self.sd = self._state_dict()
+
+    def describe(self):
+        large = [p for p in self.params if p.dim() == 2]
+        n = len(flat_tensors(self.sd))
+        return (f"{len(large)} fp32 matrices {tuple(large[0].shape)}, "
+                f"{len(self.params) - len(large)} small parameters, Adam's exp_avg and "
+                f"exp_avg_sq of each, steps: {n} tensors ({n - 3 * len(large)} small)")
+
+
+def flat_tensors(obj, prefix=""):
+    """name -> tensor for every tensor in a nested checkpoint object."""
+    out = {}
+    if torch.is_tensor(obj):
+        out[prefix] = obj
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            out.update(flat_tensors(v, f"{prefix}.{k}" if prefix else str(k)))
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            out.update(flat_tensors(v, f"{prefix}.{i}"))
+    return out
+
+
+def snapshot(sd):
+    """What a load is checked against: per tensor its dtype, shape, range and a strided sample
+    (the whole tensor when small). A few MiB, whatever the size of the state."""
+    ref = {}
+    for name, t in flat_tensors(sd).items():
+        flat = t.reshape(-1)
+        stride = max(1, math.ceil(flat.numel() / SAMPLE))
+        entry = {"dtype": t.dtype, "shape": tuple(t.shape), "stride": stride,
+                 "sample": flat[::stride].clone()}
+        if t.is_floating_point() and t.numel():
+            entry["range"] = (t.max() - t.min()).item()
+        ref[name] = entry
+    return ref
+
+
+def check(loaded, ref, label, prev=None):
+    """Compares a loaded checkpoint with its snapshot. Raises on a difference beyond the
+    tolerance; returns the worst error relative to the tensor's range, the worst error relative
+    to the tensor's largest change since `prev` (the previous version's snapshot, if given: the
+    codec bounds an element's error by its change against the base as read back, itself off by
+    the base's error, so a small multiple of 1), and how many sampled exp_avg_sq elements read
+    back off by more than 2x."""
+    got = flat_tensors(loaded)
+    if got.keys() != ref.keys():
+        missing, extra = sorted(ref.keys() - got.keys()), sorted(got.keys() - ref.keys())
+        raise VerifyError(f"{label}: tensor names differ (missing {missing[:5]}, "
+                          f"extra {extra[:5]})")
+    worst, worst_name, far, vs_change = 0.0, "", 0, 0.0
+    for name, e in ref.items():
+        t = got[name]
+        if t.dtype != e["dtype"] or tuple(t.shape) != e["shape"]:
+            raise VerifyError(f"{label}: {name} is {t.dtype} {tuple(t.shape)}, "
+                              f"saved {e['dtype']} {e['shape']}")
+        sample = t.reshape(-1)[::e["stride"]]
+        if not t.is_floating_point():
+            if not torch.equal(sample, e["sample"]):
+                raise VerifyError(f"{label}: integer tensor {name} differs")
+            continue
+        if not sample.numel():
+            continue
+        err = (sample.double() - e["sample"].double()).abs().max().item()
+        rel = err / e["range"] if e["range"] > 0 else (0.0 if err == 0 else math.inf)
+        if not rel <= TOLERANCE:
+            raise VerifyError(f"{label}: {name} max abs error {err:.3g} is {rel:.3g} of its "
+                              f"range (tolerance {TOLERANCE})")
+        if rel > worst:
+            worst, worst_name = rel, name
+        if prev is not None and err > 0:
+            change = (e["sample"].double() - prev[name]["sample"].double()).abs().max().item()
+            vs_change = max(vs_change, err / change if change > 0 else math.inf)
+        if name.endswith("exp_avg_sq"):
+            s, u = sample.double(), e["sample"].double()
+            far += int(((s < u / 2) | (s > u * 2)).sum().item())
+    return {"max_rel_err": worst, "worst_tensor": worst_name, "exp_avg_sq_off_2x": far,
+            "max_err_vs_change": vs_change if prev is not None else None}
+
+
+class VerifyError(Exception):
+    pass
+
+
+# ---------------------------------------------------------------------------------------------
+# Measuring
+
+
+class Interrupts:
+    """Ctrl-C and SIGTERM raise KeyboardInterrupt, except inside torch.save / torch.load: an
+    exception raised in torch's C++ zip writer was lost, or came out as a RuntimeError, or aborted
+    the process ("terminate called after throwing c10::Error"), which skips every cleanup and
+    leaves the mount behind. Inside them the signal is noted and raised when the call returns."""
+
+    depth = 0
+    pending = None  # the signal number waiting to be raised
+    received = None  # the last one
+
+    @classmethod
+    def install(cls):
+        signal.signal(signal.SIGINT, cls.handler)
+        signal.signal(signal.SIGTERM, cls.handler)
+
+    @classmethod
+    def handler(cls, signum, _frame):
+        cls.received = signum
+        if cls.depth:
+            cls.pending = signum
+            return
+        raise KeyboardInterrupt
+
+    @classmethod
+    @contextlib.contextmanager
+    def deferred(cls):
+        cls.depth += 1
+        try:
+            yield
+        finally:
+            cls.depth -= 1
+            if not cls.depth and cls.pending:
+                cls.pending = None
+                raise KeyboardInterrupt
+
+
+def save_fsync(sd, path):
+    """torch.save into a file object, flush, fsync, close: (seconds until torch.save returned,
+    seconds until closed)."""
+    t = time.perf_counter()
+    with open(path, "wb") as f:
+        with Interrupts.deferred():
+            torch.save(sd, f)
+        f.flush()
+        returned = time.perf_counter() - t
+        os.fsync(f.fileno())
+    return returned, time.perf_counter() - t
+
+
+def load(path):
+    with Interrupts.deferred():
+        return torch.load(path)
+
+
+def proc_status(pid):
+    """kB fields of /proc/PID/status, in bytes."""
+    out = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            parts = value.split()
+            if len(parts) == 2 and parts[1] == "kB":
+                out[key] = int(parts[0]) * 1024
+    return out
+
+
+def free_bytes(path):
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def scratch_bytes(pid, store):
+    """Bytes allocated to unlinked files under `store` that the daemon holds open: its spill
+    and staging files, which du cannot see."""
+    total, seen = 0, set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        link = f"/proc/{pid}/fd/{fd}"
+        try:
+            target = os.readlink(link)
+            if target.startswith(store + os.sep) and target.endswith(" (deleted)"):
+                st = os.stat(link)
+                if st.st_ino not in seen:
+                    seen.add(st.st_ino)
+                    total += st.st_blocks * 512
+        except OSError:  # closed meanwhile
+            continue
+    return total
+
+
+class Sampler(threading.Thread):
+    """Samples every 50 ms the daemon's RSS (anonymous and file-backed), its unlinked scratch
+    files in the store (scratch_bytes) and the free space of the store's disk (which other
+    writers to the disk move too): maxima (least free space) since the last reset() and over
+    the sampler's life."""
+
+    def __init__(self, pid, store):
+        super().__init__(daemon=True)
+        self.pid, self.disk = pid, os.path.realpath(store)
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.whole = {}
+        self.reset()
+
+    def reset(self):
+        with self.lock:
+            self.free0 = free_bytes(self.disk)
+            self.win = {}
+
+    def _take(self, d, key, value, fn=max):
+        d[key] = fn(d[key], value) if key in d else value
+
+    def run(self):
+        while not self.stop.is_set():
+            try:
+                s = proc_status(self.pid)
+                free = free_bytes(self.disk)
+                scratch = scratch_bytes(self.pid, self.disk)
+            except (FileNotFoundError, ProcessLookupError):
+                return
+            with self.lock:
+                for d in (self.win, self.whole):
+                    self._take(d, "rss_anon", s.get("RssAnon", 0))
+                    self._take(d, "rss_file", s.get("RssFile", 0))
+                    self._take(d, "rss", s.get("VmRSS", 0))
+                    self._take(d, "scratch", scratch)
+                self._take(self.win, "free_min", free, min)
+            self.stop.wait(0.05)
+
+    def window(self):
+        with self.lock:
+            w = dict(self.win)
+            free0 = self.free0
+        out = {f"sampled_peak_{k}": w.get(k, 0) for k in ("rss", "rss_anon", "rss_file",
+                                                            "scratch")}
+        out["disk_used_peak"] = max(0, free0 - w.get("free_min", free0))
+        return out
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.join()
+
+
+def ckptctl_stat(ckptctl, path):
+    out = subprocess.run([ckptctl, "stat", "--json", path], check=True, capture_output=True,
+                         text=True)
+    info = json.loads(out.stdout)
+    info.pop("tensors", None)  # per-tensor detail: not needed here, large
+    return info
+
+
+def du(path):
+    """(apparent bytes, allocated bytes) of a directory tree: du -sb and du -sB1."""
+    def one(flag):
+        out = subprocess.run(["du", "-s", flag, path], check=True, capture_output=True, text=True)
+        return int(out.stdout.split()[0])
+    return one("-b"), one("-B1")
+
+
+def du_breakdown(path):
+    """{top-level entry: (apparent, allocated)}: objects, journal, staging, and whatever else the
+    store holds (heads, ...)."""
+    return {e: du(os.path.join(path, e)) for e in sorted(os.listdir(path))}
+
+
+def prefault_for(size_bytes, cap):
+    """fs_speed.prefault for a checkpoint of size_bytes (touches 1.5x that), capped so that it
+    cannot drive the machine out of memory: returns the bytes touched."""
+    mib = max(1, int(size_bytes // MiB))
+    mib = min(mib, max(1, int(cap * 2 // 3 // MiB)))
+    prefault(mib)
+    return mib * MiB * 3 // 2
+
+
+def mem_available():
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def median(xs):
+    return statistics.median(xs) if xs else float("nan")
+
+
+# ---------------------------------------------------------------------------------------------
+# State dicts of one size
+
+
+def run_size(size_gib, args, cfg, work):
+    d = os.path.join(work, f"size_{size_gib:g}GiB")
+    plain, store, mnt = (os.path.join(d, x) for x in ("plain", "store", "mnt"))
+    os.makedirs(os.path.join(plain, "run"))
+    t = time.perf_counter()
+    state = TrainingState(int(size_gib * GiB), seed=int(size_gib * 1000) + 1)
+    r = {"size_gib": size_gib, "layout": state.describe(),
+         "build_s": time.perf_counter() - t, "versions": [], "loads": []}
+    refs = {}  # version -> snapshot (the newest, and the oldest of its keyframe interval)
+    kept = []  # plain versions on disk
+    anchor = 1
+    logical_total = 0
+    print(f"\n[{size_gib:g} GiB] {r['layout']} (built in {r['build_s']:.1f} s)", flush=True)
+    with mounted(args.ckptfs, store, mnt, cfg["opts"]) as proc, \
+            Sampler(proc.pid, store) as sampler:
+        r["daemon_start_rss"] = peak_rss(proc.pid)
+        os.makedirs(os.path.join(mnt, "run"))
+        for k in range(1, args.versions + 1):
+            v = {"version": k}
+            if k > 1:
+                t = time.perf_counter()
+                state.advance()
+                v["generate_s"] = time.perf_counter() - t
+            name = os.path.join("run", f"step_{k}.pt")
+            for side in ("mount", "plain") if k % 2 else ("plain", "mount"):
+                if side == "mount":
+                    reset_peak_rss(proc.pid)
+                    sampler.reset()
+                    v["mount_save_s"], v["mount_save_fsync_s"] = save_fsync(
+                        state.sd, os.path.join(mnt, name))
+                    v["daemon_peak_rss"] = peak_rss(proc.pid)
+                    v.update(sampler.window())
+                    v["stat"] = ckptctl_stat(args.ckptctl, os.path.join(mnt, name))
+                else:
+                    v["plain_save_s"], v["plain_save_fsync_s"] = save_fsync(
+                        state.sd, os.path.join(plain, name))
+                    v["logical_bytes"] = os.path.getsize(os.path.join(plain, name))
+            logical_total += v["logical_bytes"]
+            v["kind"] = v["stat"].get("kind", "?")
+            if v["kind"] == "keyframe":
+                anchor = k
+            if k in (anchor, args.versions - 1, args.versions):
+                refs[k] = snapshot(state.sd)
+            refs = {j: s for j, s in refs.items() if j in (anchor, k - 1, k)}
+            kept.append(k)
+            for j in [j for j in kept if j not in (anchor, k)]:
+                os.remove(os.path.join(plain, "run", f"step_{j}.pt"))
+                kept.remove(j)
+            r["versions"].append(v)
+            print(f"  v{k} {v['kind']:8s} stored {v['stat'].get('stored_bytes', 0) / MiB:9.1f} MiB"
+                  f" of {v['logical_bytes'] / MiB:.1f}; save+fsync mount "
+                  f"{v['mount_save_fsync_s']:.2f} s, plain {v['plain_save_fsync_s']:.2f} s; "
+                  f"daemon peak RSS {v['daemon_peak_rss'] / GiB:.2f} GiB", flush=True)
+        r["plain_kept_versions"] = list(kept)
+        r["plain_on_disk"] = du(plain)
+        r["saves_daemon_peak_rss"] = max([r["daemon_start_rss"]] +
+                                         [v["daemon_peak_rss"] for v in r["versions"]])
+        r["saves_sampled_peak_rss_anon"] = sampler.whole.get("rss_anon", 0)
+        unmount_from = time.perf_counter()
+    r["unmount_s"] = time.perf_counter() - unmount_from
+    del state
+    gc.collect()
+    r["logical_total_bytes"] = logical_total
+    r["store_bytes"] = du(store)
+    r["store_breakdown"] = du_breakdown(store)
+    r["newest"], r["oldest"] = args.versions, anchor
+
+    loads = [("plain", "newest"), ("mount", "newest"), ("plain", "oldest"), ("mount", "oldest")]
+    for i in range(args.repeats):
+        k = i % len(loads)
+        for side, which in loads[k:] + loads[:k]:
+            version = r[which]
+            name = os.path.join("run", f"step_{version}.pt")
+            label = f"{size_gib:g} GiB, repeat {i}, {side} v{version}"
+            size = r["versions"][version - 1]["logical_bytes"]
+            rec = {"repeat": i, "side": side, "which": which, "version": version}
+            drop_caches()
+            if side == "plain":
+                rec["prefault_bytes"] = prefault_for(size, mem_available() - 2 * GiB)
+                t = time.perf_counter()
+                sd = load(os.path.join(plain, name))
+                rec["load_s"] = time.perf_counter() - t
+            else:
+                with mounted(args.ckptfs, store, mnt, cfg["opts"]) as proc, \
+                        Sampler(proc.pid, store) as sampler:
+                    rec["prefault_bytes"] = prefault_for(size, mem_available() - 2 * GiB)
+                    cpu0 = cpu_seconds(proc.pid)
+                    t = time.perf_counter()
+                    sd = load(os.path.join(mnt, name))
+                    rec["load_s"] = time.perf_counter() - t
+                    rec["daemon_cpu_s"] = cpu_seconds(proc.pid) - cpu0
+                    rec["daemon_peak_rss"] = peak_rss(proc.pid)
+                    rec.update(sampler.window())
+            rec["check"] = check(sd, refs[version], label, refs.get(version - 1))
+            del sd
+            gc.collect()
+            r["loads"].append(rec)
+            print(f"  load {which} (v{version}) {side:5s} {rec['load_s']:.2f} s"
+                  + (f", daemon cpu {rec['daemon_cpu_s']:.2f} s, peak RSS "
+                     f"{rec['daemon_peak_rss'] / GiB:.2f} GiB" if side == "mount" else "")
+                  + f"; max err {rec['check']['max_rel_err']:.2g} of range", flush=True)
+    summarise_size(r, cfg)
+    return r
+
+
+def summarise_size(r, cfg):
+    vs = r["versions"]
+    deltas = vs[1:]
+    s = {"v1": {x: vs[0][f"{x}_save_fsync_s"] for x in ("mount", "plain")}}
+    s["v1"]["ratio"] = s["v1"]["mount"] / s["v1"]["plain"]
+    s["deltas"] = {
+        "n": len(deltas),
+        "kinds": [v["kind"] for v in deltas],
+        "mount": median([v["mount_save_fsync_s"] for v in deltas]),
+        "plain": median([v["plain_save_fsync_s"] for v in deltas]),
+        "mount_returned": median([v["mount_save_s"] for v in deltas]),
+        "plain_returned": median([v["plain_save_s"] for v in deltas]),
+        "median_of_ratios": median([v["mount_save_fsync_s"] / v["plain_save_fsync_s"]
+                                    for v in deltas]),
+    }
+    s["deltas"]["ratio_of_medians"] = s["deltas"]["mount"] / s["deltas"]["plain"]
+    for which in ("newest", "oldest"):
+        ls = [x for x in r["loads"] if x["which"] == which]
+        m = {x["repeat"]: x["load_s"] for x in ls if x["side"] == "mount"}
+        p = {x["repeat"]: x["load_s"] for x in ls if x["side"] == "plain"}
+        s[which] = {"version": r[which], "n": len(m), "mount": median(list(m.values())),
+                    "plain": median(list(p.values())),
+                    "median_of_ratios": median([m[i] / p[i] for i in m]),
+                    "daemon_cpu_s": median([x["daemon_cpu_s"] for x in ls if x["side"] == "mount"]),
+                    "max_rel_err": max(x["check"]["max_rel_err"] for x in ls
+                                       if x["side"] == "mount"),
+                    "exp_avg_sq_off_2x": max(x["check"]["exp_avg_sq_off_2x"] for x in ls
+                                             if x["side"] == "mount"),
+                    "max_err_vs_change": max((x["check"]["max_err_vs_change"] or 0) for x in ls
+                                             if x["side"] == "mount"),
+                    "plain_max_rel_err": max(x["check"]["max_rel_err"] for x in ls
+                                             if x["side"] == "plain")}
+        s[which]["ratio_of_medians"] = s[which]["mount"] / s[which]["plain"]
+    loads_rss = max([x["daemon_peak_rss"] for x in r["loads"] if x["side"] == "mount"], default=0)
+    s["rss"] = {"saves": r["saves_daemon_peak_rss"], "loads": loads_rss,
+                "whole": max(r["saves_daemon_peak_rss"], loads_rss),
+                "saves_sampled_anon": r["saves_sampled_peak_rss_anon"],
+                "loads_sampled_anon": max([x["sampled_peak_rss_anon"] for x in r["loads"]
+                                           if x["side"] == "mount"], default=0),
+                "budget": cfg["budget"]}
+    s["rss"]["within_budget"] = s["rss"]["whole"] <= cfg["budget"]
+    s["disk_used_peak_saves"] = max(v["disk_used_peak"] for v in vs)
+    s["scratch_peak_saves"] = max(v["sampled_peak_scratch"] for v in vs)
+    s["ratio"] = r["logical_total_bytes"] / max(r["store_bytes"][1], 1)
+    r["summary"] = s
+
+
+def print_size(r, cfg):
+    s = r["summary"]
+    n = len(r["versions"])
+    print(f"\n== {r['size_gib']:g} GiB training state, {n} versions: mount vs plain directory "
+          f"(-o {cfg['opts']}) ==")
+    print(f"   {r['layout']}")
+    print("   kinds: " + ", ".join(f"v{v['version']} {v['kind']}" for v in r["versions"]))
+    rows = [("save+fsync v1 (keyframe), s", s["v1"]["mount"], s["v1"]["plain"],
+             s["v1"]["ratio"], ""),
+            (f"save+fsync deltas, median of {s['deltas']['n']}, s", s["deltas"]["mount"],
+             s["deltas"]["plain"], s["deltas"]["ratio_of_medians"],
+             f"median of ratios {s['deltas']['median_of_ratios']:.2f}"),
+            ("  torch.save returned (deltas), s", s["deltas"]["mount_returned"],
+             s["deltas"]["plain_returned"],
+             s["deltas"]["mount_returned"] / s["deltas"]["plain_returned"], "")]
+    for which in ("newest", "oldest"):
+        w = s[which]
+        rows.append((f"load {which} (v{w['version']}) after remount, median of {w['n']}, s",
+                     w["mount"], w["plain"], w["ratio_of_medians"],
+                     f"median of ratios {w['median_of_ratios']:.2f}, daemon cpu "
+                     f"{w['daemon_cpu_s']:.2f} s"))
+    width = max(len(x[0]) for x in rows) + 2
+    print(f"   {'':{width}s}{'mount':>9s}{'plain':>9s}{'mount/plain':>13s}")
+    for label, m, p, ratio, note in rows:
+        print(f"   {label:{width}s}{m:9.2f}{p:9.2f}{ratio:13.2f}   {note}")
+    rss = s["rss"]
+    print(f"   daemon peak RSS (VmHWM): saves {rss['saves'] / GiB:.2f} GiB, loads "
+          f"{rss['loads'] / GiB:.2f} GiB, whole {rss['whole'] / GiB:.2f} GiB; budget cache + "
+          f"buffer + 512 MiB = {rss['budget'] / GiB:.2f} GiB: "
+          + ("within" if rss["within_budget"] else "OVER"))
+    print(f"   sampled peak anonymous RSS: saves {rss['saves_sampled_anon'] / GiB:.2f} GiB, "
+          f"loads {rss['loads_sampled_anon'] / GiB:.2f} GiB; unlinked scratch files at the peak "
+          f"of a save {s['scratch_peak_saves'] / GiB:.2f} GiB (disk space used "
+          f"{s['disk_used_peak_saves'] / GiB:.2f} GiB)")
+    app, alloc = r["store_bytes"]
+    parts = ", ".join(f"{e} {b[1] / MiB:.1f}" for e, b in r["store_breakdown"].items())
+    print(f"   store: {alloc / MiB:.1f} MiB allocated ({app / MiB:.1f} apparent; MiB: {parts}) "
+          f"for {r['logical_total_bytes'] / MiB:.1f} MiB of {n} versions: {s['ratio']:.1f}x; "
+          f"plain dir on disk {r['plain_on_disk'][1] / MiB:.1f} MiB "
+          f"(versions {r['plain_kept_versions']} kept)")
+    print("   per version stored MiB: " + ", ".join(
+        f"v{v['version']} {v['stat'].get('stored_bytes', 0) / MiB:.1f}" for v in r["versions"]))
+    plain_err = max(s["newest"]["plain_max_rel_err"], s["oldest"]["plain_max_rel_err"])
+    print(f"   check (sampled elements): max error of a mount load {s['newest']['max_rel_err']:.2g}"
+          f" (newest), {s['oldest']['max_rel_err']:.2g} (oldest) of the tensor's range "
+          f"(tolerance {TOLERANCE}; plain {plain_err:.2g}); "
+          f"newest: {s['newest']['max_err_vs_change']:.2f} of the tensor's largest change since "
+          f"the previous version, exp_avg_sq elements off by > 2x: "
+          f"{s['newest']['exp_avg_sq_off_2x']}", flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Concurrent writers
+
+
+def side_order(step):
+    return ("mount", "plain") if step % 2 else ("plain", "mount")
+
+
+def writer_process(rank, shard_bytes, steps, dirs, barrier, results):
+    """One rank: builds its own state, then per step and side waits for the release and saves
+    ckpt_rank{rank}/step_{step}.pt with fsync."""
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the parent stops the ranks
+        torch.set_num_threads(1)
+        state = TrainingState(shard_bytes, seed=7000 + rank)
+        for step in range(1, steps + 1):
+            if step > 1:
+                state.advance()
+            for side in side_order(step):
+                path = os.path.join(dirs[side], f"ckpt_rank{rank}", f"step_{step}.pt")
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                barrier.wait(BARRIER_TIMEOUT)
+                start = time.monotonic()
+                returned, total = save_fsync(state.sd, path)
+                results.put({"rank": rank, "step": step, "side": side, "start": start,
+                             "end": time.monotonic(), "save_s": returned, "save_fsync_s": total,
+                             "bytes": os.path.getsize(path)})
+    except BaseException:  # noqa: B902 - reported to the parent, which stops the run
+        results.put({"rank": rank, "error": traceback.format_exc()})
+        barrier.abort()
+        sys.exit(1)
+
+
+def collect(results, n, procs, barrier):
+    """n results from the writers; raises if one failed or died."""
+    got = []
+    while len(got) < n:
+        try:
+            x = results.get(timeout=1.0)
+        except Exception:  # queue.Empty
+            dead = [p for p in procs if p.exitcode not in (None, 0)]
+            if dead:
+                barrier.abort()
+                raise RuntimeError(f"writer process exited with status {dead[0].exitcode}")
+            continue
+        if "error" in x:
+            raise RuntimeError(f"writer rank {x['rank']} failed:\n{x['error']}")
+        got.append(x)
+    return got
+
+
+def writers_step(step, side, args, proc, sampler, barrier, results, procs, plain):
+    """Releases the ranks for one step on one side and waits for every rank's fsync."""
+    if side == "mount":
+        reset_peak_rss(proc.pid)
+        sampler.reset()
+    try:
+        barrier.wait(BARRIER_TIMEOUT)
+    except threading.BrokenBarrierError:
+        collect(results, args.writers, procs, barrier)  # raises the rank's error if it sent one
+        raise
+    release = time.monotonic()
+    got = sorted(collect(results, args.writers, procs, barrier), key=lambda x: x["rank"])
+    rec = {"step": step, "side": side, "ranks": got,
+           "wall_s": max(x["end"] for x in got) - min([release] + [x["start"] for x in got]),
+           "bytes": sum(x["bytes"] for x in got)}
+    if side == "mount":
+        rec["daemon_peak_rss"] = peak_rss(proc.pid)
+        rec.update(sampler.window())
+    elif step > 2:  # the plain side keeps two versions per rank on disk
+        for rank in range(args.writers):
+            os.remove(os.path.join(plain, f"ckpt_rank{rank}", f"step_{step - 2}.pt"))
+    print(f"  step {step} {side:5s} {rec['wall_s']:.2f} s"
+          + (f", daemon peak RSS {rec['daemon_peak_rss'] / GiB:.2f} GiB" if side == "mount"
+             else ""), flush=True)
+    return rec
+
+
+def run_writers(args, cfg, work):
+    d = os.path.join(work, "writers")
+    plain, store, mnt = (os.path.join(d, x) for x in ("plain", "store", "mnt"))
+    os.makedirs(plain)
+    shard = int(args.shard_gib * GiB)
+    ctx = multiprocessing.get_context("spawn")  # no fork of a process that ran torch threads
+    barrier = ctx.Barrier(args.writers + 1)
+    results = ctx.Queue()
+    r = {"writers": args.writers, "shard_gib": args.shard_gib, "steps": []}
+    procs = []
+    print(f"\n[writers] {args.writers} ranks x {args.shard_gib:g} GiB, {args.writer_steps} steps",
+          flush=True)
+    with mounted(args.ckptfs, store, mnt, cfg["opts"]) as proc, \
+            Sampler(proc.pid, store) as sampler:
+        r["daemon_start_rss"] = peak_rss(proc.pid)
+        dirs = {"mount": mnt, "plain": plain}
+        watcher_stop = threading.Event()
+
+        def watch():  # a rank killed (OOM, say) would leave the others waiting at the barrier
+            while not watcher_stop.wait(1.0):
+                if any(p.exitcode not in (None, 0) for p in procs):
+                    barrier.abort()
+                    return
+        try:
+            for rank in range(args.writers):
+                p = ctx.Process(target=writer_process, daemon=True,
+                                args=(rank, shard, args.writer_steps, dirs, barrier, results))
+                p.start()
+                procs.append(p)
+            threading.Thread(target=watch, daemon=True).start()
+            for step in range(1, args.writer_steps + 1):
+                for side in side_order(step):
+                    r["steps"].append(writers_step(step, side, args, proc, sampler, barrier,
+                                                   results, procs, plain))
+            for p in procs:
+                p.join(60)
+        finally:
+            # Before the unmount: a rank still writing would keep the mount busy.
+            watcher_stop.set()
+            for p in procs:
+                if p.is_alive():
+                    p.terminate()
+                    p.join(5)
+                if p.is_alive():
+                    p.kill()
+                    p.join()
+        r["stat"] = {}
+        for rank in range(args.writers):
+            for step in range(1, args.writer_steps + 1):
+                r["stat"][f"{rank}/{step}"] = ckptctl_stat(
+                    args.ckptctl, os.path.join(mnt, f"ckpt_rank{rank}", f"step_{step}.pt"))
+        r["sampled_peak_rss_anon"] = sampler.whole.get("rss_anon", 0)
+    r["store_bytes"] = du(store)
+    r["store_breakdown"] = du_breakdown(store)
+    summarise_writers(r, args, cfg)
+    return r
+
+
+def summarise_writers(r, args, cfg):
+    mount = [x for x in r["steps"] if x["side"] == "mount"]
+    plain = {x["step"]: x for x in r["steps"] if x["side"] == "plain"}
+    s = {"per_step": [{"step": m["step"], "mount_s": m["wall_s"],
+                       "plain_s": plain[m["step"]]["wall_s"],
+                       "ratio": m["wall_s"] / plain[m["step"]]["wall_s"],
+                       "daemon_peak_rss": m["daemon_peak_rss"],
+                       "scratch_peak": m["sampled_peak_scratch"],
+                       "disk_used_peak": m["disk_used_peak"]} for m in mount]}
+    s["daemon_peak_rss"] = max([r["daemon_start_rss"]] + [m["daemon_peak_rss"] for m in mount])
+    s["budget"] = cfg["budget"]
+    s["within_budget"] = s["daemon_peak_rss"] <= cfg["budget"]
+    later, deltas, own_base, wrong = 0, 0, 0, []
+    for rank in range(args.writers):
+        for step in range(2, args.writer_steps + 1):
+            info = r["stat"][f"{rank}/{step}"]
+            prev = r["stat"][f"{rank}/{step - 1}"]
+            later += 1
+            if info.get("kind") == "delta":
+                deltas += 1
+                if info.get("base") == prev.get("version"):
+                    own_base += 1
+                else:
+                    wrong.append(f"rank {rank} step {step}: base {info.get('base')}, own "
+                                 f"previous {prev.get('version')}")
+            else:
+                wrong.append(f"rank {rank} step {step}: {info.get('kind')}")
+    s.update({"later_versions": later, "deltas": deltas, "delta_on_own_previous": own_base,
+              "all_deltas": later == own_base, "not_deltas_or_wrong_base": wrong})
+    s["logical_bytes"] = sum(x["bytes"] for x in mount)
+    s["ratio"] = s["logical_bytes"] / max(r["store_bytes"][1], 1)
+    r["summary"] = s
+
+
+def print_writers(r, cfg):
+    s = r["summary"]
+    print(f"\n== {r['writers']} concurrent writers x {r['shard_gib']:g} GiB, save+fsync, "
+          f"wall time from the barrier's release to the last fsync (-o {cfg['opts']}) ==")
+    print(f"   {'step':6s}{'mount s':>9s}{'plain s':>9s}{'mount/plain':>13s}"
+          f"{'daemon peak RSS':>17s}{'scratch peak':>14s}")
+    for x in s["per_step"]:
+        print(f"   {x['step']:<6d}{x['mount_s']:9.2f}{x['plain_s']:9.2f}{x['ratio']:13.2f}"
+              f"{x['daemon_peak_rss'] / GiB:13.2f} GiB{x['scratch_peak'] / GiB:10.2f} GiB")
+    print(f"   daemon peak RSS {s['daemon_peak_rss'] / GiB:.2f} GiB (sampled anonymous "
+          f"{r['sampled_peak_rss_anon'] / GiB:.2f} GiB); budget {s['budget'] / GiB:.2f} GiB: "
+          + ("within" if s["within_budget"] else "OVER"))
+    print(f"   versions after each rank's first: {s['deltas']}/{s['later_versions']} deltas, "
+          f"{s['delta_on_own_previous']}/{s['later_versions']} on their own rank's previous "
+          f"version" + ("" if s["all_deltas"]
+                        else ": " + "; ".join(s["not_deltas_or_wrong_base"][:8])))
+    app, alloc = r["store_bytes"]
+    print(f"   store: {alloc / MiB:.1f} MiB allocated ({app / MiB:.1f} apparent) for "
+          f"{s['logical_bytes'] / MiB:.1f} MiB written: {s['ratio']:.1f}x", flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Setup
+
+
+def parse_size(text):
+    """The daemon's SIZE syntax: a number with an optional K, M, G or T suffix (powers of 1024)."""
+    m = re.fullmatch(r"([0-9.]+)\s*([KMGT]?)(I?B)?", text.strip().upper())
+    if not m:
+        raise ValueError(f"invalid size {text!r} (examples: 512M, 2G)")
+    return int(float(m.group(1)) * 1024 ** " KMGT".index(m.group(2) or " "))
+
+
+def daemon_defaults(binary):
+    """cache= and buffer= defaults from `ckptfs --help` (2G and 1G when it does not say)."""
+    out = subprocess.run([binary, "--help"], capture_output=True, text=True).stdout
+    found = {}
+    for key, fallback in (("cache", "2G"), ("buffer", "1G")):
+        # "(default RAM/8, from 256M to 2G: 2G here)" names the value this machine gets.
+        m = re.search(rf"-o {key}=SIZE.*?\(default [^)]*?(\d+[KMGT]?) here\)", out, re.S) or \
+            re.search(rf"-o {key}=SIZE.*?\(default ([^)]+)\)", out, re.S)
+        found[key] = m.group(1).strip() if m else fallback
+    return found
+
+
+def machine_info(args):
+    cpu = "?"
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    with open("/proc/meminfo") as f:
+        ram = int(f.readline().split()[1]) * 1024
+    fstype = subprocess.run(["findmnt", "-n", "-o", "FSTYPE", "--target", args.dir],
+                            capture_output=True, text=True).stdout.strip() or "?"
+    version = subprocess.run([args.ckptfs, "--version"], capture_output=True,
+                             text=True).stdout.strip()
+    commit = subprocess.run(["git", "-C", os.path.dirname(os.path.abspath(args.ckptfs)),
+                             "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
+    return {"command": shlex.join([sys.executable] + sys.argv),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "kernel": f"{platform.system()} {platform.release()} {platform.version()}",
+            "cpu": cpu, "cpus": os.cpu_count(), "ram_bytes": ram,
+            "base_dir": args.dir, "base_fstype": fstype, "ckptfs": os.path.abspath(args.ckptfs),
+            "ckptfs_version": version, "ckptfs_commit": commit, "torch": torch.__version__,
+            "loadavg_start": os.getloadavg()}
+
+
+def print_header(h, cfg):
+    print(f"command: {h['command']}")
+    print(f"date:    {h['date']}")
+    print(f"kernel:  {h['kernel']}")
+    print(f"cpu:     {h['cpu']} x {h['cpus']}; RAM {h['ram_bytes'] / GiB:.1f} GiB; "
+          f"load average {' '.join(f'{x:.2f}' for x in h['loadavg_start'])}")
+    print(f"disk:    {h['base_dir']} ({h['base_fstype']})")
+    print(f"ckptfs:  {h['ckptfs']} ({h['ckptfs_version'] or '?'}, commit "
+          f"{h['ckptfs_commit'] or '?'}); torch {h['torch']}")
+    print(f"mount:   -o {cfg['opts']}; memory budget cache + buffer + 512 MiB = "
+          f"{cfg['budget'] / GiB:.2f} GiB", flush=True)
+
+
+def parse_args():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("ckptfs", help="the daemon binary, e.g. build/bin/ckptfs")
+    ap.add_argument("--ckptctl", help="default: ckptctl next to CKPTFS")
+    ap.add_argument("--dir", default="/var/tmp", help="base directory (a real disk)")
+    ap.add_argument("--opts", default="", help="more -o options for the mount, e.g. bits=4")
+    ap.add_argument("--cache", help="-o cache= (default: the daemon's)")
+    ap.add_argument("--buffer", help="-o buffer= (default: the daemon's)")
+    ap.add_argument("--sizes", help="GiB, comma-separated (default 1,4,12)")
+    ap.add_argument("--versions", type=int, help="versions per size (default 6)")
+    ap.add_argument("--repeats", type=int, help="loads per case (default 3)")
+    ap.add_argument("--writers", type=int, help="concurrent writer processes (default 8)")
+    ap.add_argument("--shard-gib", type=float, help="GiB per writer (default 1)")
+    ap.add_argument("--writer-steps", type=int, help="steps of the writers (default 3)")
+    ap.add_argument("--skip-sizes", action="store_true")
+    ap.add_argument("--skip-writers", action="store_true")
+    ap.add_argument("--keep", action="store_true", help="keep the directories")
+    ap.add_argument("--json", metavar="PATH", help="write every measurement to PATH")
+    ap.add_argument("--quick", action="store_true",
+                    help="0.25 GiB, 3 versions, 2 writers x 128 MiB, 1 repeat (smoke test)")
+    args = ap.parse_args()
+    defaults = ({"sizes": "0.25", "versions": 3, "repeats": 1, "writers": 2, "shard_gib": 0.125,
+                 "writer_steps": 3} if args.quick else
+                {"sizes": "1,4,12", "versions": 6, "repeats": 3, "writers": 8, "shard_gib": 1.0,
+                 "writer_steps": 3})
+    for k, v in defaults.items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
+    args.size_list = [float(x) for x in args.sizes.split(",") if x.strip()]
+    args.ckptctl = args.ckptctl or os.path.join(os.path.dirname(os.path.abspath(args.ckptfs)),
+                                                "ckptctl")
+    if args.versions < 2 or args.repeats < 1 or args.writers < 1 or args.writer_steps < 2:
+        ap.error("need --versions >= 2, --repeats >= 1, --writers >= 1, --writer-steps >= 2")
+    if any(s <= 0 for s in args.size_list) or args.shard_gib <= 0:
+        ap.error("sizes must be positive")
+    if re.search(r"(^|,)\s*(cache|buffer)=", args.opts):
+        ap.error("give cache= and buffer= as --cache/--buffer (the budget check needs them)")
+    for f in (args.ckptfs, args.ckptctl):
+        if not os.access(f, os.X_OK):
+            ap.error(f"{f} is not an executable")
+    return args
+
+
+def preflight(args, cfg):
+    """Refuses (exit 1, with the reason) when not root, without FUSE, or short of disk or RAM."""
+    problems = []
+    if os.geteuid() != 0:
+        problems.append("needs root (drop_caches and FUSE mounts): run it with sudo")
+    if not os.access("/dev/fuse", os.R_OK | os.W_OK):
+        problems.append("/dev/fuse is not available")
+    sizes = [] if args.skip_sizes else args.size_list
+    shards = 0 if args.skip_writers else args.writers * args.shard_gib
+    need_disk = 3 * ((sum(sizes) if args.keep else max(sizes, default=0)) + shards) * GiB
+    free = free_bytes(args.dir)
+    if need_disk > free:
+        problems.append(f"needs about {need_disk / GiB:.1f} GiB free under {args.dir} (3x the "
+                        f"largest size plus 3x the writers' shards), has {free / GiB:.1f} GiB")
+    with open("/proc/meminfo") as f:
+        ram = int(f.readline().split()[1]) * 1024
+    need_ram = max(max(sizes, default=0), shards) * GiB + cfg["cache"] + cfg["buffer"] + GiB
+    if need_ram > ram:
+        problems.append(f"needs about {need_ram / GiB:.1f} GiB of RAM (the largest state or all "
+                        f"shards, plus cache + buffer + 1 GiB), has {ram / GiB:.1f} GiB")
+    if problems:
+        print("fs_scale.py: " + "; ".join(problems), file=sys.stderr)
+        sys.exit(1)
+
+
+def unmount_all_under(path):
+    """Detaches any mount left under `path` (so that rmtree cannot walk into a live mount)."""
+    path = os.path.abspath(path)
+    with open("/proc/self/mountinfo") as f:
+        mounts = [line.split()[4] for line in f]
+    for m in sorted(mounts, reverse=True):
+        if m.startswith(path + os.sep):
+            subprocess.run(["fusermount3", "-uz", m], check=False, stderr=subprocess.DEVNULL)
+
+
+def tail_logs(work):
+    for root, _, files in os.walk(work):
+        for f in files:
+            if f.endswith(".daemon.log"):
+                with open(os.path.join(root, f), errors="replace") as log:
+                    lines = log.readlines()[-15:]
+                print(f"--- last lines of {os.path.join(root, f)}:\n" + "".join(lines),
+                      file=sys.stderr)
+
+
+def main():
+    args = parse_args()
+    defaults = daemon_defaults(args.ckptfs)
+    cache = args.cache or defaults["cache"]
+    buffer = args.buffer or defaults["buffer"]
+    cfg = {"opts": ",".join(x for x in (f"cache={cache}", f"buffer={buffer}", args.opts) if x),
+           "cache": parse_size(cache), "buffer": parse_size(buffer)}
+    cfg["budget"] = cfg["cache"] + cfg["buffer"] + SLACK
+    preflight(args, cfg)
+    # The test library's watchdog (meant for ctest) would kill a long benchmark: give it the
+    # time this run may take (60 s per GiB moved, at least 30 min).
+    moved = 0 if args.skip_sizes else sum(args.size_list) * (2 * args.versions + 4 * args.repeats)
+    moved += 0 if args.skip_writers else 2 * args.writers * args.shard_gib * args.writer_steps
+    os.environ.setdefault("CKPTFS_TEST_DEADLINE", str(int(1800 + 60 * moved)))
+    Interrupts.install()
+    torch.set_num_threads(1)
+
+    header = machine_info(args)
+    print_header(header, cfg)
+    config = {k: getattr(args, k) for k in (
+        "sizes", "versions", "repeats", "writers", "shard_gib", "writer_steps", "skip_sizes",
+        "skip_writers", "quick", "ckptctl")}
+    config.update(cfg, extra_opts=args.opts, tolerance=TOLERANCE)
+    out = {"header": header, "config": config, "sizes": [], "writers": None}
+
+    def dump():
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(out, f, indent=1, default=str)
+
+    work = tempfile.mkdtemp(prefix="ckptfs-scale-", dir=args.dir)
+    status = 0
+    try:
+        if not args.skip_sizes:
+            for size in args.size_list:
+                r = run_size(size, args, cfg, work)
+                out["sizes"].append(r)
+                dump()
+                if not args.keep:
+                    shutil.rmtree(os.path.join(work, f"size_{size:g}GiB"))
+                    os.sync()  # the space freed is counted once the journal commits
+        if not args.skip_writers:
+            out["writers"] = run_writers(args, cfg, work)
+            dump()
+        header["loadavg_end"] = os.getloadavg()
+        dump()
+        print("\n" + "=" * 100)
+        print_header(header, cfg)
+        for r in out["sizes"]:
+            print_size(r, cfg)
+        if out["writers"]:
+            print_writers(out["writers"], cfg)
+        print(f"\nload average at the end: {' '.join(f'{x:.2f}' for x in header['loadavg_end'])}")
+        if args.json:
+            print(f"raw measurements: {args.json}")
+    except VerifyError as e:
+        print(f"fs_scale.py: CHECK FAILED: {e}", file=sys.stderr)
+        tail_logs(work)
+        status = 1
+    except KeyboardInterrupt:
+        print("fs_scale.py: interrupted; cleaning up", file=sys.stderr)
+        status = 128 + (Interrupts.received or signal.SIGINT)
+    except Exception:
+        traceback.print_exc()
+        tail_logs(work)
+        status = 1
+    finally:
+        unmount_all_under(work)
+        if args.keep:
+            print(f"kept {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+    sys.exit(status)
+
+
+if __name__ == "__main__":
+    main()
