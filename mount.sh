@@ -23,8 +23,10 @@ the mount answers. Defaults: STORE ./ckpt-store, MOUNTPOINT ./ckpt.
   -o OPTIONS   comma-separated: bits=1..4 (default 3), lossless, keyframe_interval=N (default
                20), coding=grouped|paper, rep=midrange|mean, scope=tensor|checkpoint,
                optimizer=lossy|exact, relative=on|off (defaults first), cache=SIZE
-               (default 2G), buffer=SIZE (default 1G), and FUSE options such as
-               allow_other. SIZE takes K/M/G suffixes.
+               (default RAM/8, at most 2G), buffer=SIZE (default RAM/16, at most 1G),
+               heads=on|off, head_min=SIZE (64M), scratch=DIR (staging files and head
+               images; default STORE), passthrough=on|off, and FUSE options such as
+               allow_other. SIZE takes K/M/G suffixes. build/bin/ckptfs --help says more.
   -u MOUNTPOINT  unmount: files still being stored are finished first; returns when the
                daemon has exited.
 
