@@ -1,7 +1,9 @@
 // Bucket statistics and priority promotion against a direct computation.
+#include <bit>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <map>
+#include <random>
 
 #include "codec/error.hpp"
 #include "codec/quantizer.hpp"
@@ -39,9 +41,8 @@ TEST_CASE("buckets: the 2^b-1 largest survive across both signs, reps are mean o
           for (double x : v) r += x;
           r /= double(v.size());
         } else {
-          const auto [lo, hi] = std::minmax_element(v.begin(), v.end(), [](double a, double b) {
-            return std::fabs(a) < std::fabs(b);
-          });
+          const auto [lo, hi] = std::minmax_element(
+              v.begin(), v.end(), [](double a, double b) { return std::fabs(a) < std::fabs(b); });
           r = (*lo + *hi) / 2;
         }
         rep_of[key] = r;
@@ -87,4 +88,46 @@ TEST_CASE("bits outside 1..4 are refused", "[quantizer]") {
   delta_stats s;
   REQUIRE_THROWS_AS(select_buckets(s, 0, representative::mean), ckpt::invalid_argument);
   REQUIRE_THROWS_AS(select_buckets(s, 5, representative::mean), ckpt::invalid_argument);
+}
+
+TEST_CASE("stats equal a plain per-element reference, across lane flushes and kinds",
+          "[quantizer]") {
+  // Interleaved lanes with packed counters are flushed every 2^19 elements: cross that, with
+  // deltas crowded into one key (the case the lanes exist for) and spread over many.
+  std::mt19937_64 rng(11);
+  const std::size_t n = (std::size_t(1) << 20) + 4099;
+  for (const auto kind : {delta_kind::difference, delta_kind::ratio}) {
+    for (const bool crowded : {true, false}) {
+      std::vector<float> base(n), cur(n);
+      std::normal_distribution<float> w(0.0f, 0.05f);
+      std::uniform_real_distribution<float> u(0.999f, 1.001f);
+      for (std::size_t i = 0; i < n; ++i) {
+        base[i] = kind == delta_kind::ratio ? std::abs(w(rng)) + 1e-3f : w(rng);
+        cur[i] = crowded ? base[i] + 1e-4f : base[i] * u(rng) + (i % 7 == 0 ? w(rng) : 0.0f);
+      }
+      delta_stats ref;
+      for (std::size_t i = 0; i < n; ++i) {
+        const std::uint32_t d = std::bit_cast<std::uint32_t>(
+            kind == delta_kind::ratio ? delta_of<delta_kind::ratio>(cur[i], base[i])
+                                      : delta_of<delta_kind::difference>(cur[i], base[i]));
+        const std::uint32_t k = d >> 23, m = d & 0x7fffffu;
+        ++ref.count[k];
+        ref.mantissa_sum[k] += m;
+        ref.mantissa_min[k] = std::min(ref.mantissa_min[k], m);
+        ref.mantissa_max[k] = std::max(ref.mantissa_max[k], m);
+      }
+      for (const bool range : {false, true}) {
+        delta_stats s;
+        accumulate(s, dtype::f32, reinterpret_cast<const std::byte*>(cur.data()),
+                   reinterpret_cast<const std::byte*>(base.data()), n, range, kind);
+        INFO("kind " << int(kind) << " crowded " << crowded << " range " << range);
+        CHECK(s.count == ref.count);
+        CHECK(s.mantissa_sum == ref.mantissa_sum);
+        if (range) {
+          CHECK(s.mantissa_min == ref.mantissa_min);
+          CHECK(s.mantissa_max == ref.mantissa_max);
+        }
+      }
+    }
+  }
 }
