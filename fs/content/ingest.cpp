@@ -467,6 +467,14 @@ content_ref content_store::impl::put(std::string_view path, const format::source
   if (make_head) m.heads->adopt(id, obj.checksum, std::move(staged));
   // The previous head's image goes: its version now decodes through its chain like any other.
   if (superseded && m.heads) m.heads->drop(superseded);
+  // Its reconstruction leaves the cache too. A delta dropped its base's tensor by tensor above;
+  // a keyframe (every version with -o lossless, every keyframe_interval-th otherwise) was not
+  // coded against the head it supersedes, which would otherwise stay, one checkpoint per
+  // version, until cache= is full. The versions of a lineage have the same tensors (its
+  // signature), so this version's tensor indices are the superseded head's.
+  if (superseded)
+    for (std::size_t i = 0; i < meta.layout.tensors.size(); ++i)
+      m.cache.erase({superseded, k_tensor, i});
   return {id, size};
 }
 
