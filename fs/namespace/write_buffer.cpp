@@ -61,7 +61,16 @@ write_buffer::~write_buffer() {
 }
 
 void write_buffer::open_staging() {
-  fd_ = store::detail::open_unlinked(staging_dir_, "buf");
+  try {
+    fd_ = store::detail::open_unlinked(staging_dir_, "buf");
+  } catch (const io_error& e) {
+    // The daemon's staging directory is unusable (-o scratch= names a file, a read-only or
+    // missing directory): to the writer that is an I/O error of the filesystem, which the FUSE
+    // boundary logs, not ENOTDIR/EACCES/EROFS about a path of its own (answers it does not log).
+    // A full disk stays ENOSPC.
+    if (e.sys_errno() == ENOSPC || e.sys_errno() == EDQUOT) throw;
+    throw io_error(EIO, e.what());
+  }
 }
 
 write_buffer::chunk& write_buffer::place(std::size_t index) {

@@ -2,9 +2,11 @@
 // file half-way, checked against a plain byte vector.
 #include <boost/filesystem.hpp>
 #include <catch2/catch.hpp>
+#include <fstream>
 #include <random>
 #include <vector>
 
+#include "codec/error.hpp"
 #include "fs/namespace/write_buffer.hpp"
 
 using ckpt::fs::memory_budget;
@@ -55,4 +57,27 @@ TEST_CASE("write_buffer: random writes and truncates match a byte vector across 
     CHECK(budget->pooled_chunks() == 0);
   }
   boost::filesystem::remove_all(dir);
+}
+
+// -o scratch= naming a file (or a read-only directory): the spill past the budget cannot create
+// its staging file. The writer gets EIO (an I/O error of the filesystem, which the FUSE boundary
+// logs), not ENOTDIR about a path of its own; what was written before stays readable.
+TEST_CASE("write_buffer: an unusable staging directory fails the spill with EIO", "[namespace]") {
+  auto file = boost::filesystem::temp_directory_path() / boost::filesystem::unique_path();
+  { std::ofstream(file.string()) << "not a directory"; }
+  auto budget = std::make_shared<memory_budget>(std::uint64_t(1) << 20);
+  write_buffer buf(budget, (file / "staging").string());
+  const std::vector<std::byte> mib(write_buffer::chunk_bytes, std::byte{7});
+  buf.write(0, mib);  // in memory
+  try {
+    buf.write(mib.size(), mib);  // needs the staging file
+    FAIL("the spill into a file's subdirectory succeeded");
+  } catch (const ckpt::io_error& e) {
+    CHECK(e.sys_errno() == EIO);
+    CHECK(std::string(e.what()).find("Not a directory") != std::string::npos);
+  }
+  std::vector<std::byte> back(mib.size());
+  CHECK(buf.read(0, back) == back.size());
+  CHECK(back == mib);
+  boost::filesystem::remove(file);
 }
