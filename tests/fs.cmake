@@ -17,3 +17,23 @@ endforeach()
 # mount.sh builds through scripts/bootstrap.sh into the source tree's build/: run it alone.
 add_test(NAME fs.mount_sh COMMAND /usr/bin/python3 ${fs_tests}/mount_sh.py ${PROJECT_SOURCE_DIR})
 set_tests_properties(fs.mount_sh PROPERTIES TIMEOUT 600 RUN_SERIAL TRUE SKIP_RETURN_CODE 77)
+# Scale (issue 13): a 2 GiB checkpoint under a small memory budget, -o lossless memory over 10
+# versions, four concurrent writers, faults around streaming writes and head images, FUSE
+# passthrough. Each takes 0.5-2 minutes on a quiet 2-core machine and GiBs of memory and disk:
+# they never run at the same time as each other (RESOURCE_LOCK), and the two largest run alone
+# (RUN_SERIAL), so that their time limits hold on a loaded CI machine. The watchdog
+# (CKPTFS_TEST_DEADLINE) fires before ctest's TIMEOUT, so a hang unmounts and reports.
+foreach(spec "scale_memory 600 serial")
+  separate_arguments(spec)
+  list(GET spec 0 name)
+  list(GET spec 1 timeout)
+  list(GET spec 2 mode)
+  math(EXPR deadline "${timeout} - 60")
+  add_test(NAME fs.${name} COMMAND /usr/bin/python3 ${fs_tests}/${name}.py
+                                   $<TARGET_FILE:ckptfs> $<TARGET_FILE:ckptctl>)
+  set_tests_properties(fs.${name} PROPERTIES TIMEOUT ${timeout} SKIP_RETURN_CODE 77
+                       RESOURCE_LOCK ckptfs_scale ENVIRONMENT CKPTFS_TEST_DEADLINE=${deadline})
+  if(mode STREQUAL "serial")
+    set_tests_properties(fs.${name} PROPERTIES RUN_SERIAL TRUE)
+  endif()
+endforeach()

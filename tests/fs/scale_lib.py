@@ -1,0 +1,186 @@
+"""Shared by the scale tests (issue 13, tests/fs/scale_*.py): large training states built in
+place and advanced by one Adam-like step at a time (never two copies in memory), strided samples
+of what was saved and of what read back, and the codec's closed-loop check on them.
+
+Run under Debian's /usr/bin/python3 (torch 1.13)."""
+import json
+import os
+import subprocess
+import time
+
+import torch
+
+MiB = 1 << 20
+GiB = 1 << 30
+SMALL = 4096  # bytes: float tensors below this are stored exact (recognise_options default)
+SAMPLE = 1 << 16  # elements sampled per large tensor
+CHUNK = 1 << 22  # elements per in-place update (16 MiB of fp32 temporaries)
+
+
+class TrainingState:
+    """`params` large fp32 weight matrices with Adam's exp_avg and exp_avg_sq each, making
+    `total_bytes` together, plus `small` biases (with their Adam state, 1024 elements each), an
+    Adam `step` tensor per parameter and an int step counter: the shape of a real
+    model + optimizer state_dict. step() is one training step, in place, a chunk at a time:
+    g ~ N(0, 1e-3), m = 0.9 m + 0.1 g, v = 0.999 v + 0.001 g^2, w -= 1e-4 m / (sqrt(v) + 1e-8)."""
+
+    def __init__(self, total_bytes, params=4, small=8, seed=0):
+        self.gen = torch.Generator().manual_seed(seed)
+        numel = total_bytes // (3 * 4 * params)
+        cols = 4096
+        rows = max(1, numel // cols)
+        self.step_count = 0
+        self.weights, self.m, self.v = {}, {}, {}
+        shapes = [(f"layer{i}.weight", (rows, cols)) for i in range(params)]
+        shapes += [(f"layer{i}.bias", (1024,)) for i in range(small)]
+        for name, shape in shapes:
+            w = torch.empty(shape)
+            m = torch.empty(shape)
+            v = torch.empty(shape)
+            for a, b in self._chunks(w):
+                w.view(-1)[a:b].normal_(0.0, 0.02, generator=self.gen)
+                m.view(-1)[a:b].normal_(0.0, 1e-3, generator=self.gen)
+                v.view(-1)[a:b].normal_(0.0, 1e-3, generator=self.gen).square_()
+            self.weights[name], self.m[name], self.v[name] = w, m, v
+        self.adam_steps = {name: torch.tensor(0.0) for name in self.weights}
+
+    @staticmethod
+    def _chunks(t):
+        n = t.numel()
+        for a in range(0, n, CHUNK):
+            yield a, min(n, a + CHUNK)
+
+    def step(self):
+        self.step_count += 1
+        for name, w in self.weights.items():
+            m, v = self.m[name].view(-1), self.v[name].view(-1)
+            wf = w.view(-1)
+            for a, b in self._chunks(w):
+                g = torch.empty(b - a).normal_(0.0, 1e-3, generator=self.gen)
+                m[a:b].mul_(0.9).add_(g, alpha=0.1)
+                v[a:b].mul_(0.999).addcmul_(g, g, value=0.001)
+                wf[a:b].addcdiv_(m[a:b], v[a:b].sqrt().add_(1e-8), value=-1e-4)
+            self.adam_steps[name] += 1
+
+    def state_dict(self):
+        names = list(self.weights)
+        return {
+            "model": dict(self.weights),
+            "optimizer": {
+                "state": {i: {"step": self.adam_steps[n], "exp_avg": self.m[n],
+                              "exp_avg_sq": self.v[n]} for i, n in enumerate(names)},
+                "param_groups": [{"lr": 1e-4, "betas": (0.9, 0.999), "eps": 1e-8,
+                                  "weight_decay": 0, "amsgrad": False,
+                                  "params": list(range(len(names)))}],
+            },
+            "step": self.step_count,
+        }
+
+    def nbytes(self):
+        return sum(t.numel() * t.element_size() for t in flat_tensors(self.state_dict()).values())
+
+
+def flat_tensors(obj, prefix=""):
+    """name -> tensor for every tensor in a nested checkpoint object."""
+    out = {}
+    if torch.is_tensor(obj):
+        out[prefix] = obj
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            out.update(flat_tensors(v, f"{prefix}.{k}" if prefix else str(k)))
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            out.update(flat_tensors(v, f"{prefix}.{i}"))
+    return out
+
+
+def _index(name, numel):
+    """The fixed strided sample of one tensor: every stride-th element from a name-dependent
+    offset (so that the sample is not always each row's first column), the last one too."""
+    if numel <= SAMPLE:
+        return None  # all of it
+    stride = numel // SAMPLE
+    start = sum(name.encode()) % stride
+    return torch.cat([torch.arange(start, numel, stride), torch.tensor([numel - 1])])
+
+
+def sample(state):
+    """name -> (dtype, shape, sampled values) of every tensor of a checkpoint object; ints and
+    the step counter as they are."""
+    out = {}
+    for name, t in flat_tensors(state).items():
+        idx = _index(name, t.numel())
+        flat = t.reshape(-1)
+        out[name] = (t.dtype, tuple(t.shape), (flat if idx is None else flat[idx]).clone())
+    if isinstance(state, dict) and "step" in state:
+        out["#step"] = state["step"]
+    return out
+
+
+def check(label, saved, read, base_read, kind):
+    """Checks a version's samples as read back (`read`) against what was saved (`saved`):
+    names, dtypes and shapes equal; the step counter, integer tensors, small tensors and every
+    tensor of a keyframe exact; in a delta every sampled float element satisfies the closed-loop
+    bound |read - saved| <= |saved - base_read|, where base_read is what the version it was
+    coded against reads back as (docs/codec.md "Guarantees"); Adam's exp_avg_sq (ratio-coded)
+    within a factor 2 of its value. Returns the largest error as a share of the largest change."""
+    assert saved.keys() == read.keys(), f"{label}: tensor names differ"
+    assert saved.get("#step") == read.get("#step"), f"{label}: step counter differs"
+    worst = 0.0
+    for name, item in saved.items():
+        if name == "#step":
+            continue
+        dtype, shape, u = item
+        rdtype, rshape, got = read[name]
+        assert (rdtype, rshape) == (dtype, shape), f"{label}: {name}: dtype/shape differ"
+        small = torch.Size(shape).numel() * u.element_size() < SMALL
+        if kind != "delta" or not u.is_floating_point() or small:
+            assert torch.equal(got, u), f"{label}: {name} must be exact ({kind})"
+            continue
+        assert base_read is not None, f"{label}: delta without its base's read-back"
+        err = (got.double() - u.double()).abs()
+        bound = (u.double() - base_read[name][2].double()).abs()
+        bad = int((err > bound).sum())
+        assert bad == 0, f"{label}: {name}: {bad} sampled elements moved away from their target"
+        if bound.max() > 0:
+            worst = max(worst, float(err.max() / bound.max()))
+        if name.endswith("exp_avg_sq"):
+            far = int(((got < u / 2) | (got > u * 2)).sum())
+            assert far == 0, f"{label}: {name}: {far} sampled elements off by more than 2x"
+    return worst
+
+
+def save(state, path):
+    """torch.save into a file object, flush, fsync (the commit: it returns once the version is
+    stored), close. Returns the seconds it took."""
+    t0 = time.monotonic()
+    with open(path, "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+    return time.monotonic() - t0
+
+
+def stat(ckptctl, path):
+    r = subprocess.run([ckptctl, "stat", "--json", path], check=True, capture_output=True)
+    return json.loads(r.stdout)
+
+
+def rss(pid):
+    """VmRSS of a process, in bytes."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def cpu_seconds(pid):
+    """utime + stime of a process (all its threads), in seconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def mib(n):
+    return f"{n / MiB:.0f} MiB"
