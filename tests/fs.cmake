@@ -23,7 +23,8 @@ set_tests_properties(fs.mount_sh PROPERTIES TIMEOUT 600 RUN_SERIAL TRUE SKIP_RET
 # they never run at the same time as each other (RESOURCE_LOCK), and the two largest run alone
 # (RUN_SERIAL), so that their time limits hold on a loaded CI machine. The watchdog
 # (CKPTFS_TEST_DEADLINE) fires before ctest's TIMEOUT, so a hang unmounts and reports.
-foreach(spec "scale_memory 600 serial" "scale_writers 400 serial" "scale_lossless 400 shared")
+foreach(spec "scale_memory 600 serial" "scale_writers 400 serial" "scale_lossless 400 shared"
+             "scale_faults 400 shared")
   separate_arguments(spec)
   list(GET spec 0 name)
   list(GET spec 1 timeout)

@@ -1,0 +1,357 @@
+#!/usr/bin/python3
+"""Faults around the streaming write path and head images (issue 13), through a real mount with
+~160 MiB training states (tests/fs/scale_lib.py; over head_min, so every version's write buffer
+becomes its lineage's head image):
+
+  scratch_unusable  -o scratch= names a regular file, then a read-only tmpfs. A checkpoint that
+                    fits in buffer= saves and reads back (keyframe exact, then a delta within the
+                    closed-loop bound): heads fall back to decoding the chain, and the daemon
+                    says so in STORE.daemon.log. One that does not fit needs a staging file
+                    there: its save fails with EIO (logged, naming the directory), not with an
+                    errno about a path of the writer's own (ENOTDIR, EROFS, EACCES); the daemon
+                    keeps serving and the files stored before read back identical.
+  scratch_full      scratch on a tmpfs with room for one head image, not two. While a reader
+                    holds version 1 open (its image stays), version 2's image cannot be
+                    published: the save still succeeds, the daemon logs that the image was not
+                    kept, version 2 reads back within the bound through its chain, and the next
+                    save's delta is coded against it. Once the reader is gone, version 3's image
+                    is published again. Every version reads the same bytes after a remount.
+  kill9             kill -9 of the daemon while a large checkpoint's object is being streamed
+                    (STORE/objects/*.obj.tmp present), and again right after a save's fsync
+                    returned (its head image not yet published). After each remount: the files
+                    closed and fsync'ed before read back identical (sha256), no *.obj.tmp is
+                    left, `ckptctl gc` finds nothing to remove, STORE/heads holds no image but a
+                    complete one of a lineage's newest version, and the newest version reads the
+                    same with heads=off (decoded through its chain).
+
+Usage: scale_faults.py CKPTFS CKPTCTL [SCENARIO...]   (as root; Debian's /usr/bin/python3)
+"""
+import errno
+import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ckptfs_testlib import _live, daemon_log, mounted, sha256, start, wait_mounted  # noqa: E402
+from scale_lib import MiB, TrainingState, check, sample, save, stat  # noqa: E402
+
+SIZE = 160 * MiB
+
+
+def log_of(store):
+    with open(daemon_log(store), errors="replace") as f:
+        return f.read()
+
+
+def kill9(proc, mnt):
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    subprocess.run(["fusermount3", "-u", mnt], check=False, stderr=subprocess.DEVNULL)
+    if os.path.ismount(mnt):
+        subprocess.run(["fusermount3", "-uz", mnt], check=True)
+    _live.pop(mnt, None)
+
+
+def tmpfs(path, *opts):
+    os.makedirs(path, exist_ok=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", ",".join(opts), "tmpfs", path],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        print(f"SKIPPED: cannot mount a tmpfs: {r.stderr.strip()}")
+        sys.exit(77)
+
+
+def umount(path):
+    subprocess.run(["umount", "-l", path], check=False)
+
+
+class Lineage:
+    """One checkpoint's versions as saved and as read back, checked as they come."""
+
+    def __init__(self, ckptctl, seed, size=SIZE):
+        self.ckptctl = ckptctl
+        self.state = TrainingState(size, params=2, small=4, seed=seed)
+        self.reads = {}  # version id -> samples as read back
+        self.k = 0
+
+    def save(self, path):
+        if self.k:
+            self.state.step()
+        self.k += 1
+        saved = sample(self.state.state_dict())
+        save(self.state.state_dict(), path)
+        return saved
+
+    def verify(self, label, path, saved):
+        info = stat(self.ckptctl, path)
+        read = sample(torch.load(path))
+        check(label, saved, read, self.reads.get(info["base"]), info["kind"])
+        self.reads[info["version"]] = read
+        return info
+
+
+def serialised(state):
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    return buf.getbuffer()
+
+
+def write_file(path, data):
+    """Writes `data` in 1 MiB writes, fsyncs, closes; returns the first OSError, or None."""
+    fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
+    try:
+        for at in range(0, len(data), MiB):
+            os.write(fd, data[at:at + MiB])
+        os.fsync(fd)
+    except OSError as e:
+        return e
+    finally:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    return None
+
+
+def heads_of(store):
+    d = os.path.join(store, "heads")
+    return sorted(os.listdir(d)) if os.path.isdir(d) else []
+
+
+def test_scratch_unusable(binary, ckptctl, tmp):
+    blocker = f"{tmp}/not-a-dir"
+    with open(blocker, "w") as f:
+        f.write("a file where the scratch directory should be\n")
+    ro = f"{tmp}/ro-scratch"
+    tmpfs(ro, "size=16m", "ro")
+    try:
+        for n, scratch in enumerate((blocker, ro)):
+            store, mnt = f"{tmp}/unusable{n}-store", f"{tmp}/unusable{n}-mnt"
+            lin = Lineage(ckptctl, seed=10 + n)
+            hashes = {}
+            with mounted(binary, store, mnt, f"scratch={scratch}", "buffer=256M"):
+                for k in (1, 2):
+                    path = f"{mnt}/step_{k}.pt"
+                    saved = lin.save(path)
+                    info = lin.verify(f"{scratch} v{k}", path, saved)
+                    assert info["kind"] == ("keyframe" if k == 1 else "delta"), info["kind"]
+                    hashes[path] = sha256(path)
+            log = log_of(store)
+            assert "head images are off" in log, f"no log line about the heads:\n{log}"
+            # Too large for buffer=: the rest needs a staging file in the unusable scratch.
+            with mounted(binary, store, mnt, f"scratch={scratch}", "buffer=32M") as proc:
+                # Raw writes of the serialised checkpoint: torch.save aborts the process when a
+                # write into its zip writer fails (its destructor throws again).
+                err = write_file(f"{mnt}/big.pt", serialised(lin.state.state_dict()))
+                assert err is not None, f"{scratch}: a save past buffer= succeeded"
+                assert err.errno in (errno.EIO, errno.ENOSPC), (
+                    f"{scratch}: the save failed with {err!r}, want EIO or ENOSPC")
+                assert proc.poll() is None, "the daemon died"
+                for path, h in hashes.items():
+                    assert sha256(path) == h, f"{path} changed"
+            log = log_of(store)
+            assert "scratch file" in log, f"the failed staging file was not logged:\n{log}"
+            assert "Not a directory" in log or "Read-only" in log, log
+            with mounted(binary, store, mnt, f"scratch={scratch}"):
+                for path, h in hashes.items():
+                    assert sha256(path) == h, f"{path} changed after remount"
+            print(f"scratch_unusable ({'a file' if n == 0 else 'read-only tmpfs'}): saves within "
+                  f"buffer= work (heads off, logged), larger ones fail with EIO, nothing lost")
+    finally:
+        umount(ro)
+
+
+def test_scratch_full(binary, ckptctl, tmp):
+    store, mnt, scratch = f"{tmp}/full-store", f"{tmp}/full-mnt", f"{tmp}/full-scratch"
+    # Room for one image (~160 MiB) and change, not for two.
+    tmpfs(scratch, "size=240m")
+    try:
+        lin = Lineage(ckptctl, seed=20)
+        hashes = {}
+        with mounted(binary, store, mnt, f"scratch={scratch}", "buffer=512M"):
+            p1 = f"{mnt}/run/step_1.pt"
+            os.makedirs(f"{mnt}/run")
+            saved = lin.save(p1)
+            v1 = lin.verify("full v1", p1, saved)
+            store_wait_published(scratch, v1["version"])
+            hashes[p1] = sha256(p1)
+            with open(p1, "rb") as holder:  # version 1's image stays while this is open
+                holder.read(4096)
+                p2 = f"{mnt}/run/step_2.pt"
+                saved = lin.save(p2)
+                v2 = lin.verify("full v2", p2, saved)
+                assert v2["kind"] == "delta" and v2["base"] == v1["version"], v2
+                deadline = time.monotonic() + 60
+                while "not kept" not in log_of(store):
+                    assert time.monotonic() < deadline, "no log line about the lost image:\n" + \
+                        log_of(store)
+                    time.sleep(0.05)
+                hashes[p2] = sha256(p2)
+                assert not any(h.startswith(f"{v2['version']:016x}-") for h in heads_of(scratch))
+            p3 = f"{mnt}/run/step_3.pt"
+            saved = lin.save(p3)
+            v3 = lin.verify("full v3", p3, saved)
+            assert v3["kind"] == "delta" and v3["base"] == v2["version"], v3
+            store_wait_published(scratch, v3["version"])
+            hashes[p3] = sha256(p3)
+        assert heads_of(scratch) and heads_of(scratch)[0].startswith(f"{v3['version']:016x}-")
+        with mounted(binary, store, mnt, f"scratch={scratch}"):
+            for path, h in hashes.items():
+                assert sha256(path) == h, f"{path} reads differently after remount"
+        print("scratch_full: an image that did not fit was not kept (logged), its version read "
+              "through the chain and served as the next base; the next image was published")
+    finally:
+        umount(scratch)
+
+
+def store_wait_published(scratch_or_store, version, timeout=60):
+    prefix = f"{version:016x}-"
+    deadline = time.monotonic() + timeout
+    while not any(n.startswith(prefix) and n.endswith(".head") for n in heads_of(scratch_or_store)):
+        assert time.monotonic() < deadline, f"head image of version {version} not published"
+        time.sleep(0.02)
+
+
+def tmp_objects(store):
+    return [n for n in os.listdir(f"{store}/objects") if n.endswith(".obj.tmp")]
+
+
+def streaming(store):
+    """True while an object is being written (a non-empty *.obj.tmp)."""
+    for n in tmp_objects(store):
+        try:
+            if os.path.getsize(f"{store}/objects/{n}") > 0:
+                return True
+        except FileNotFoundError:  # committed (renamed) meanwhile
+            pass
+    return False
+
+
+def after_crash(binary, ckptctl, store, mnt, hashes, label):
+    """Remount after a kill -9: what was fsync'ed reads identical, nothing half-made is left."""
+    with mounted(binary, store, mnt):
+        assert not tmp_objects(store), f"{label}: *.obj.tmp left after the store was opened"
+        for path, h in hashes.items():
+            assert sha256(path) == h, f"{label}: fsync'ed {path} changed"
+    r = subprocess.run([ckptctl, "gc", "--dry-run", "--json", store], capture_output=True,
+                       text=True, check=True)
+    gc = json.loads(r.stdout)
+    assert gc.get("removed_objects", 0) == 0, f"{label}: gc would remove {gc}"
+    for name in heads_of(store):
+        assert name.endswith(".head"), f"{label}: {name} left in STORE/heads"
+    return gc
+
+
+def test_kill9(binary, ckptctl, tmp):
+    store, mnt = f"{tmp}/kill-store", f"{tmp}/kill-mnt"
+    lin = Lineage(ckptctl, seed=30)
+    hashes = {}
+    # Two versions stored and fsync'ed, then killed while the third one's object is streamed.
+    proc = start(binary, store, mnt, "buffer=64M")
+    try:
+        wait_mounted(mnt, proc)
+        os.makedirs(f"{mnt}/run")
+        for k in (1, 2):
+            path = f"{mnt}/run/step_{k}.pt"
+            saved = lin.save(path)
+            lin.verify(f"kill v{k}", path, saved)
+            hashes[path] = sha256(path)
+        dfd = os.open(f"{mnt}/run", os.O_RDONLY)
+        os.fsync(dfd)
+        os.close(dfd)
+        errors = []
+
+        def third():
+            try:
+                lin.save(f"{mnt}/run/step_3.pt")
+            except BaseException as e:  # the daemon dies under it
+                errors.append(e)
+
+        t = threading.Thread(target=third)
+        t.start()
+        deadline = time.monotonic() + 120
+        while not streaming(store):
+            assert t.is_alive() and time.monotonic() < deadline, \
+                "never saw the third version's object being streamed"
+            time.sleep(0.002)
+    finally:
+        kill9(proc, mnt)
+    t.join()
+    assert errors, "the save of the third version succeeded although the daemon was killed"
+    after_crash(binary, ckptctl, store, mnt, hashes, "killed mid-stream")
+    with mounted(binary, store, mnt):
+        p3 = f"{mnt}/run/step_3.pt"
+        assert not os.path.exists(p3) or os.path.getsize(p3) == 0, "a half-stored version"
+    print("kill9: killed while an object was streamed: fsync'ed versions identical, no .obj.tmp, "
+          "gc finds nothing")
+
+    # Killed right after a save's fsync returned: the version is durable, its head image not
+    # published yet (or whole: it is named only once complete and synced).
+    proc = start(binary, store, mnt)
+    try:
+        wait_mounted(mnt, proc)
+        p4 = f"{mnt}/run/step_4.pt"
+        lin.state.step()
+        saved4 = sample(lin.state.state_dict())
+        data = serialised(lin.state.state_dict())
+        fd = os.open(p4, os.O_CREAT | os.O_WRONLY, 0o644)
+        for at in range(0, len(data), MiB):
+            os.write(fd, data[at:at + MiB])
+        os.fsync(fd)  # returns once the version is stored; its image is published after
+        proc.send_signal(signal.SIGKILL)
+        try:
+            os.close(fd)
+        except OSError:  # ECONNABORTED: the daemon is gone
+            pass
+    finally:
+        kill9(proc, mnt)
+    heads_at_kill = heads_of(store)
+    after_crash(binary, ckptctl, store, mnt, hashes, "killed after fsync")
+    with mounted(binary, store, mnt):
+        info = lin.verify("kill v4", p4, saved4)
+        assert info["kind"] == "delta", info
+        h4, size4 = sha256(p4), os.path.getsize(p4)
+        heads_after = heads_of(store)
+    for name in heads_at_kill + heads_after:
+        assert name not in heads_after or name.startswith(f"{info['version']:016x}-"), \
+            f"a head image of a superseded version kept: {name}"
+    for name in heads_after:
+        assert os.path.getsize(f"{store}/heads/{name}") == size4, f"incomplete head image {name}"
+    with mounted(binary, store, mnt, "heads=off"):
+        assert sha256(p4) == h4, "the newest version reads differently through its chain"
+    print(f"kill9: killed right after fsync: the version reads back within the bound, the same "
+          f"through its chain; head images at the kill {heads_at_kill}, after {heads_after}")
+
+
+def main():
+    binary, ckptctl = sys.argv[1], sys.argv[2]
+    only = sys.argv[3:] or ["scratch_unusable", "scratch_full", "kill9"]
+    torch.set_num_threads(2)
+    if os.geteuid() != 0:
+        print("SKIPPED: the mount tests run as root")
+        sys.exit(77)
+    tmp = tempfile.mkdtemp(prefix="ckptfs-scale-faults-")
+    try:
+        for name in only:
+            t0 = time.monotonic()
+            globals()[f"test_{name}"](binary, ckptctl, tmp)
+            print(f"  ({name}: {time.monotonic() - t0:.0f} s)", flush=True)
+        print("scale_faults: ok")
+    finally:
+        if os.environ.get("KEEP"):
+            print("kept", tmp)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
