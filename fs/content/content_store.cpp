@@ -77,6 +77,10 @@ void content_store::wait_heads() {
   if (impl_->heads) impl_->heads->wait_published();
 }
 
+void content_store::discard_head(std::uint64_t version) {
+  if (impl_->heads) impl_->heads->drop(version);
+}
+
 void content_store::set_logger(std::function<void(const std::string&)> log) {
   if (!impl_->heads_error.empty())
     log("head images are off: " + impl_->heads_error + "; restores decode the chains");

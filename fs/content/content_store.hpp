@@ -188,6 +188,10 @@ class content_store {
   void drop_caches();
   // Waits until every head image made so far is on disk (tests, benchmarks, shutdown).
   void wait_heads();
+  // The version's head image may be changed behind the store's back (a writer of the file shares
+  // the kernel's passthrough backing file, fs/fuse/passthrough.hpp): it is no longer read, used
+  // as a base or kept across a restart; the version decodes through its chain from now on.
+  void discard_head(std::uint64_t version);
   // Where problems that fail no request go (a head image that could not be kept on disk).
   void set_logger(std::function<void(const std::string&)> log);
 

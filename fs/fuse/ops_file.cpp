@@ -25,6 +25,7 @@ void do_open(fuse_req_t req, fuse_ino_t ino, fuse_file_info* fi) {
                                 r.writable, r.direct_io);
       if (c.passthrough) fi->keep_cache = 0;
       fi->direct_io = c.direct_io;
+      if (c.exposed) fsys.discard_head(c.exposed);
     }
     if (fuse_reply_open(req, fi) == -ENOENT)  // interrupted open
       after_reply("open", [&] {

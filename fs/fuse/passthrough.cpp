@@ -181,7 +181,11 @@ passthrough::choice passthrough::decide(std::uint64_t fh, ino_t ino, std::uint64
     ++st.pt_opens;
     hs.backing_id = st.backing_id;
     c.passthrough = true;
-    c.direct_io = writable || version != st.version;
+    if (writable && st.version) {
+      c.exposed = st.version;
+      st.version = 0;  // the image is not the version's content any more: nobody reads it
+    }
+    c.direct_io = writable || st.version == 0 || version != st.version;
   } else if (active_ && backing_fd >= 0 && !writable && st.cached_opens == 0) {
     backing_map map{backing_fd, 0, 0};
     const int id = ::ioctl(dev_fd_, k_ioc_backing_open, &map);

@@ -20,7 +20,10 @@
 // So: the first read-only open of a version with a published image, when the inode has no
 // page-cache open, registers the image. Later opens join it: read-only opens of that same
 // version pure passthrough, writers and opens of a newer version passthrough + direct I/O (their
-// reads and writes are the daemon's; only an mmap of them would see the older image).
+// reads and writes are the daemon's; only an mmap of them would see the older image). The kernel
+// opens a writer's backing file for writing, so a shared writable mmap of a writer would change
+// the image in place: the first writer to join ends direct reads of the image (later opens are
+// passthrough + direct I/O) and the image is discarded (choice::exposed).
 #define FUSE_USE_VERSION 314
 #include <fuse_lowlevel.h>
 #include <sys/types.h>
@@ -50,6 +53,10 @@ class passthrough {
   struct choice {
     bool passthrough = false;  // FOPEN_PASSTHROUGH with the inode's backing id
     bool direct_io = false;
+    // A writer joined the inode's backing file: a shared writable mmap of it writes into this
+    // version's head image, behind the daemon. The caller discards that image
+    // (filesystem::discard_head); from now on no open of the inode reads it directly.
+    std::uint64_t exposed = 0;
   };
   // `backing_fd` is the published image of `version` (the file's current content), or -1;
   // `direct_io` what the open would use otherwise. Never throws: a refused registration means an

@@ -88,6 +88,9 @@ class filesystem {
   filesystem(const filesystem&) = delete;
   filesystem& operator=(const filesystem&) = delete;
 
+  // See content_store::discard_head (the FUSE layer: a writer joined a passthrough inode).
+  void discard_head(std::uint64_t version) { content_.discard_head(version); }
+
   // Startup: records the content store did not take, then the end of replay.
   bool replay_record(std::span<const std::byte> record);
   void replay_done();

@@ -1,0 +1,237 @@
+#!/usr/bin/python3
+"""FUSE passthrough of head images through a real mount (issue 13; fs/fuse/passthrough.hpp). The
+newest version of a large checkpoint has a published head image (STORE/heads), and read-only
+opens of it are served by the kernel straight from that file:
+
+  reads     a 256 MiB torch checkpoint, two versions: the newest read through the mount costs the
+            daemon (next to) no CPU time (utime + stime of its process) with passthrough, where
+            passthrough=off costs it the whole read; its bytes are the same with passthrough,
+            with passthrough=off and with heads=off (decoded through its chain), and so are the
+            older version's. A shared read-only mmap of it returns the same bytes.
+  rewrite   a 128 MiB safetensors file (two versions, the second head-backed): a shared
+            read-only mmap reads what read() does; opening it for writing while a passthrough
+            reader has it open works, and the rewrite commits; a reader opened after it reads
+            the new version, and once that version's image is published, a new reader maps it
+            (mmap == read) and reads it through passthrough.
+  mmap_writer  a writer opened while a passthrough reader holds the file shares the inode's
+            backing file (the kernel's rule), so a shared writable mmap of the writer reaches
+            the head image itself. Whatever it writes there is not the file's content (nothing
+            was written through the daemon, nothing committed): readers opened afterwards, and
+            the version after a remount (head image or chain), still read the stored version.
+
+Passthrough needs kernel 6.9+ and root; on an older kernel the CPU checks are skipped (the
+bytes are still compared).
+
+Usage: scale_passthrough.py CKPTFS CKPTCTL [SCENARIO...]
+"""
+import hashlib
+import json
+import mmap
+import os
+import platform
+import shutil
+import struct
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ckptfs_testlib import mounted, sha256  # noqa: E402
+from scale_lib import MiB, TrainingState, cpu_seconds, save, stat  # noqa: E402
+
+
+def kernel_has_passthrough():
+    major, minor = (int(x) for x in platform.release().split(".")[:2])
+    return (major, minor) >= (6, 9)
+
+
+def heads_of(store):
+    d = os.path.join(store, "heads")
+    return sorted(os.listdir(d)) if os.path.isdir(d) else []
+
+
+def wait_published(store, version, timeout=60):
+    prefix = f"{version:016x}-"
+    deadline = time.monotonic() + timeout
+    while not any(n.startswith(prefix) and n.endswith(".head") for n in heads_of(store)):
+        assert time.monotonic() < deadline, f"head image of version {version} not published"
+        time.sleep(0.02)
+
+
+def read_cost(proc, path):
+    """sha256 of a whole read of `path` through the mount, and the daemon's CPU seconds for it."""
+    c0 = cpu_seconds(proc.pid)
+    h = sha256(path)
+    return h, cpu_seconds(proc.pid) - c0
+
+
+def mapped_sha(path):
+    with open(path, "rb") as f:
+        with mmap.mmap(f.fileno(), 0, mmap.MAP_SHARED, mmap.PROT_READ) as m:
+            return hashlib.sha256(m).hexdigest()
+
+
+def fd_sha(f):
+    f.seek(0)
+    h = hashlib.sha256()
+    for chunk in iter(lambda: f.read(1 << 20), b""):
+        h.update(chunk)
+    return h.hexdigest()
+
+
+def test_reads(binary, ckptctl, tmp):
+    store, mnt = f"{tmp}/reads-store", f"{tmp}/reads-mnt"
+    state = TrainingState(256 * MiB, params=2, small=4, seed=40)
+    paths = [f"{mnt}/run/step_1.pt", f"{mnt}/run/step_2.pt"]
+    with mounted(binary, store, mnt) as proc:
+        os.makedirs(f"{mnt}/run")
+        save(state.state_dict(), paths[0])
+        state.step()
+        save(state.state_dict(), paths[1])
+        newest = stat(ckptctl, paths[1])
+        assert newest["kind"] == "delta", newest
+        wait_published(store, newest["version"])
+        h_new, cpu_pt = read_cost(proc, paths[1])
+        h_old = sha256(paths[0])
+        assert mapped_sha(paths[1]) == h_new, "shared mmap of the head-backed checkpoint differs"
+    with mounted(binary, store, mnt, "passthrough=off") as proc:
+        h, cpu_off = read_cost(proc, paths[1])
+        assert h == h_new, "the newest version reads differently with passthrough=off"
+    with mounted(binary, store, mnt, "heads=off"):
+        assert sha256(paths[1]) == h_new, "the newest version reads differently with heads=off"
+        assert sha256(paths[0]) == h_old, "the older version reads differently with heads=off"
+    print(f"reads: newest version identical with passthrough, passthrough=off, heads=off; daemon "
+          f"CPU for a 256 MiB read {cpu_pt:.2f} s with passthrough, {cpu_off:.2f} s without")
+    if kernel_has_passthrough():
+        assert cpu_pt <= max(0.05, cpu_off / 4), (
+            f"the daemon spent {cpu_pt:.2f} s on a passthrough read ({cpu_off:.2f} s without)")
+    else:
+        print(f"reads: kernel {platform.release()} has no FUSE passthrough: CPU not checked")
+
+
+def safetensors(tensors):
+    header, at = {}, 0
+    for i, t in enumerate(tensors):
+        header[f"layer{i}.weight"] = {"dtype": "F32", "shape": list(t.shape),
+                                      "data_offsets": [at, at + t.nbytes]}
+        at += t.nbytes
+    js = json.dumps(header).encode()
+    js += b" " * (-(8 + len(js)) % 8)
+    return b"".join([struct.pack("<Q", len(js)), js] + [t.tobytes() for t in tensors])
+
+
+class Weights:
+    """Four 32 MiB fp32 tensors that drift a little each step."""
+
+    def __init__(self, seed):
+        self.rng = np.random.default_rng(seed)
+        self.tensors = [self.rng.normal(0, 0.02, (2048, 4096)).astype(np.float32)
+                        for _ in range(4)]
+
+    def step(self):
+        for t in self.tensors:
+            t += self.rng.normal(0, 1e-3, t.shape).astype(np.float32)
+        return safetensors(self.tensors)
+
+
+def write(path, data, flags=os.O_TRUNC):
+    fd = os.open(path, os.O_CREAT | os.O_WRONLY | flags, 0o644)
+    try:
+        for at in range(0, len(data), MiB):
+            os.write(fd, data[at:at + MiB])
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def test_rewrite(binary, ckptctl, tmp):
+    store, mnt = f"{tmp}/rewrite-store", f"{tmp}/rewrite-mnt"
+    w = Weights(41)
+    with mounted(binary, store, mnt) as proc:
+        p = f"{mnt}/model.safetensors"
+        write(p, w.step())
+        write(p, w.step())
+        v2 = stat(ckptctl, p)
+        assert v2["kind"] == "delta", v2
+        wait_published(store, v2["version"])
+        h2 = sha256(p)
+        assert mapped_sha(p) == h2, "shared mmap of a head-backed safetensors file differs"
+        with open(p, "rb") as r1:  # a passthrough reader of version 2
+            assert fd_sha(r1) == h2
+            write(p, w.step())  # opened for writing meanwhile, rewritten, committed
+            v3 = stat(ckptctl, p)
+            assert v3["kind"] == "delta" and v3["base"] == v2["version"], v3
+            with open(p, "rb") as r2:
+                h3 = fd_sha(r2)
+            assert h3 != h2, "a reader opened after the rewrite reads the old version"
+        wait_published(store, v3["version"])
+        h, cpu = read_cost(proc, p)
+        assert h == h3, "version 3 reads differently once its image is published"
+        assert mapped_sha(p) == h3, "shared mmap of the rewritten file differs from read()"
+    with mounted(binary, store, mnt, "heads=off"):
+        assert sha256(p) == h3, "version 3 reads differently through its chain"
+    print(f"rewrite: mmap == read, a writer opened beside a passthrough reader commits, later "
+          f"readers see the new version (daemon CPU for its passthrough read {cpu:.2f} s)")
+
+
+def test_mmap_writer(binary, ckptctl, tmp):
+    store, mnt = f"{tmp}/mw-store", f"{tmp}/mw-mnt"
+    w = Weights(42)
+    with mounted(binary, store, mnt):
+        p = f"{mnt}/model.safetensors"
+        write(p, w.step())
+        write(p, w.step())
+        v2 = stat(ckptctl, p)
+        wait_published(store, v2["version"])
+        h2 = sha256(p)
+        mapped = False
+        with open(p, "rb") as r1:  # passthrough: the inode's backing file is the head image
+            r1.read(4096)
+            fd = os.open(p, os.O_RDWR)
+            try:
+                with mmap.mmap(fd, 1 << 20, mmap.MAP_SHARED,
+                               mmap.PROT_READ | mmap.PROT_WRITE) as m:
+                    m[4096:4096 + 16] = b"\xff" * 16  # inside the first tensor
+                    m.flush()
+                    mapped = True
+            except OSError as e:  # ENODEV, as for any file being written: nothing to check
+                print(f"mmap_writer: the writer's shared mmap failed ({e})")
+            finally:
+                os.close(fd)
+            with open(p, "rb") as r2:
+                assert fd_sha(r2) == h2, "a reader opened after the writer's mmap reads bytes " \
+                    "that were never written through the filesystem"
+        assert sha256(p) == h2, "the file changed without a write"
+    with mounted(binary, store, mnt):
+        assert sha256(p) == h2, "after a remount the file reads bytes never written to it"
+        assert stat(ckptctl, p)["version"] == v2["version"]
+    with mounted(binary, store, mnt, "heads=off"):
+        assert sha256(p) == h2, "the stored version changed"
+    print(f"mmap_writer: a writer's shared mmap beside a passthrough reader "
+          f"{'did not change' if mapped else 'failed and did not change'} the stored version")
+
+
+def main():
+    binary, ckptctl = sys.argv[1], sys.argv[2]
+    only = sys.argv[3:] or ["reads", "rewrite", "mmap_writer"]
+    if os.geteuid() != 0:
+        print("SKIPPED: the mount tests run as root")
+        sys.exit(77)
+    tmp = tempfile.mkdtemp(prefix="ckptfs-scale-passthrough-")
+    try:
+        for name in only:
+            t0 = time.monotonic()
+            globals()[f"test_{name}"](binary, ckptctl, tmp)
+            print(f"  ({name}: {time.monotonic() - t0:.0f} s)", flush=True)
+        print("scale_passthrough: ok")
+    finally:
+        if os.environ.get("KEEP"):
+            print("kept", tmp)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
