@@ -19,7 +19,8 @@ allocate: measured 5-73 MiB over versions 2..10 in 10 runs of this test on a 2-c
 with MALLOC_ARENA_MAX=1; it levels off (at most 8 arenas per core). Keeping one more
 checkpoint per version (the bug: +128 MiB a version until cache= is full) fails by version 4;
 any leak of 1/8 of a checkpoint per version or more fails by version 10. Every sample also stays
-within the budget, cache + buffer + 512 MiB.
+within the budget, cache + buffer + 512 MiB, and the daemon's open file descriptors do not grow
+(a superseded head image, an unlinked staging file, must be closed, or the disk fills).
 
 Every version reads back byte for byte as saved (lossless: the served file is the written one),
 also after a remount.
@@ -68,7 +69,7 @@ def wait_published(store, version, timeout=60):
 def phase(name, args, work):
     store, mnt = os.path.join(work, f"{name}-store"), os.path.join(work, f"{name}-mnt")
     state = TrainingState(args.mib * MiB, params=4, small=8, seed=2)
-    hashes, samples = {}, []
+    hashes, samples, fds = {}, [], []
     t_start = time.monotonic()
     with mounted(args.binary, store, mnt, *PHASES[name]) as proc:
         os.makedirs(f"{mnt}/run")
@@ -87,6 +88,7 @@ def phase(name, args, work):
             if name == "heads":
                 wait_published(store, info["version"])
             samples.append(rss(proc.pid))
+            fds.append(len(os.listdir(f"/proc/{proc.pid}/fd")))
             hashes[path] = hashlib.sha256(ref.getbuffer()).hexdigest()
         peak = peak_rss(proc.pid)
         print(f"{name}: RSS after each save (MiB): {' '.join(str(s // MiB) for s in samples)}",
@@ -102,6 +104,8 @@ def phase(name, args, work):
           f"{mib(TOLERANCE)}), slope {slope(steady) / MiB:.1f} MiB/version; peak {mib(peak)} "
           f"(budget {mib(BUDGET)}); {time.monotonic() - t_start:.0f} s", flush=True)
     assert growth <= TOLERANCE, f"{name}: daemon RSS grew by {mib(growth)} over the versions"
+    # Superseded head images (unlinked staging files) must be closed, not kept open.
+    assert max(fds[1:]) <= fds[1], f"{name}: the daemon's open files grew: {fds}"
     assert peak <= BUDGET, f"{name}: daemon peak RSS {mib(peak)} > budget {mib(BUDGET)}"
     return samples
 
