@@ -28,6 +28,7 @@ int main(int argc, char** argv) {
   ckpt::tools::add_verify_command(app);
   ckpt::tools::add_export_command(app);
   ckpt::tools::add_gc_command(app);
+  ckpt::tools::add_status_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -18,5 +18,7 @@ void add_prune_command(CLI::App& app);
 void add_verify_command(CLI::App& app);
 void add_export_command(CLI::App& app);
 void add_gc_command(CLI::App& app);
+// What a running daemon holds (memory, buffers, commits, encodes, heads, scratch): live only.
+void add_status_command(CLI::App& app);
 
 }  // namespace ckpt::tools

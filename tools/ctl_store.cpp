@@ -164,7 +164,10 @@ struct store_client::offline {
     return o;
   }
   explicit offline(const std::string& store)
-      : session(store, options()), service(session.fs(), session.content(), session.objects()) {}
+      : session(store, options()), service(session.fs(), session.content(), session.objects()) {
+    // The head images a daemon left (with the default scratch, the store): ls counts them.
+    service.set_heads_on_disk(session.heads_dir().string());
+  }
 };
 
 store_client::store_client(store_target where) : where_(std::move(where)) {}

@@ -1,6 +1,7 @@
 // `ckptctl ls [PATH] [--store STORE] [--json]`: the lineages (checkpoint histories) with a version
 // at or under PATH and each of their versions: paths, completion time, kind (keyframe / delta /
-// exact), base, logical and stored size, ratio; totals per lineage and for the store.
+// exact), base, logical and stored size, head image size, ratio; totals per lineage and for the
+// store. Ratios are logical / (stored + head images): a head image costs its full size on disk.
 #include <iostream>
 #include <memory>
 #include <string>
@@ -27,30 +28,42 @@ std::string paths_text(const nlohmann::json& v) {
   return s.empty() ? "-" : s;
 }
 
+// "stored 3.5 MiB" or, when head images count, "stored 3.5 MiB + head 3.0 MiB".
+std::string stored_text(double stored, double head, const char* head_word) {
+  std::string s = "stored " + human_bytes(stored);
+  if (head > 0) s += std::string(" + ") + head_word + " " + human_bytes(head);
+  return s;
+}
+
+// Every ratio counts what is on disk: the objects and the head images (a head costs the
+// checkpoint's full size).
 void add_version_row(text_table& t, const nlohmann::json& v) {
-  const double logical = jnum(v, "logical_bytes"), stored = jnum(v, "stored_bytes");
+  const double logical = jnum(v, "logical_bytes"), stored = jnum(v, "stored_bytes"),
+               head = jnum(v, "head_bytes");
   const std::uint64_t base = ju64(v, "base");
   t.add({std::to_string(ju64(v, "version")), time_text(jnum(v, "created")), jstr(v, "kind", "?"),
          base ? std::to_string(base) : "-", human_bytes(logical), human_bytes(stored),
-         ratio_text(logical, stored), paths_text(v)});
+         head > 0 ? human_bytes(head) : "-", ratio_text(logical, stored + head), paths_text(v)});
 }
 
 text_table version_table() {
-  return text_table({"VERSION", "CREATED", "KIND", "BASE", "LOGICAL", "STORED", "RATIO", "PATH"},
-                    {true, false, false, true, true, true, true, false});
+  return text_table(
+      {"VERSION", "CREATED", "KIND", "BASE", "LOGICAL", "STORED", "HEAD", "RATIO", "PATH"},
+      {true, false, false, true, true, true, true, true, false});
 }
 
 void print_text(const nlohmann::json& r) {
   for (const auto& l : jarr(r, "lineages")) {
     const auto& versions = jarr(l, "versions");
-    const double logical = jnum(l, "logical_bytes"), stored = jnum(l, "stored_bytes");
+    const double logical = jnum(l, "logical_bytes"), stored = jnum(l, "stored_bytes"),
+                 head = jnum(l, "head_bytes");
     const std::string format = versions.empty() ? "?" : jstr(versions.front(), "format", "?");
-    std::printf("lineage %llu (%s): %s, %llu live; logical %s, stored %s, %s\n",
+    std::printf("lineage %llu (%s): %s, %llu live; logical %s, %s, %s\n",
                 static_cast<unsigned long long>(ju64(l, "lineage")), format.c_str(),
                 plural(versions.size(), "version").c_str(),
                 static_cast<unsigned long long>(ju64(l, "live_versions")),
-                human_bytes(logical).c_str(), human_bytes(stored).c_str(),
-                ratio_text(logical, stored).c_str());
+                human_bytes(logical).c_str(), stored_text(stored, head, "head").c_str(),
+                ratio_text(logical, stored + head).c_str());
     text_table t = version_table();
     for (const auto& v : versions) add_version_row(t, v);
     std::fputs(t.render().c_str(), stdout);
@@ -71,13 +84,15 @@ void print_text(const nlohmann::json& r) {
     std::fputs(t.render().c_str(), stdout);
     std::printf("\n");
   }
+  // The totals always name the head images, also when there are none: the ratio is on disk.
   const nlohmann::json tot = r.contains("totals") ? r.at("totals") : nlohmann::json::object();
-  const double logical = jnum(tot, "logical_bytes"), stored = jnum(tot, "stored_bytes");
-  std::printf("total: %s, %llu live; logical %s, stored %s, %s\n",
+  const double logical = jnum(tot, "logical_bytes"), stored = jnum(tot, "stored_bytes"),
+               head = jnum(tot, "head_bytes");
+  std::printf("total: %s, %llu live; logical %s, stored %s + heads %s = %s on disk, %s\n",
               plural(ju64(tot, "versions"), "version").c_str(),
               static_cast<unsigned long long>(ju64(tot, "live_versions")),
-              human_bytes(logical).c_str(), human_bytes(stored).c_str(),
-              ratio_text(logical, stored).c_str());
+              human_bytes(logical).c_str(), human_bytes(stored).c_str(), human_bytes(head).c_str(),
+              human_bytes(stored + head).c_str(), ratio_text(logical, stored + head).c_str());
 }
 
 }  // namespace
@@ -88,9 +103,12 @@ void add_ls_command(CLI::App& app) {
   cmd->footer(
       "For each lineage with a version at or under PATH: every version (oldest first, "
       "hidden bases included) with its paths, completion time, kind (keyframe / delta / "
-      "exact), base version, logical and stored size and ratio, then totals per lineage and "
-      "for the store. Exact (non-checkpoint) files under PATH are listed after the "
-      "lineages.\n");
+      "exact), base version, logical and stored size, head image size and ratio, then totals "
+      "per lineage and for the store. A lineage's newest version may have a head image: a "
+      "full-size copy of what it reads as, kept in the scratch directory so that restores and "
+      "the next delta do not replay the chain; it costs its full size on disk, and every ratio "
+      "shown (logical / (stored + heads)) counts it. Exact (non-checkpoint) files under PATH "
+      "are listed after the lineages.\n");
   cmd->add_option("PATH", o->path,
                   "A file or directory inside a ckptfs mount (default: the current directory), "
                   "or a store directory (offline: the whole store)");

@@ -49,7 +49,11 @@ void print_text(const std::string& arg, const nlohmann::json& info) {
                 human_bytes(jnum(info, "exact_stored_bytes")).c_str());
   else
     std::printf("stored:   %s\n", human_bytes(stored).c_str());
-  if (stored > 0) std::printf("ratio:    %s\n", ratio_text(logical, stored).c_str());
+  const double head = jnum(info, "head_bytes");
+  if (head > 0)
+    std::printf("head:     %s (image of this lineage's newest version, in the scratch directory)\n",
+                human_bytes(head).c_str());
+  if (stored + head > 0) std::printf("ratio:    %s\n", ratio_text(logical, stored + head).c_str());
   // Exact files are not coded: no codec parameters to show.
   if (auto c = info.find("coding");
       kind != "exact" && c != info.end() && c->is_object() && !c->empty()) {
@@ -80,10 +84,11 @@ void add_stat_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("stat", "Show how one file is stored.");
   cmd->footer(
       "Format, lineage, kind (exact / keyframe / delta) and base version, logical and "
-      "stored size and ratio, completion time, the codec parameters it was coded with "
-      "(bits, group, representative, bucket scope, coder, exact optimizer state, relative) "
-      "and every tensor with its dtype, element count, mode (delta / ratio / lossless) and stored "
-      "size.\n");
+      "stored size, the head image (a lineage's newest version may have one: its full size "
+      "on disk) and the ratio (logical / (stored + head)), completion time, the codec "
+      "parameters it was coded with (bits, group, representative, bucket scope, coder, exact "
+      "optimizer state, relative) and every tensor with its dtype, element count, mode "
+      "(delta / ratio / lossless) and stored size.\n");
   cmd->add_option("FILE", o->path, "A file inside a ckptfs mount (or, with --store, in a store)")
       ->required();
   cmd->add_option("--store", o->store,
@@ -95,8 +100,10 @@ void add_stat_command(CLI::App& app) {
     store_client client(t.where);
     progress_bar bar;
     nlohmann::json info = client.call({{"op", "stat"}, {"path", t.rel}}, bar);
-    const double logical = jnum(info, "logical_bytes"), stored = jnum(info, "stored_bytes");
-    info["ratio"] = stored > 0 ? logical / stored : 0.0;
+    // On disk: the object and, for a lineage's newest version, its head image.
+    const double logical = jnum(info, "logical_bytes"),
+                 disk = jnum(info, "stored_bytes") + jnum(info, "head_bytes");
+    info["ratio"] = disk > 0 ? logical / disk : 0.0;
     if (o->json)
       print_json(info);
     else

@@ -1,18 +1,23 @@
 #include "fs/admin/admin_service.hpp"
 
 #include <fcntl.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <map>
 #include <optional>
 #include <set>
+#include <span>
 #include <thread>
 #include <unordered_map>
 
 #include "codec/error.hpp"
+#include "fs/content/head_store.hpp"
+#include "fs/namespace/memory_budget.hpp"
 
 namespace ckpt::fs::admin {
 namespace {
@@ -50,15 +55,31 @@ std::int64_t now_ns() {
       .count();
 }
 
+// Offline, no head store runs: the head bytes of a version are those of an image file a daemon
+// left in `dir` for it (its size must be the version's logical size, as a published image's
+// is). "" leaves the versions as they are.
+void count_heads_on_disk(std::span<version_info> versions, const std::string& dir) {
+  if (dir.empty()) return;
+  const auto images = head_store::files_in(dir);
+  for (auto& v : versions) {
+    auto it = images.find(v.version);
+    if (!v.head_bytes && v.lineage && it != images.end() && it->second == v.logical_bytes)
+      v.head_bytes = it->second;
+  }
+}
+
 // The management view of a store at one moment: versions, and the names pointing at them.
 struct snapshot {
   std::vector<version_info> versions;                       // ascending id
   std::map<std::uint64_t, std::vector<std::string>> names;  // version -> paths (sorted)
   std::vector<filesystem::named_file> files;
 
-  snapshot(filesystem& fs, content_store& content) {
+  // heads_on_disk: offline, a heads directory whose image files count as the versions' head
+  // bytes (admin_service::set_heads_on_disk).
+  snapshot(filesystem& fs, content_store& content, const std::string& heads_on_disk = {}) {
     files = fs.regular_files();
     versions = content.versions();
+    count_heads_on_disk(versions, heads_on_disk);
     for (const auto& f : files)
       if (f.content.version) names[f.content.version].push_back(f.path);
     for (auto& [v, paths] : names) std::sort(paths.begin(), paths.end());
@@ -76,7 +97,8 @@ struct snapshot {
             {"base", v.base},
             {"lineage", v.lineage},
             {"logical_bytes", v.logical_bytes},
-            {"stored_bytes", v.stored_bytes}};
+            {"stored_bytes", v.stored_bytes},
+            {"head_bytes", v.head_bytes}};
   }
 
   bool live(std::uint64_t v) const { return names.count(v) != 0; }
@@ -145,7 +167,39 @@ filesystem::named_file file_at(filesystem& fs, const std::string& path) {
   throw io_error(EISDIR, path + " is not a regular file");
 }
 
+// "Vm...:   123 kB" -> bytes; 0 when the line is malformed.
+std::uint64_t kib_field(std::string_view rest) {
+  std::size_t i = 0;
+  while (i < rest.size() && (rest[i] == ' ' || rest[i] == '\t')) ++i;
+  std::uint64_t n = 0;
+  const std::size_t start = i;
+  for (; i < rest.size() && rest[i] >= '0' && rest[i] <= '9'; ++i)
+    n = n * 10 + unsigned(rest[i] - '0');
+  if (i == start) return 0;
+  while (i < rest.size() && rest[i] == ' ') ++i;
+  return rest.substr(i).starts_with("kB") ? n * 1024 : 0;
+}
+
 }  // namespace
+
+process_memory parse_proc_status(std::string_view text) {
+  process_memory m;
+  while (!text.empty()) {
+    const auto nl = text.find('\n');
+    const std::string_view line = text.substr(0, nl);
+    if (line.starts_with("VmRSS:")) m.rss_bytes = kib_field(line.substr(6));
+    if (line.starts_with("VmHWM:")) m.peak_rss_bytes = kib_field(line.substr(6));
+    if (nl == std::string_view::npos) break;
+    text.remove_prefix(nl + 1);
+  }
+  return m;
+}
+
+process_memory read_process_memory() {
+  std::ifstream in("/proc/self/status");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return parse_proc_status(text);
+}
 
 admin_service::admin_service(filesystem& fs, content_store& content, store::object_store& objects)
     : fs_(fs), content_(content), objects_(objects) {}
@@ -173,16 +227,74 @@ void admin_service::settle(const std::vector<content_ref>& removed) {
   fs_.sync();  // the second sync removes what the unrefs of the first made unnecessary
 }
 
+json admin_service::status() const {
+  if (!daemon_)
+    throw io_error(ENOTCONN,
+                   "status describes a running daemon; this store is open offline, so nothing is "
+                   "held");
+  const daemon_info& d = *daemon_;
+  const process_memory mem = read_process_memory();
+  const auto c = content_.usage();
+  const auto f = fs_.usage();
+  const std::uint64_t bound = d.cache_bytes + d.buffer_bytes + daemon_overhead_bytes;
+  std::uint64_t free_bytes = 0;
+  struct statvfs sv {};
+  if (::statvfs(d.scratch_dir.c_str(), &sv) == 0)
+    free_bytes = std::uint64_t(sv.f_bavail) * std::uint64_t(sv.f_frsize);
+  return {{"pid", std::int64_t(::getpid())},
+          {"store", d.store_dir},
+          {"mountpoint", d.mountpoint},
+          {"budget",
+           {{"cache_bytes", d.cache_bytes},
+            {"buffer_bytes", d.buffer_bytes},
+            {"overhead_bytes", daemon_overhead_bytes},
+            {"bound_bytes", bound}}},
+          {"process",
+           {{"rss_bytes", mem.rss_bytes},
+            {"peak_rss_bytes", mem.peak_rss_bytes},
+            {"peak_within_bound", mem.peak_rss_bytes <= bound}}},
+          {"cache",
+           {{"bytes", c.cache_bytes},
+            {"budget_bytes", c.cache_budget},
+            {"chunk_bytes", c.chunk_bytes},
+            {"chunk_budget_bytes", c.chunk_budget}}},
+          {"buffers",
+           {{"memory_bytes", f.buffer_bytes},
+            {"budget_bytes", f.buffer_budget},
+            {"spilled_bytes", f.spilled_bytes},
+            {"pooled_bytes", f.pooled_bytes}}},
+          {"commits", {{"queued", f.commits_queued}, {"running", f.commits_running}}},
+          {"encodes",
+           {{"slots", c.encode_slots},
+            {"in_use", c.encodes_running},
+            {"memory_bytes", c.encode_memory}}},
+          {"heads",
+           {{"enabled", d.heads},
+            {"min_bytes", d.head_min},
+            {"images", c.heads},
+            {"published", c.heads_on_disk},
+            {"memory_bytes", c.head_memory},
+            {"disk_bytes", c.head_disk_bytes}}},
+          {"scratch",
+           {{"dir", d.scratch_dir},
+            {"staging_dir", d.staging_dir},
+            {"heads_dir", d.heads_dir},
+            {"bytes", f.spilled_bytes + c.head_disk_bytes},
+            {"free_bytes", free_bytes}}}};
+}
+
 json admin_service::handle(const json& req, const progress_fn& progress_in) {
   if (!req.is_object() || !req.contains("op") || !req["op"].is_string())
     throw invalid_argument("a request is a JSON object with an \"op\" string");
   const std::string op = req["op"].get<std::string>();
   const progress_fn progress = progress_in ? progress_in : [](std::string_view, auto, auto) {};
 
+  if (op == "status") return status();
+
   if (op == "ls") {
     const std::string path = get_path(req, false);
     if (!path.empty()) fs_.resolve(path);  // ENOENT for a path that does not exist
-    const snapshot s(fs_, content_);
+    const snapshot s(fs_, content_, heads_on_disk_);
     auto selected = [&](std::uint64_t v) {
       auto it = s.names.find(v);
       if (it == s.names.end()) return false;
@@ -194,13 +306,20 @@ json admin_service::handle(const json& req, const progress_fn& progress_in) {
       if (v.lineage && selected(v.version)) lineages.insert(v.lineage);
     std::map<std::uint64_t, json> lin;
     json files = json::array();
-    json totals{{"versions", 0}, {"live_versions", 0}, {"logical_bytes", 0}, {"stored_bytes", 0}};
+    json totals{{"versions", 0},     {"live_versions", 0}, {"logical_bytes", 0},
+                {"stored_bytes", 0}, {"head_bytes", 0},    {"disk_bytes", 0}};
+    // Logical bytes count what reads back (live versions); stored, head and disk bytes count
+    // everything kept on disk, hidden bases and head images included.
     auto count = [](json& t, const version_info& v, bool live) {
-      t["versions"] = t["versions"].get<std::uint64_t>() + 1;
-      t["stored_bytes"] = t["stored_bytes"].get<std::uint64_t>() + v.stored_bytes;
+      const auto add = [&t](const char* key, std::uint64_t n) {
+        t[key] = t[key].get<std::uint64_t>() + n;
+      };
+      add("stored_bytes", v.stored_bytes);
+      add("head_bytes", v.head_bytes);
+      add("disk_bytes", v.stored_bytes + v.head_bytes);
       if (live) {
-        t["live_versions"] = t["live_versions"].get<std::uint64_t>() + 1;
-        t["logical_bytes"] = t["logical_bytes"].get<std::uint64_t>() + v.logical_bytes;
+        add("live_versions", 1);
+        add("logical_bytes", v.logical_bytes);
       }
     };
     for (const auto& v : s.versions) {
@@ -209,21 +328,16 @@ json admin_service::handle(const json& req, const progress_fn& progress_in) {
         if (!lineages.count(v.lineage)) continue;
         auto& l = lin[v.lineage];
         if (l.is_null())
-          l = {{"lineage", v.lineage},
-               {"versions", json::array()},
-               {"live_versions", 0},
-               {"logical_bytes", 0},
-               {"stored_bytes", 0}};
+          l = {{"lineage", v.lineage}, {"versions", json::array()}, {"live_versions", 0},
+               {"logical_bytes", 0},   {"stored_bytes", 0},         {"head_bytes", 0},
+               {"disk_bytes", 0}};
         l["versions"].push_back(s.version_json(v));
-        l["stored_bytes"] = l["stored_bytes"].get<std::uint64_t>() + v.stored_bytes;
-        if (live) {
-          l["live_versions"] = l["live_versions"].get<std::uint64_t>() + 1;
-          l["logical_bytes"] = l["logical_bytes"].get<std::uint64_t>() + v.logical_bytes;
-        }
+        count(l, v, live);
       } else {
         if (!selected(v.version)) continue;
         files.push_back(s.version_json(v));
       }
+      totals["versions"] = totals["versions"].get<std::uint64_t>() + 1;
       count(totals, v, live);
     }
     json out{{"lineages", json::array()}, {"files", files}, {"totals", totals}};
@@ -236,7 +350,9 @@ json admin_service::handle(const json& req, const progress_fn& progress_in) {
     const auto f = file_at(fs_, path);
     const snapshot s(fs_, content_);
     const version_detail d = content_.detail(f.content);
-    json out = s.version_json(d.info);
+    version_info info = d.info;
+    count_heads_on_disk(std::span(&info, 1), heads_on_disk_);
+    json out = s.version_json(info);
     if (!f.content.version) {  // the empty file has no version
       out["paths"] = json::array({path});
       out["live"] = true;
@@ -526,7 +642,8 @@ json admin_service::handle(const json& req, const progress_fn& progress_in) {
     return {{"bytes", size}, {"path", path}, {"dest", dest}};
   }
 
-  throw invalid_argument("unknown op '" + op + "' (ls, stat, rm, prune, verify, gc, export)");
+  throw invalid_argument("unknown op '" + op +
+                         "' (ls, stat, rm, prune, verify, gc, export, status)");
 }
 
 }  // namespace ckpt::fs::admin

@@ -8,7 +8,12 @@
 //   server -> client   zero or more {"progress":{"phase":s,"done":n,"total":n}} lines, then
 //                      exactly one final line: {"ok":true,"result":{...}} or
 //                      {"ok":false,"error":"message","errno":n}; then the server closes.
-// The request and result objects are admin_service's (fs/admin/admin_service.hpp).
+// The request and result objects are admin_service's (fs/admin/admin_service.hpp): ls, stat,
+// rm, prune, verify, gc and export work on the store (also offline, in-process); status
+// ({"op":"status"}, no fields) answers what the running daemon holds right now: its memory
+// budget and VmRSS/VmHWM, cache, write buffers in memory and spilled, commits queued and
+// running, encode slots, head images, the scratch directory. Only a daemon answers status (the
+// offline service refuses it with ENOTCONN): the numbers exist only in a live process.
 //
 // This header holds what both ends share: message encoding and parsing, a line splitter, the
 // progress rate limiter, the exception -> (message, errno) mapping, and the socket plumbing

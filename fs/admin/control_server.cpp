@@ -209,7 +209,8 @@ void control_server::serve_request(int fd) {
       op = op_of(request);
       final = result_line(handler_(request, progress));
       const double s = std::chrono::duration<double>(clock::now() - start).count();
-      if (op != "ls" && op != "stat") {  // the frequent read-only ones would flood the log
+      // The frequent read-only ones (monitoring polls status) would flood the log.
+      if (op != "ls" && op != "stat" && op != "status") {
         char secs[32];
         std::snprintf(secs, sizeof secs, "%.2f", s);
         log_info("control: " + op + " done in " + secs + " s");

@@ -42,15 +42,15 @@ bool is_store_dir(const bf::path& dir) {
 }
 
 store_session::store_session(const bf::path& store_dir, const store_session_options& opt)
-    : dir_(bf::absolute(store_dir)) {
+    : dir_(bf::absolute(store_dir)),
+      scratch_(opt.scratch.empty() ? dir_ : bf::absolute(opt.scratch)) {
   if (!opt.create && !is_store_dir(dir_))
     throw io_error(ENOENT, dir_.string() + " is not a ckptfs store (no journal and objects/)");
   bf::create_directories(dir_ / "objects");
   // A scratch directory that cannot be made is reported by the first file that needs it
   // (staging) or logged (heads); the store itself still opens.
   boost::system::error_code scratch_ec;
-  bf::create_directories((opt.scratch.empty() ? dir_ : bf::path(opt.scratch)) / "staging",
-                         scratch_ec);
+  bf::create_directories(staging_dir(), scratch_ec);
 
   try {
     lock_.emplace(dir_);
@@ -69,15 +69,14 @@ store_session::store_session(const bf::path& store_dir, const store_session_opti
   }
   objects_.emplace(dir_ / "objects");
   journal_.emplace(dir_ / "journal");
-  const boost::filesystem::path scratch = opt.scratch.empty() ? dir_ : opt.scratch;
   content_options content = opt.content;
-  if (opt.heads) content.heads_dir = (scratch / "heads").string();
+  if (opt.heads) content.heads_dir = heads_dir().string();
   content_.emplace(*objects_, *journal_, content);
   content_->set_logger([](const std::string& m) { log_error(m); });
 
   fs_config cfg;
   cfg.store_dir = dir_.string();
-  cfg.staging_dir = (scratch / "staging").string();
+  cfg.staging_dir = staging_dir().string();
   cfg.buffer_bytes = opt.buffer_bytes;
   cfg.direct_checkpoint_reads = opt.direct_checkpoint_reads;
   if (opt.compact_bytes) cfg.compact_bytes = *opt.compact_bytes;

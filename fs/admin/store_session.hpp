@@ -52,6 +52,11 @@ class store_session {
   store_session& operator=(const store_session&) = delete;
 
   const boost::filesystem::path& store_dir() const { return dir_; }
+  // SCRATCH (the store unless store_session_options::scratch named another directory), and
+  // SCRATCH/staging and SCRATCH/heads under it.
+  const boost::filesystem::path& scratch_dir() const { return scratch_; }
+  boost::filesystem::path staging_dir() const { return scratch_ / "staging"; }
+  boost::filesystem::path heads_dir() const { return scratch_ / "heads"; }
   filesystem& fs() { return *fs_; }
   content_store& content() { return *content_; }
   store::object_store& objects() { return *objects_; }
@@ -63,6 +68,7 @@ class store_session {
 
  private:
   boost::filesystem::path dir_;
+  boost::filesystem::path scratch_;
   // Construction order is dependency order; members are destroyed in reverse (the filesystem
   // before the content store it commits into, the lock last).
   std::optional<store::store_lock> lock_;

@@ -179,6 +179,21 @@ void head_store::scan(const std::map<std::uint64_t, expected>& heads) {
   }
 }
 
+std::map<std::uint64_t, std::uint64_t> head_store::files_in(const std::string& dir) {
+  std::map<std::uint64_t, std::uint64_t> out;
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) return out;
+  while (dirent* e = ::readdir(d)) {
+    std::uint64_t version = 0, checksum = 0;
+    struct stat st;
+    if (parse_name(e->d_name, version, checksum) && ::fstatat(::dirfd(d), e->d_name, &st, 0) == 0 &&
+        S_ISREG(st.st_mode))
+      out[version] = std::uint64_t(st.st_size);
+  }
+  ::closedir(d);
+  return out;
+}
+
 std::shared_ptr<const head_image> head_store::get(std::uint64_t version) const {
   std::lock_guard lock(mu_);
   auto it = images_.find(version);

@@ -88,6 +88,12 @@ class head_store {
   using byte_reader = std::function<void(std::uint64_t offset, std::span<std::byte> out)>;
   void rebuild(std::uint64_t version, std::uint64_t checksum, std::uint64_t size, byte_reader read);
 
+  // The image files a head store left in `dir`: version -> file size, for every name of the
+  // form <version>-<checksum>.head. Read-only (nothing is removed or checked against the
+  // store): `ckptctl ls` offline, where no head store runs, counts their disk bytes. A missing or
+  // unreadable directory has none.
+  static std::map<std::uint64_t, std::uint64_t> files_in(const std::string& dir);
+
   struct stats {
     std::uint64_t images = 0, published = 0;
     std::uint64_t memory_bytes = 0;  // write-buffer memory still held by unpublished images

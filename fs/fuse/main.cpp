@@ -141,6 +141,17 @@ int serve(const fuse::daemon_options& opt, const std::string& program, parent_li
   filesystem& fsys = session.fs();
   const std::uint64_t records = session.replayed_records();
   admin::admin_service admin(fsys, session.content(), session.objects());
+  admin::daemon_info info;  // for `ckptctl status`
+  info.cache_bytes = opt.content.cache_bytes;
+  info.buffer_bytes = opt.buffer_bytes;
+  info.store_dir = store.string();
+  info.mountpoint = mnt.string();
+  info.scratch_dir = session.scratch_dir().string();
+  info.staging_dir = session.staging_dir().string();
+  info.heads_dir = session.heads_dir().string();
+  info.heads = opt.heads;
+  info.head_min = opt.content.head_min;
+  admin.set_daemon(std::move(info));
   admin.set_flush_kernel([&ctx] {
     if (ctx.serving.load()) ctx.notifier->flush();
   });

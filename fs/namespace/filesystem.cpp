@@ -33,6 +33,17 @@ filesystem::filesystem(store::journal& journal, content_store& content, fs_confi
   flusher_ = std::jthread([this] { flusher(); });
 }
 
+filesystem::resources filesystem::usage() const {
+  resources r;
+  r.buffer_budget = budget_->limit();
+  r.buffer_bytes = budget_->used();
+  r.spilled_bytes = budget_->spilled();
+  r.pooled_bytes = std::uint64_t(budget_->pooled_chunks()) * chunk_memory::bytes;
+  r.commits_queued = commits_queued_.load();
+  r.commits_running = commits_running_.load();
+  return r;
+}
+
 filesystem::~filesystem() {
   try {
     shutdown();
@@ -344,6 +355,7 @@ void filesystem::shutdown() {
       path = r.path;
       mtime = r.mtime;
     }
+    const running_commit running(commits_running_);
     if (int err = commit(ino, buf, path, mtime))
       log_error("at unmount, " + path + " could not be stored: " + std::strerror(err));
     else

@@ -198,6 +198,22 @@ class filesystem {
   // Makes every record durable and releases what waited for it (like fsyncdir).
   void sync() { sync_journal(); }
 
+  // What the write path holds right now (`ckptctl status`). Cheap and thread-safe: atomics and
+  // the chunk pool's short lock; it never waits for the namespace lock or a commit.
+  struct resources {
+    std::uint64_t buffer_budget = 0;  // buffer=
+    // Write-buffer memory taken from the budget: files being written, files waiting for or in
+    // their commit, and head images not yet published (content_store::resources::head_memory).
+    std::uint64_t buffer_bytes = 0;
+    std::uint64_t spilled_bytes = 0;  // write-buffer chunks in staging files (whole 1 MiB chunks)
+    // Freed chunk memory kept for the next buffers (MADV_FREE: the kernel may take it back).
+    // buffer_bytes + pooled_bytes never exceeds buffer_budget.
+    std::uint64_t pooled_bytes = 0;
+    std::uint64_t commits_queued = 0;   // closed files waiting for a commit worker
+    std::uint64_t commits_running = 0;  // files being stored now (workers, fsync, truncate)
+  };
+  resources usage() const;
+
  private:
   struct runtime {  // per inode, not persisted
     std::uint64_t nlookup = 0;
@@ -260,6 +276,7 @@ class filesystem {
   void report_commit_error(std::uint64_t fh);
   // Stores `buf` as the inode's new content and syncs; returns 0 or an errno. mu_ not held. The
   // content store may keep `buf` (a head image) and rewrite it in place (buf->modified()).
+  // Callers count it in commits_running_ (running_commit) for usage().
   int commit(ino_t ino, const std::shared_ptr<write_buffer>& buf, const std::string& path,
              timespec mtime);
   void sync_journal();
@@ -290,6 +307,16 @@ class filesystem {
   std::mutex flusher_mu_;
   std::condition_variable flusher_cv_;
   std::atomic<bool> journal_failed_{false};  // a sync failed; not yet rewritten
+  // usage(): commits handed to workers_ and not started; commit() calls in progress (each
+  // caller of commit() holds a running_commit around it).
+  std::atomic<std::uint64_t> commits_queued_{0}, commits_running_{0};
+  struct running_commit {
+    std::atomic<std::uint64_t>& n;
+    explicit running_commit(std::atomic<std::uint64_t>& count) : n(count) { n.fetch_add(1); }
+    ~running_commit() { n.fetch_sub(1); }
+    running_commit(const running_commit&) = delete;
+    running_commit& operator=(const running_commit&) = delete;
+  };
   bool stopping_ = false;
   bool shut_down_ = false;
   std::unique_ptr<worker_pool> workers_;

@@ -241,7 +241,11 @@ void filesystem::release(std::uint64_t fh) {
       // throw (allocations) happens before `pending` is set, and the job clears it whatever
       // happens inside: a `pending` left set would make every wait for this file hang.
       auto buf = std::shared_ptr<write_buffer>(std::move(r.buf));
-      auto job = [this, ino, buf, path = r.path, mtime = r.mtime] {
+      auto job = [this, ino, buf, path = r.path, mtime = r.mtime]() mutable {
+        // usage() counts the commit as running before it stops counting it as queued, and until
+        // the file is idle again (below): never as nothing while the file is pending.
+        std::optional<running_commit> running(std::in_place, commits_running_);
+        commits_queued_.fetch_sub(1);  // counted before submit (below), also when run inline
         int err = 0;
         try {
           bool linked;
@@ -255,8 +259,12 @@ void filesystem::release(std::uint64_t fh) {
         } catch (...) {
           err = EIO;
         }
+        // The buffer's memory and staging file go before the file is idle, not whenever the
+        // worker drops this job (unless the content store kept it as a head image).
+        buf.reset();
         {
           std::lock_guard g(mu_);
+          running.reset();
           auto it = rt_.find(ino);
           if (it != rt_.end()) {
             it->second.pending = false;
@@ -279,6 +287,7 @@ void filesystem::release(std::uint64_t fh) {
       r.dirty = false;
       r.loaded = false;
       r.cache_ok = false;
+      commits_queued_.fetch_add(1);
       try {
         workers_->submit(job);
       } catch (...) {
@@ -313,10 +322,12 @@ void filesystem::fsync(std::uint64_t fh) {
       timespec mtime = r.mtime;
       const std::shared_ptr<write_buffer> buf = r.buf;
       lk.unlock();
+      std::optional<running_commit> running(std::in_place, commits_running_);
       int err = commit(ino, buf, path, mtime);
       lk.lock();
       runtime& r2 = rt(ino);
       r2.pending = false;
+      running.reset();
       r2.cache_ok = false;
       if (err && buf->modified()) {
         // The store began turning the buffer into the version's head image before the commit

@@ -92,10 +92,12 @@ struct stat filesystem::setattr(ino_t ino, const attr_change& change,
         std::string path = r2.path;
         const std::shared_ptr<write_buffer> buf = r2.buf;
         lk.unlock();
+        std::optional<running_commit> running(std::in_place, commits_running_);
         int err = commit(ino, buf, path, now());
         lk.lock();
         runtime& r3 = rt(ino);
         r3.pending = false;
+        running.reset();
         r3.buf.reset();
         r3.loaded = false;
         idle_cv_.notify_all();

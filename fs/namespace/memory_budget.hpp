@@ -7,6 +7,10 @@
 // the mount. Returned chunks are kept (marked MADV_FREE, so the kernel may still reclaim them
 // under memory pressure) and handed out again: chunk memory never exceeds the budget's high-water
 // mark, and the next checkpoint is written into pages that are already mapped.
+//
+// For `ckptctl status` it also counts what did not fit: bytes of write-buffer chunks placed in
+// staging files (note_spilled / note_unspilled, called by write_buffer). Relaxed atomics: the
+// numbers are a snapshot for people, never a decision.
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -14,6 +18,10 @@
 #include <vector>
 
 namespace ckpt::fs {
+
+// The constant of DESIGN.md §9 invariant 7 (issue 13): the daemon's resident memory is to stay
+// under cache= + buffer= + this, whatever the input. `ckptctl status` shows the bound.
+inline constexpr std::uint64_t daemon_overhead_bytes = std::uint64_t(512) << 20;
 
 // One page-aligned, mmap'ed chunk of write-buffer memory. Contents are unspecified when taken.
 class chunk_memory {
@@ -53,6 +61,13 @@ class memory_budget {
   std::uint64_t used() const { return used_.load(std::memory_order_relaxed); }
   std::uint64_t limit() const { return limit_; }
 
+  // Bytes of write-buffer chunks that live in staging files instead (whole 1 MiB chunks, so an
+  // upper bound of their disk bytes), until their buffer frees them or becomes a published
+  // head image (head images are counted by the head store, on disk). Never below zero.
+  void note_spilled(std::uint64_t n) { spilled_.fetch_add(n, std::memory_order_relaxed); }
+  void note_unspilled(std::uint64_t n) { spilled_.fetch_sub(n, std::memory_order_relaxed); }
+  std::uint64_t spilled() const { return spilled_.load(std::memory_order_relaxed); }
+
   // Chunk memory for a buffer that took chunk_memory::bytes; recycle() when done with it.
   chunk_memory take_chunk();
   void recycle(chunk_memory chunk);
@@ -62,6 +77,7 @@ class memory_budget {
  private:
   const std::uint64_t limit_;
   std::atomic<std::uint64_t> used_{0};
+  std::atomic<std::uint64_t> spilled_{0};
   mutable std::mutex pool_mu_;
   std::vector<chunk_memory> pool_;
 };

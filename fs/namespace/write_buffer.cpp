@@ -57,7 +57,14 @@ write_buffer::write_buffer(std::shared_ptr<memory_budget> budget, std::string st
 write_buffer::~write_buffer() {
   for (auto& c : chunks_) budget_->recycle(std::move(c.mem));
   budget_->give(taken_);
+  uncount_spill(spilled_);
   if (fd_ >= 0) ::close(fd_);
+}
+
+void write_buffer::uncount_spill(std::uint64_t n) {
+  n = std::min(n, spilled_);  // never more than this buffer counted
+  spilled_ -= n;
+  budget_->note_unspilled(n);
 }
 
 void write_buffer::open_staging() {
@@ -89,6 +96,8 @@ write_buffer::chunk& write_buffer::place(std::size_t index) {
   } else {
     if (fd_ < 0) open_staging();
     c.in_file = true;  // the file reads zeros there until written
+    spilled_ += chunk_bytes;
+    budget_->note_spilled(chunk_bytes);
   }
   return c;
 }
@@ -145,6 +154,8 @@ void write_buffer::truncate(std::uint64_t size) {
         budget_->recycle(std::move(chunks_[i].mem));
         budget_->give(chunk_bytes);
         taken_ -= chunk_bytes;
+      } else if (chunks_[i].in_file) {
+        uncount_spill(chunk_bytes);
       }
     }
     if (chunks_.size() > keep) chunks_.resize(keep);
@@ -195,6 +206,8 @@ void write_buffer::drop_memory() {
   }
   budget_->give(taken_);
   taken_ = 0;
+  // The whole file is the published head image now: the head store counts it, not as a spill.
+  uncount_spill(spilled_);
 }
 
 format::source write_buffer::source() const {

@@ -6,6 +6,9 @@
 // the budget costs a little disk I/O, not a copy of everything. Holes cost nothing. Not
 // thread-safe: the owner serialises access.
 //
+// Chunks in the staging file are counted in the budget (memory_budget::spilled, for `ckptctl
+// status`) while this buffer holds them as a write buffer.
+//
 // A memory chunk's bytes past its `filled` mark read as zeros without being cleared (recycled
 // chunks hold old data), so sequential writes never memset: only a gap a write skips is zeroed.
 //
@@ -65,12 +68,16 @@ class write_buffer final : public staged_file {
   };
   chunk& place(std::size_t index);  // gives an untouched chunk memory, or a place in the file
   void open_staging();
+  void uncount_spill(std::uint64_t n);  // at most spilled_: the budget never goes below zero
 
   std::shared_ptr<memory_budget> budget_;
   std::string staging_dir_;
   std::vector<chunk> chunks_;
   std::uint64_t taken_ = 0;  // bytes taken from the budget
-  int fd_ = -1;              // the staging file, once a chunk needed it
+  // Bytes of chunks placed in the staging file, as counted in budget_->spilled(); drop_memory()
+  // hands them over to the head image (the file is its image from then on).
+  std::uint64_t spilled_ = 0;
+  int fd_ = -1;  // the staging file, once a chunk needed it
   std::uint64_t size_ = 0;
   bool modified_ = false;  // overwritten in place by the content store
 };

@@ -2,7 +2,8 @@
 // through fs::filesystem as the mount would: ls, stat, rm, prune (each rule; the oldest kept
 // version becomes a keyframe and the space is really freed), verify (flipped bit, truncated and
 // missing objects, named by path), gc, export, bad requests. Served bytes of every kept version
-// are compared before and after.
+// are compared before and after. ls counts head images in disk bytes and ratios (live and, from
+// the image files, offline); status reports what a daemon holds.
 #define CATCH_CONFIG_MAIN
 #include <fcntl.h>
 #include <unistd.h>
@@ -15,14 +16,15 @@
 #include <memory>
 #include <random>
 #include <set>
+#include <thread>
 
+#include "../content/content_test_util.hpp"
 #include "codec/error.hpp"
 #include "fs/admin/admin_service.hpp"
 #include "fs/content/content_store.hpp"
 #include "fs/namespace/filesystem.hpp"
 #include "fs/store/journal.hpp"
 #include "fs/store/object_store.hpp"
-#include "../content/content_test_util.hpp"
 
 namespace bf = boost::filesystem;
 using namespace ckpt;
@@ -40,12 +42,14 @@ struct opened {
   content_store content;
   std::unique_ptr<filesystem> fs;
   std::unique_ptr<admin::admin_service> admin;
-  explicit opened(const bf::path& dir, content_options opt = {})
+  explicit opened(const bf::path& dir, content_options opt = {},
+                  std::uint64_t buffer_bytes = fs_config{}.buffer_bytes)
       : objects(dir / "objects"), journal(dir / "journal"), content(objects, journal, opt) {
     bf::create_directories(dir / "staging");
     fs_config cfg;
     cfg.store_dir = dir.string();
     cfg.staging_dir = (dir / "staging").string();
+    cfg.buffer_bytes = buffer_bytes;
     fs = std::make_unique<filesystem>(journal, content, cfg);
     journal.replay([&](std::span<const std::byte> r) {
       if (!content.apply(r)) fs->replay_record(r);
@@ -317,4 +321,151 @@ TEST_CASE("admin: verify names the files behind a flipped bit, a truncated and a
         std::set<std::string>{"run/step_3.st", "other/step_2.st", "other/step_3.st", "notes.txt"});
   // The sound files still read.
   CHECK(!served(*s.fs, "run/step_2.st").empty());
+}
+
+TEST_CASE("admin: ls counts head images live and offline, status reports what is held") {
+  temp_dir tmp;
+  content_options opt;
+  opt.heads_dir = (tmp.path / "heads").string();
+  opt.head_min = 64 << 10;  // the test's checkpoints (1.2 MB of tensors) get head images
+  opt.cache_bytes = std::uint64_t(256) << 20;
+  constexpr std::uint64_t buffer = std::uint64_t(4) << 20;
+  json live_ls;
+  {
+    opened s(tmp.path, opt, buffer);
+    populate(s, 3);
+    s.content.wait_heads();
+    live_ls = s.run({{"op", "ls"}});
+    REQUIRE(live_ls["lineages"].size() == 2);
+    std::uint64_t heads = 0, stored = 0;
+    for (const auto& l : live_ls["lineages"]) {
+      const auto& vs = l["versions"];
+      REQUIRE(vs.size() == 3);
+      // Only the newest version has an image, of its full logical size.
+      CHECK(vs[0]["head_bytes"] == 0);
+      CHECK(vs[1]["head_bytes"] == 0);
+      CHECK(vs[2]["head_bytes"] == vs[2]["logical_bytes"]);
+      CHECK(l["head_bytes"] == vs[2]["logical_bytes"]);
+      CHECK(l["disk_bytes"].get<std::uint64_t>() ==
+            l["stored_bytes"].get<std::uint64_t>() + l["head_bytes"].get<std::uint64_t>());
+      heads += l["head_bytes"].get<std::uint64_t>();
+      stored += l["stored_bytes"].get<std::uint64_t>();
+    }
+    CHECK(live_ls["files"][0]["head_bytes"] == 0);
+    stored += live_ls["files"][0]["stored_bytes"].get<std::uint64_t>();
+    const json& t = live_ls["totals"];
+    CHECK(t["head_bytes"] == heads);
+    CHECK(t["stored_bytes"] == stored);
+    CHECK(t["disk_bytes"] == stored + heads);
+    // The head bytes are what the image files cost.
+    CHECK(dir_bytes(tmp.path / "heads") == heads);
+    CHECK(heads > 0);
+    const json st = s.run({{"op", "stat"}, {"path", "run/step_3.st"}});
+    CHECK(st["head_bytes"] == st["logical_bytes"]);
+    CHECK(s.run({{"op", "stat"}, {"path", "run/step_2.st"}})["head_bytes"] == 0);
+
+    // No daemon information (ckptctl offline): status is refused.
+    try {
+      s.run({{"op", "status"}});
+      FAIL("status answered without a daemon");
+    } catch (const io_error& e) {
+      CHECK(e.sys_errno() == ENOTCONN);
+    }
+    admin::daemon_info d;
+    d.cache_bytes = opt.cache_bytes;
+    d.buffer_bytes = buffer;
+    d.store_dir = d.scratch_dir = tmp.path.string();
+    d.staging_dir = (tmp.path / "staging").string();
+    d.heads_dir = opt.heads_dir;
+    d.heads = true;
+    d.head_min = opt.head_min;
+    s.admin->set_daemon(d);
+    json st0 = s.run({{"op", "status"}});
+    CHECK(st0["budget"]["bound_bytes"] == opt.cache_bytes + buffer + (std::uint64_t(512) << 20));
+    CHECK(st0["budget"]["cache_bytes"] == opt.cache_bytes);
+    CHECK(st0["budget"]["buffer_bytes"] == buffer);
+    CHECK(st0["pid"] == ::getpid());
+    CHECK(st0["process"]["rss_bytes"].get<std::uint64_t>() > (std::uint64_t(1) << 20));
+    CHECK(st0["process"]["peak_rss_bytes"] >= st0["process"]["rss_bytes"]);
+    CHECK(st0["cache"]["budget_bytes"].get<std::uint64_t>() +
+              st0["cache"]["chunk_budget_bytes"].get<std::uint64_t>() ==
+          opt.cache_bytes);
+    CHECK(st0["cache"]["bytes"] <= st0["cache"]["budget_bytes"]);
+    CHECK(st0["buffers"]["budget_bytes"] == buffer);
+    CHECK(st0["buffers"]["memory_bytes"] == 0);  // all committed, the heads published
+    CHECK(st0["buffers"]["spilled_bytes"] == 0);
+    CHECK(st0["commits"]["queued"] == 0);
+    CHECK(st0["commits"]["running"] == 0);
+    CHECK(st0["encodes"]["slots"].get<std::uint64_t>() >= 2);
+    CHECK(st0["encodes"]["in_use"] == 0);
+    CHECK(st0["heads"]["enabled"] == true);
+    CHECK(st0["heads"]["images"] == 2);
+    CHECK(st0["heads"]["published"] == 2);
+    CHECK(st0["heads"]["memory_bytes"] == 0);
+    CHECK(st0["heads"]["disk_bytes"] == heads);
+    CHECK(st0["scratch"]["bytes"] == heads);
+    CHECK(st0["scratch"]["heads_dir"] == opt.heads_dir);
+    CHECK(st0["scratch"]["free_bytes"].get<std::uint64_t>() > 0);
+
+    // A file being written past buffer=: 4 MiB in memory, the rest in the staging file.
+    std::vector<std::byte> big(std::size_t(24) << 20);
+    std::mt19937_64 rng(1);
+    for (std::size_t i = 0; i < big.size(); i += 8) {
+      const std::uint64_t x = rng();
+      std::memcpy(big.data() + i, &x, 8);
+    }
+    auto [bst, bo] = s.fs->create(root_ino, "big.bin", 0644, O_WRONLY | O_CREAT, 0, 0);
+    s.fs->write(bo.fh, 0, big);
+    const json mid = s.run({{"op", "status"}});
+    CHECK(mid["buffers"]["memory_bytes"] == buffer);
+    CHECK(mid["buffers"]["spilled_bytes"] == big.size() - buffer);
+    CHECK(mid["scratch"]["bytes"] == heads + (big.size() - buffer));
+    CHECK(mid["commits"]["queued"] == 0);
+    // Closing it queues its commit: some status sees it queued or running, then both 0.
+    s.fs->release(bo.fh);
+    // (Storing 24 MiB of random bytes takes a good fraction of a second; a status costs
+    // microseconds, so the running commit is seen.)
+    std::uint64_t seen = 0, seen_running = 0;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    for (;;) {
+      const json c = s.run({{"op", "status"}})["commits"];
+      const std::uint64_t n = c["queued"].get<std::uint64_t>() + c["running"].get<std::uint64_t>();
+      seen = std::max(seen, n);
+      seen_running = std::max(seen_running, c["running"].get<std::uint64_t>());
+      if (n == 0 || std::chrono::steady_clock::now() > deadline) break;
+    }
+    CHECK(seen == 1);  // one commit, never counted twice nor lost between queued and running
+    CHECK(seen_running == 1);
+    s.fs->getattr(bst.st_ino);  // committed
+    s.fs->forget(bst.st_ino, 1);
+    const json after = s.run({{"op", "status"}});
+    CHECK(after["commits"]["queued"] == 0);
+    CHECK(after["commits"]["running"] == 0);
+    CHECK(after["buffers"]["memory_bytes"] == 0);
+    CHECK(after["buffers"]["spilled_bytes"] == 0);
+    CHECK(after["buffers"]["memory_bytes"].get<std::uint64_t>() +
+              after["buffers"]["pooled_bytes"].get<std::uint64_t>() <=
+          buffer);
+    s.run({{"op", "rm"}, {"paths", {"big.bin"}}});
+  }
+  // Offline (no head store): the image files the daemon left count the same...
+  opened off(tmp.path);
+  CHECK(off.run({{"op", "ls"}})["totals"]["head_bytes"] == 0);  // ...only when looked for
+  off.admin->set_heads_on_disk((tmp.path / "heads").string());
+  const json ls = off.run({{"op", "ls"}});
+  CHECK(ls["totals"]["head_bytes"] == live_ls["totals"]["head_bytes"]);
+  CHECK(ls["totals"]["disk_bytes"] == live_ls["totals"]["disk_bytes"]);
+  for (std::size_t i = 0; i < 2; ++i)
+    CHECK(ls["lineages"][i]["head_bytes"] == live_ls["lineages"][i]["head_bytes"]);
+  for (const auto& l : live_ls["lineages"]) {
+    const json& newest = l["versions"][2];
+    const std::string path = newest["paths"][0];
+    CHECK(off.run({{"op", "stat"}, {"path", path}})["head_bytes"] == newest["logical_bytes"]);
+  }
+  // A file that is not its version's image (another size) is not counted.
+  const auto images = bf::directory_iterator(tmp.path / "heads");
+  const bf::path first = images->path();
+  bf::resize_file(first, bf::file_size(first) - 1);
+  CHECK(off.run({{"op", "ls"}})["totals"]["head_bytes"].get<std::uint64_t>() <
+        live_ls["totals"]["head_bytes"].get<std::uint64_t>());
 }

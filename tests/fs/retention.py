@@ -32,6 +32,13 @@ run; each mounts fresh stores under a temporary directory and always unmounts.
                   outside ckptfs, offline use of a mounted store (names the daemon's pid and
                   mount point), --help of every command, --json, relative paths from a cwd in the
                   mount, progress on a terminal only, a daemon without its control socket.
+  status          `ckptctl status` on a live mount (-o cache=192M,buffer=16M,head_min=1M): the
+                  budget is cache + buffer + 512 MiB, VmRSS/VmHWM agree with /proc, the head
+                  image of the large lineage is published and its bytes are the image file's,
+                  a file held open past buffer= shows as 16 MiB in memory and the rest spilled
+                  (gone once it is stored), no commit is left counted; `ckptctl ls` counts the
+                  head bytes in its totals and ratios (also offline, from the image files);
+                  without a daemon, status says nothing is held and exits 1.
 
 Usage: retention.py SCENARIO CKPTFS CKPTCTL   (as root; Debian's /usr/bin/python3)
 """
@@ -564,7 +571,8 @@ def scenario_cli(ckptfs, ctl, tmp):
                        ("rm", ["hidden base", "--json"]),
                        ("verify", ["--deep", "checksum", "Exit status 1"]),
                        ("export", ["DEST", "byte", "through the mount"]),
-                       ("gc", ["--dry-run", "objects"])):
+                       ("gc", ["--dry-run", "objects"]),
+                       ("status", ["--json", "VmRSS", "buffer=", "head images", "exits 1"])):
         r = ctl.run(cmd, "--help")
         for w in words:
             assert w in r.stdout, f"ckptctl {cmd} --help does not mention {w!r}:\n{r.stdout}"
@@ -646,6 +654,135 @@ def scenario_cli(ckptfs, ctl, tmp):
     ctl.run("ls", store)
     print("cli: usage errors exit 2, failures exit 1 with the path named, offline use of a "
           "mounted store refused naming the daemon, --help/--json, progress on terminals only")
+
+
+# ---- status ----------------------------------------------------------------------------------
+
+def wait_for(what, fn, timeout=30.0):
+    """Polls fn() until it returns a true value; returns it. Fails naming `what` on timeout."""
+    deadline = time.time() + timeout
+    while True:
+        value = fn()
+        if value:
+            return value
+        if time.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def proc_status_kib(pid, field):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError(f"no {field} in /proc/{pid}/status")
+
+
+def ratio_text(logical, disk):
+    """tools/ctl_util.cpp's ratio_text."""
+    r = logical / disk
+    return f"{r:.0f}x" if r >= 100 else f"{r:.1f}x"
+
+
+def scenario_status(ckptfs, ctl, tmp):
+    store, mnt = f"{tmp}/store", f"{tmp}/mnt"
+    mib = 1 << 20
+    cache, buffer = 192 * mib, 16 * mib
+    for args in (["status"], ["status", "/tmp"], ["status", "--bogus", mnt]):
+        r = ctl.run(*args, rc=2)
+        assert r.stderr.strip(), f"ckptctl {args}: no message"
+    with mounted(ckptfs, store, mnt, "cache=192M", "buffer=16M", "head_min=1M") as daemon:
+        trainer = Trainer()
+        record = {"sha": {}, "object": {}, "order": []}
+        for i in range(3):
+            for lineage in LINEAGES:
+                save_version(trainer, mnt, store, lineage, i, record)
+        newest = f"{mnt}/run_a/step_002.pt"  # ~3 MiB of tensors: past head_min; run_b is not
+        image_size = os.path.getsize(newest)
+
+        def published():
+            st = ctl.json("status", mnt)
+            return st if st["heads"]["published"] >= 1 and st["heads"]["memory_bytes"] == 0 \
+                else None
+        st = wait_for("the head image to be published", published)
+        assert st["pid"] == daemon.pid, st
+        assert st["store"] == store and st["mountpoint"] == mnt, st
+        bound = cache + buffer + 512 * mib
+        assert st["budget"] == {"cache_bytes": cache, "buffer_bytes": buffer,
+                                "overhead_bytes": 512 * mib, "bound_bytes": bound}, st["budget"]
+        p = st["process"]
+        rss_now = proc_status_kib(daemon.pid, "VmRSS")
+        assert 0 < p["rss_bytes"] <= p["peak_rss_bytes"] <= proc_status_kib(daemon.pid, "VmHWM")
+        assert abs(p["rss_bytes"] - rss_now) < 64 * mib, (p, rss_now)
+        assert p["peak_within_bound"] is (p["peak_rss_bytes"] <= bound), p
+        c = st["cache"]
+        assert c["budget_bytes"] + c["chunk_budget_bytes"] == cache, c
+        assert c["bytes"] <= c["budget_bytes"] and c["chunk_bytes"] <= c["chunk_budget_bytes"], c
+        b = st["buffers"]
+        assert b["budget_bytes"] == buffer and b["spilled_bytes"] == 0, b
+        assert b["memory_bytes"] + b["pooled_bytes"] <= buffer, b
+        assert st["commits"] == {"queued": 0, "running": 0}, st["commits"]
+        assert st["encodes"]["slots"] >= 2 and st["encodes"]["in_use"] == 0, st["encodes"]
+        h = st["heads"]
+        assert h["enabled"] and h["min_bytes"] == mib, h
+        assert h["images"] == 1 and h["published"] == 1, f"one lineage is past head_min: {h}"
+        assert h["disk_bytes"] == image_size, (h, image_size)
+        images = os.listdir(f"{store}/heads")
+        assert len(images) == 1 and images[0].endswith(".head"), images
+        assert os.path.getsize(f"{store}/heads/{images[0]}") == image_size
+        sc = st["scratch"]
+        assert sc["dir"] == store and sc["heads_dir"] == f"{store}/heads", sc
+        assert sc["staging_dir"] == f"{store}/staging" and sc["bytes"] == image_size, sc
+        assert 0 < sc["free_bytes"] <= shutil.disk_usage(store).total, sc
+        # The same daemon answers for its store directory.
+        assert ctl.json("status", store)["pid"] == daemon.pid
+        text = ctl.run("status", mnt).stdout
+        for w in ("daemon:", f"pid {daemon.pid}", "memory:", "bound", "cache:", "buffers:",
+                  "spilled", "commits:", "encodes:", "heads:", "1 image (1 published)",
+                  "scratch:", store):
+            assert w in text, f"status output lacks {w!r}:\n{text}"
+
+        # ls: the head image counts in the stored bytes and the ratios.
+        ls = ctl.ls(mnt)
+        t = ls["totals"]
+        assert t["head_bytes"] == image_size, t
+        assert t["disk_bytes"] == t["stored_bytes"] + t["head_bytes"], t
+        head_of = {v["paths"][0]: v["head_bytes"] for v in live_versions(ls).values()}
+        assert head_of["run_a/step_002.pt"] == image_size, head_of
+        assert all(n == 0 for p_, n in head_of.items() if p_ != "run_a/step_002.pt"), head_of
+        la = next(l for l in ls["lineages"] if l["versions"][-1]["paths"] == ["run_a/step_002.pt"])
+        assert la["head_bytes"] == image_size and \
+            la["disk_bytes"] == la["stored_bytes"] + image_size, la
+        text = ctl.run("ls", mnt).stdout
+        total = [line for line in text.splitlines() if line.startswith("total:")]
+        assert len(total) == 1, text
+        want = ratio_text(t["logical_bytes"], t["disk_bytes"])
+        assert "+ heads" in total[0] and "on disk" in total[0], total[0]
+        assert total[0].endswith(", " + want), (total[0], want,
+                                                ratio_text(t["logical_bytes"], t["stored_bytes"]))
+        assert "HEAD" in text and "+ head" in text, text
+
+        # A file held open past buffer=: 16 MiB in memory, the rest in a staging file.
+        with open(f"{mnt}/big.bin", "wb") as f:
+            f.write(os.urandom(40 * mib))
+            f.flush()
+            b = ctl.json("status", mnt)["buffers"]
+            assert b["memory_bytes"] == buffer and b["spilled_bytes"] == 40 * mib - buffer, b
+        os.stat(f"{mnt}/big.bin")  # waits for its commit
+        st = wait_for("the staging file to go",
+                      lambda: (lambda s: s if s["buffers"]["spilled_bytes"] == 0 else None)(
+                          ctl.json("status", mnt)))
+        assert st["commits"] == {"queued": 0, "running": 0}, st["commits"]
+        assert st["buffers"]["memory_bytes"] == 0, st["buffers"]
+        live_ls = ctl.ls(mnt)
+    # No daemon: nothing is held, and status says so (exit 1); ls still counts the image.
+    r = ctl.run("status", store, rc=1)
+    assert "no ckptfs daemon serves" in r.stderr and "nothing is held" in r.stderr, r.stderr
+    off = ctl.ls(store)["totals"]
+    for key in ("stored_bytes", "head_bytes", "disk_bytes", "logical_bytes"):
+        assert off[key] == live_ls["totals"][key], (key, off, live_ls["totals"])
+    print("status: budget, memory, cache, buffers (spilled past buffer=), commits, heads and "
+          "scratch reported live; ls totals count the head image; offline: nothing held, exit 1")
 
 
 def main():

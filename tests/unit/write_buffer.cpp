@@ -81,3 +81,54 @@ TEST_CASE("write_buffer: an unusable staging directory fails the spill with EIO"
   CHECK(back == mib);
   boost::filesystem::remove(file);
 }
+
+// `ckptctl status` reports the budget's spilled bytes: every chunk that went to the staging
+// file counts until its buffer drops it (truncate, destruction) or becomes a published head
+// image (drop_memory: from then on the head store counts the file).
+TEST_CASE("write_buffer: spilled chunks are counted in the budget until freed or published",
+          "[namespace]") {
+  auto dir = boost::filesystem::temp_directory_path() / boost::filesystem::unique_path();
+  boost::filesystem::create_directories(dir);
+  constexpr std::uint64_t mib = std::uint64_t(1) << 20;
+  auto budget = std::make_shared<memory_budget>(2 * mib);  // two chunks fit in memory
+  std::vector<std::byte> chunk(mib);
+  for (std::size_t i = 0; i < chunk.size(); ++i) chunk[i] = std::byte(i * 7);
+  {
+    write_buffer buf(budget, dir.string());
+    for (std::uint64_t i = 0; i < 5; ++i) buf.write(i * mib, chunk);
+    CHECK(budget->used() == 2 * mib);
+    CHECK(budget->spilled() == 3 * mib);
+    // Truncating into chunk 3 drops chunk 4 (in the file); chunk 3 stays whole.
+    buf.truncate(3 * mib + 10);
+    CHECK(budget->spilled() == 2 * mib);
+    // A hole costs nothing: a write at 8 MiB places that one chunk only.
+    buf.write(8 * mib, std::span(chunk).first(100));
+    CHECK(budget->spilled() == 3 * mib);
+    {
+      write_buffer other(budget, dir.string());  // no memory left: all of it spills
+      other.write(0, chunk);
+      other.write(mib, chunk);
+      CHECK(budget->spilled() == 5 * mib);
+    }
+    CHECK(budget->spilled() == 3 * mib);  // the other buffer's chunks went with it
+    // As the head store publishes an image: memory to the file, then the memory goes.
+    buf.backing_file();
+    buf.copy_memory_to_file();
+    buf.drop_memory();
+    CHECK(budget->used() == 0);
+    CHECK(budget->spilled() == 0);
+    std::vector<std::byte> back(mib);
+    buf.read_fully(mib, back);
+    CHECK(back == chunk);  // still readable, from the file
+  }
+  CHECK(budget->spilled() == 0);
+  {
+    write_buffer buf(budget, dir.string());
+    for (std::uint64_t i = 0; i < 4; ++i) buf.write(i * mib, chunk);
+    CHECK(budget->spilled() == 2 * mib);
+    buf.truncate(0);
+    CHECK(budget->spilled() == 0);
+    CHECK(budget->used() == 0);
+  }
+  boost::filesystem::remove_all(dir);
+}
