@@ -104,8 +104,10 @@ def phase(name, args, work):
           f"{mib(TOLERANCE)}), slope {slope(steady) / MiB:.1f} MiB/version; peak {mib(peak)} "
           f"(budget {mib(BUDGET)}); {time.monotonic() - t_start:.0f} s", flush=True)
     assert growth <= TOLERANCE, f"{name}: daemon RSS grew by {mib(growth)} over the versions"
-    # Superseded head images (unlinked staging files) must be closed, not kept open.
-    assert max(fds[1:]) <= fds[1], f"{name}: the daemon's open files grew: {fds}"
+    # Superseded head images (unlinked staging files) must be closed, not kept open: one leaked
+    # per version would add 8 over versions 2..10. A sample may catch a commit's or the control
+    # socket's file open for a moment (11 or 12 measured), so a few are allowed.
+    assert max(fds[1:]) <= fds[1] + 3, f"{name}: the daemon's open files grew: {fds}"
     assert peak <= BUDGET, f"{name}: daemon peak RSS {mib(peak)} > budget {mib(BUDGET)}"
     return samples
 
