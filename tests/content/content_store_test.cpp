@@ -155,8 +155,7 @@ TEST_CASE("lossless option stores every checkpoint exactly", "[content]") {
 // was full. A small checkpoint's reconstruction stays in the cache as the next version's base;
 // a delta drops its base's as it is coded, but a keyframe (every version with lossless, every
 // keyframe_interval-th otherwise) left the head it superseded there.
-TEST_CASE("a superseded head leaves the cache also when its successor is a keyframe",
-          "[content]") {
+TEST_CASE("a superseded head leaves the cache also when its successor is a keyframe", "[content]") {
   const bool lossless = GENERATE(true, false);
   temp_dir d;
   fs::content_options opt;
@@ -172,8 +171,7 @@ TEST_CASE("a superseded head leaves the cache also when its successor is a keyfr
     b.step(rng);
     const bytes file = safetensors({{"a", a.values}, {"b", b.values}});
     const auto ref = s.content.put("run/step.safetensors", format::memory_source(file));
-    INFO("lossless " << lossless << ", version " << v + 1 << ": "
-                     << s.content.info(ref).kind);
+    INFO("lossless " << lossless << ", version " << v + 1 << ": " << s.content.info(ref).kind);
     // The newest reconstruction (and small metadata), not one per version.
     CHECK(s.content.usage().cache_bytes < tensor_bytes + tensor_bytes / 2);
   }
