@@ -30,11 +30,9 @@ import errno
 import io
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
@@ -42,7 +40,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ckptfs_testlib import _live, daemon_log, mounted, sha256, start, wait_mounted  # noqa: E402
-from scale_lib import MiB, TrainingState, check, sample, save, stat  # noqa: E402
+from scale_lib import MiB, TrainingState, check, sample, save, scratch_dir, stat  # noqa: E402
 
 SIZE = 160 * MiB
 
@@ -339,18 +337,12 @@ def main():
     if os.geteuid() != 0:
         print("SKIPPED: the mount tests run as root")
         sys.exit(77)
-    tmp = tempfile.mkdtemp(prefix="ckptfs-scale-faults-")
-    try:
+    with scratch_dir("ckptfs-scale-faults-") as tmp:
         for name in only:
             t0 = time.monotonic()
             globals()[f"test_{name}"](binary, ckptctl, tmp)
             print(f"  ({name}: {time.monotonic() - t0:.0f} s)", flush=True)
         print("scale_faults: ok")
-    finally:
-        if os.environ.get("KEEP"):
-            print("kept", tmp)
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

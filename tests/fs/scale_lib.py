@@ -3,9 +3,12 @@ place and advanced by one Adam-like step at a time (never two copies in memory),
 of what was saved and of what read back, and the codec's closed-loop check on them.
 
 Run under Debian's /usr/bin/python3 (torch 1.13)."""
+import contextlib
 import json
 import os
+import shutil
 import subprocess
+import tempfile
 import time
 
 import torch
@@ -184,3 +187,17 @@ def cpu_seconds(pid):
 
 def mib(n):
     return f"{n / MiB:.0f} MiB"
+
+
+@contextlib.contextmanager
+def scratch_dir(prefix):
+    """A temporary directory for one test's stores and mount points, removed afterwards
+    (kept, and its path printed, when KEEP is set in the environment)."""
+    path = tempfile.mkdtemp(prefix=prefix)
+    try:
+        yield path
+    finally:
+        if os.environ.get("KEEP"):
+            print("kept", path)
+        else:
+            shutil.rmtree(path, ignore_errors=True)

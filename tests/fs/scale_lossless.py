@@ -31,16 +31,14 @@ import argparse
 import hashlib
 import io
 import os
-import shutil
 import sys
-import tempfile
 import time
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ckptfs_testlib import mounted, peak_rss, sha256  # noqa: E402
-from scale_lib import MiB, TrainingState, mib, rss, stat  # noqa: E402
+from scale_lib import MiB, TrainingState, mib, rss, scratch_dir, stat  # noqa: E402
 
 TOLERANCE = 128 * MiB
 CACHE, BUFFER = 1 << 30, 256 * MiB
@@ -121,16 +119,10 @@ def main():
     ap.add_argument("--phases", default=",".join(PHASES))
     args = ap.parse_args()
     torch.set_num_threads(2)
-    work = tempfile.mkdtemp(prefix="ckptfs-scale-lossless-")
-    try:
+    with scratch_dir("ckptfs-scale-lossless-") as work:
         for name in args.phases.split(","):
             phase(name, args, work)
         print("scale_lossless: ok")
-    finally:
-        if os.environ.get("KEEP"):
-            print("kept", work)
-        else:
-            shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -22,16 +22,15 @@ Usage: scale_memory.py CKPTFS CKPTCTL [--gib 2]   (as root; Debian's /usr/bin/py
 import argparse
 import gc
 import os
-import shutil
 import sys
-import tempfile
 import time
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ckptfs_testlib import mounted, peak_rss, sha256  # noqa: E402
-from scale_lib import GiB, TrainingState, check, cpu_seconds, mib, sample, save, stat  # noqa: E402
+from scale_lib import (GiB, TrainingState, check, cpu_seconds, mib, sample, save,  # noqa: E402
+                       scratch_dir, stat)
 
 OPTS = ("cache=256M", "buffer=128M")
 LIMIT = int(0.9 * GiB)  # the bound; the budget itself is 256 + 128 + 512 MiB
@@ -47,9 +46,8 @@ def main():
     torch.set_num_threads(2)
     t_start = time.monotonic()
 
-    work = tempfile.mkdtemp(prefix="ckptfs-scale-memory-")
-    store, mnt = os.path.join(work, "store"), os.path.join(work, "mnt")
-    try:
+    with scratch_dir("ckptfs-scale-memory-") as work:
+        store, mnt = os.path.join(work, "store"), os.path.join(work, "mnt")
         t0 = time.monotonic()
         state = TrainingState(int(args.gib * GiB), params=4, small=8, seed=1)
         size = state.nbytes()
@@ -114,13 +112,8 @@ def main():
         assert peak2 <= LIMIT, f"daemon peak RSS after remount {mib(peak2)} > {mib(LIMIT)}"
         t = os.times()
         print(f"scale_memory: ok ({mib(size)} x {VERSIONS}, peak RSS {mib(peak1)} / "
-              f"{mib(peak2)}, {time.monotonic() - t_start:.0f} s; CPU: test {t.user + t.system:.0f} s, "
-              f"daemon {cpu1:.0f} + {cpu2:.0f} s)")
-    finally:
-        if os.environ.get("KEEP"):
-            print("kept", work)
-        else:
-            shutil.rmtree(work, ignore_errors=True)
+              f"{mib(peak2)}, {time.monotonic() - t_start:.0f} s; CPU: test "
+              f"{t.user + t.system:.0f} s, daemon {cpu1:.0f} + {cpu2:.0f} s)")
 
 
 if __name__ == "__main__":

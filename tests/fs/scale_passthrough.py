@@ -29,17 +29,15 @@ import json
 import mmap
 import os
 import platform
-import shutil
 import struct
 import sys
-import tempfile
 import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ckptfs_testlib import mounted, sha256  # noqa: E402
-from scale_lib import MiB, TrainingState, cpu_seconds, save, stat  # noqa: E402
+from scale_lib import MiB, TrainingState, cpu_seconds, save, scratch_dir, stat  # noqa: E402
 
 
 def kernel_has_passthrough():
@@ -219,18 +217,12 @@ def main():
     if os.geteuid() != 0:
         print("SKIPPED: the mount tests run as root")
         sys.exit(77)
-    tmp = tempfile.mkdtemp(prefix="ckptfs-scale-passthrough-")
-    try:
+    with scratch_dir("ckptfs-scale-passthrough-") as tmp:
         for name in only:
             t0 = time.monotonic()
             globals()[f"test_{name}"](binary, ckptctl, tmp)
             print(f"  ({name}: {time.monotonic() - t0:.0f} s)", flush=True)
         print("scale_passthrough: ok")
-    finally:
-        if os.environ.get("KEEP"):
-            print("kept", tmp)
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

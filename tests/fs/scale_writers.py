@@ -21,9 +21,7 @@ import argparse
 import gc
 import multiprocessing
 import os
-import shutil
 import sys
-import tempfile
 import time
 import traceback
 
@@ -31,7 +29,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ckptfs_testlib import mounted, peak_rss, sha256  # noqa: E402
-from scale_lib import MiB, TrainingState, check, mib, sample, save, stat  # noqa: E402
+from scale_lib import MiB, TrainingState, check, mib, sample, save, scratch_dir, stat  # noqa: E402
 
 CACHE, BUFFER = 128 * MiB, 128 * MiB
 OPTS = (f"cache={CACHE // MiB}M", f"buffer={BUFFER // MiB}M")
@@ -76,57 +74,54 @@ def main():
     ap.add_argument("--steps", type=int, default=3)
     args = ap.parse_args()
     t_start = time.monotonic()
-    work = tempfile.mkdtemp(prefix="ckptfs-scale-writers-")
-    store, mnt = os.path.join(work, "store"), os.path.join(work, "mnt")
-    ctx = multiprocessing.get_context("fork")
-    procs = []
-    try:
-        with mounted(args.binary, store, mnt, *OPTS) as proc:
-            barrier = ctx.Barrier(args.writers)
-            results = ctx.Queue()
-            procs = [ctx.Process(target=writer, args=(r, args, mnt, barrier, results))
-                     for r in range(args.writers)]
-            for p in procs:
-                p.start()
-            infos = {}
-            for _ in range(args.writers * args.steps):
-                rank, k, info, secs, err = results.get(timeout=600)
-                assert err is None, f"rank {rank} failed:\n{err}"
-                infos[(rank, k)] = info
-                print(f"rank {rank} step {k}: {info['kind']} (version {info['version']}, base "
-                      f"{info['base']}), save+fsync {secs:.1f} s, stored "
-                      f"{mib(info['stored_bytes'])}", flush=True)
-            for p in procs:
-                p.join(timeout=60)
-                assert p.exitcode == 0, f"a writer exited with {p.exitcode}"
-            peak = peak_rss(proc.pid)
-            hashes = {f"{mnt}/rank{r}/step_{args.steps}.pt": None for r in range(args.writers)}
-            for path in hashes:
-                hashes[path] = sha256(path)
-        for r in range(args.writers):
-            assert infos[(r, 1)]["kind"] == "keyframe", f"rank {r}: first version not a keyframe"
-            for k in range(2, args.steps + 1):
-                info, prev = infos[(r, k)], infos[(r, k - 1)]
-                assert info["kind"] == "delta", f"rank {r} step {k}: {info['kind']}"
-                assert info["base"] == prev["version"], (
-                    f"rank {r} step {k}: base {info['base']}, not its own previous version "
-                    f"{prev['version']}")
-        print(f"daemon peak RSS {mib(peak)} (budget {mib(BUDGET)})", flush=True)
-        assert peak <= BUDGET, f"daemon peak RSS {mib(peak)} > budget {mib(BUDGET)}"
-        with mounted(args.binary, store, mnt, *OPTS):
-            for path, h in hashes.items():
-                assert sha256(path) == h, f"{path} reads differently after remount"
-        print(f"scale_writers: ok ({args.writers} writers x {args.steps} steps x {args.mib} MiB, "
-              f"peak RSS {mib(peak)}, {time.monotonic() - t_start:.0f} s)")
-    finally:
-        for p in procs:  # a failed run must not leave writers holding the mount busy
-            if p.is_alive():
-                p.kill()
-                p.join()
-        if os.environ.get("KEEP"):
-            print("kept", work)
-        else:
-            shutil.rmtree(work, ignore_errors=True)
+    with scratch_dir("ckptfs-scale-writers-") as work:
+        store, mnt = os.path.join(work, "store"), os.path.join(work, "mnt")
+        ctx = multiprocessing.get_context("fork")
+        procs = []
+        try:
+            with mounted(args.binary, store, mnt, *OPTS) as proc:
+                barrier = ctx.Barrier(args.writers)
+                results = ctx.Queue()
+                procs = [ctx.Process(target=writer, args=(r, args, mnt, barrier, results))
+                         for r in range(args.writers)]
+                for p in procs:
+                    p.start()
+                infos = {}
+                for _ in range(args.writers * args.steps):
+                    rank, k, info, secs, err = results.get(timeout=600)
+                    assert err is None, f"rank {rank} failed:\n{err}"
+                    infos[(rank, k)] = info
+                    print(f"rank {rank} step {k}: {info['kind']} (version {info['version']}, base "
+                          f"{info['base']}), save+fsync {secs:.1f} s, stored "
+                          f"{mib(info['stored_bytes'])}", flush=True)
+                for p in procs:
+                    p.join(timeout=60)
+                    assert p.exitcode == 0, f"a writer exited with {p.exitcode}"
+                peak = peak_rss(proc.pid)
+                hashes = {f"{mnt}/rank{r}/step_{args.steps}.pt": None for r in range(args.writers)}
+                for path in hashes:
+                    hashes[path] = sha256(path)
+            for r in range(args.writers):
+                assert infos[(r, 1)]["kind"] == "keyframe", (
+                    f"rank {r}: first version not a keyframe")
+                for k in range(2, args.steps + 1):
+                    info, prev = infos[(r, k)], infos[(r, k - 1)]
+                    assert info["kind"] == "delta", f"rank {r} step {k}: {info['kind']}"
+                    assert info["base"] == prev["version"], (
+                        f"rank {r} step {k}: base {info['base']}, not its own previous version "
+                        f"{prev['version']}")
+            print(f"daemon peak RSS {mib(peak)} (budget {mib(BUDGET)})", flush=True)
+            assert peak <= BUDGET, f"daemon peak RSS {mib(peak)} > budget {mib(BUDGET)}"
+            with mounted(args.binary, store, mnt, *OPTS):
+                for path, h in hashes.items():
+                    assert sha256(path) == h, f"{path} reads differently after remount"
+            print(f"scale_writers: ok ({args.writers} writers x {args.steps} steps x "
+                  f"{args.mib} MiB, peak RSS {mib(peak)}, {time.monotonic() - t_start:.0f} s)")
+        finally:
+            for p in procs:  # a failed run must not leave writers holding the mount busy
+                if p.is_alive():
+                    p.kill()
+                    p.join()
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ from sklearn.datasets import load_digits
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ckptfs_testlib import du, mounted, sha256  # noqa: E402
+from scale_lib import flat_tensors  # noqa: E402
 
 SMALL = 4096  # bytes: float tensors below this are stored exact (recognise_options default)
 STEPS = 20
@@ -65,20 +66,6 @@ def make_state(model, opt, step):
     sd = model.state_dict()
     # The same tensor twice: torch.save stores one storage, torch.load must share it again.
     return {"model": sd, "optimizer": opt.state_dict(), "step": step, "fc2_alias": sd["fc2.weight"]}
-
-
-def flat_tensors(obj, prefix=""):
-    """name -> tensor for every tensor in a nested checkpoint object."""
-    out = {}
-    if torch.is_tensor(obj):
-        out[prefix] = obj
-    elif isinstance(obj, dict):
-        for k, v in obj.items():
-            out.update(flat_tensors(v, f"{prefix}.{k}" if prefix else str(k)))
-    elif isinstance(obj, (list, tuple)):
-        for i, v in enumerate(obj):
-            out.update(flat_tensors(v, f"{prefix}.{i}"))
-    return out
 
 
 def stat(ckptctl, path):
