@@ -15,7 +15,8 @@ side that goes first alternating). Per size:
   - save+fsync time of each version (torch.save into a file object, flush, os.fsync, close) and
     when torch.save returned; v1 (the keyframe) reported apart from the median of the deltas;
   - torch.load of the newest version, and of the oldest version of the newest keyframe interval
-    (the last version `ckptctl stat` calls a keyframe: v1 at keyframe_interval=20), after a
+    (the last version `ckptctl stat` calls a keyframe: v1 at keyframe_interval=20), and of the
+    version before the newest ("prev": the keyframe and every delta after it decoded), after a
     remount with the page cache dropped (plain: drop_caches, then load), --repeats times, the
     order rotating; before every load the client touches and frees 1.5x the size
     (fs_speed.prefault, see docs/benchmarks.md) so that fresh pages do not decide the comparison;
@@ -25,8 +26,8 @@ side that goes first alternating). Per size:
     spill) it holds in the store, which du cannot see; and the disk space used at the peak of
     each mount save (anything else writing to the disk moves that too);
   - store bytes (du -sb and du -sB1, and per top-level entry of the store) against the logical
-    bytes of all versions; the plain side keeps at most two versions on disk (the newest and the
-    load's oldest), the logical total counts all of them;
+    bytes of all versions; the plain side keeps at most three versions on disk (the newest, the
+    one before it and the load's oldest), the logical total counts all of them;
   - every load is checked against what was saved: same tensor names, dtypes and shapes, integer
     tensors (step counters) exact, float tensors (a strided sample of up to 65536 elements each)
     within 0.2 of the tensor's range (TOLERANCE: garbage, not codec error); a load that fails
@@ -445,7 +446,7 @@ def run_size(size_gib, args, cfg, work):
     state = TrainingState(int(size_gib * GiB), seed=int(size_gib * 1000) + 1)
     r = {"size_gib": size_gib, "layout": state.describe(),
          "build_s": time.perf_counter() - t, "versions": [], "loads": []}
-    refs = {}  # version -> snapshot (the newest, and the oldest of its keyframe interval)
+    refs = {}  # version -> snapshot (the newest, the one before, the oldest of the interval)
     kept = []  # plain versions on disk
     anchor = 1
     logical_total = 0
@@ -482,7 +483,7 @@ def run_size(size_gib, args, cfg, work):
                 refs[k] = snapshot(state.sd)
             refs = {j: s for j, s in refs.items() if j in (anchor, k - 1, k)}
             kept.append(k)
-            for j in [j for j in kept if j not in (anchor, k)]:
+            for j in [j for j in kept if j not in (anchor, k, args.versions - 1)]:
                 os.remove(os.path.join(plain, "run", f"step_{j}.pt"))
                 kept.remove(j)
             r["versions"].append(v)
@@ -503,8 +504,13 @@ def run_size(size_gib, args, cfg, work):
     r["store_bytes"] = du(store)
     r["store_breakdown"] = du_breakdown(store)
     r["newest"], r["oldest"] = args.versions, anchor
+    r["whichs"] = ["newest", "oldest"]
+    # The version before the head: the keyframe and every delta up to it are decoded.
+    r["prev"] = args.versions - 1 if args.versions - 1 > anchor else None
+    if r["prev"]:
+        r["whichs"].append("prev")
 
-    loads = [("plain", "newest"), ("mount", "newest"), ("plain", "oldest"), ("mount", "oldest")]
+    loads = [(side, which) for which in r["whichs"] for side in ("plain", "mount")]
     for i in range(args.repeats):
         k = i % len(loads)
         for side, which in loads[k:] + loads[:k]:
@@ -558,7 +564,7 @@ def summarise_size(r, cfg):
                                     for v in deltas]),
     }
     s["deltas"]["ratio_of_medians"] = s["deltas"]["mount"] / s["deltas"]["plain"]
-    for which in ("newest", "oldest"):
+    for which in r["whichs"]:
         ls = [x for x in r["loads"] if x["which"] == which]
         m = {x["repeat"]: x["load_s"] for x in ls if x["side"] == "mount"}
         p = {x["repeat"]: x["load_s"] for x in ls if x["side"] == "plain"}
@@ -604,7 +610,7 @@ def print_size(r, cfg):
             ("  torch.save returned (deltas), s", s["deltas"]["mount_returned"],
              s["deltas"]["plain_returned"],
              s["deltas"]["mount_returned"] / s["deltas"]["plain_returned"], "")]
-    for which in ("newest", "oldest"):
+    for which in r["whichs"]:
         w = s[which]
         rows.append((f"load {which} (v{w['version']}) after remount, median of {w['n']}, s",
                      w["mount"], w["plain"], w["ratio_of_medians"],
@@ -946,10 +952,13 @@ def preflight(args, cfg):
         problems.append("/dev/fuse is not available")
     sizes = [] if args.skip_sizes else args.size_list
     shards = 0 if args.skip_writers else args.writers * args.shard_gib
-    need_disk = 3 * ((sum(sizes) if args.keep else max(sizes, default=0)) + shards) * GiB
+    # A size: three plain versions, and a store of about twice the size at 6 versions (keyframe,
+    # deltas, head image). Measured at 12 GiB: 24.6 GiB plain (two versions), 24.8 GiB store.
+    largest = sum(sizes) if args.keep else max(sizes, default=0)
+    need_disk = (5 * largest + 3 * shards) * GiB
     free = free_bytes(args.dir)
     if need_disk > free:
-        problems.append(f"needs about {need_disk / GiB:.1f} GiB free under {args.dir} (3x the "
+        problems.append(f"needs about {need_disk / GiB:.1f} GiB free under {args.dir} (5x the "
                         f"largest size plus 3x the writers' shards), has {free / GiB:.1f} GiB")
     with open("/proc/meminfo") as f:
         ram = int(f.readline().split()[1]) * 1024
