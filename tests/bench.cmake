@@ -2,3 +2,11 @@
 add_test(NAME bench_codec_smoke
          COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/bench/smoke_codec.sh $<TARGET_FILE:ckptctl>)
 set_tests_properties(bench_codec_smoke PROPERTIES TIMEOUT 600)
+
+# The scale benchmark end to end at 0.25 GiB (about 30 s): saves, remounted loads of the newest,
+# the keyframe and the version before the head, two concurrent writers; every load is checked
+# against what was saved (a failed check exits 1). Shares the scale tests' lock (memory, disk).
+add_test(NAME bench.fs_scale_quick
+         COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/bench/fs_scale.py
+                 $<TARGET_FILE:ckptfs> --ckptctl $<TARGET_FILE:ckptctl> --quick)
+set_tests_properties(bench.fs_scale_quick PROPERTIES TIMEOUT 600 RESOURCE_LOCK ckptfs_scale)
