@@ -954,12 +954,15 @@ def preflight(args, cfg):
     shards = 0 if args.skip_writers else args.writers * args.shard_gib
     # A size: three plain versions, and a store of about twice the size at 6 versions (keyframe,
     # deltas, head image). Measured at 12 GiB: 24.6 GiB plain (two versions), 24.8 GiB store.
-    largest = sum(sizes) if args.keep else max(sizes, default=0)
-    need_disk = (5 * largest + 3 * shards) * GiB
+    # Each size's directory and the writers' go before the next starts, unless --keep.
+    if args.keep:
+        need_disk = (5 * sum(sizes) + 3 * shards) * GiB
+    else:
+        need_disk = max(5 * max(sizes, default=0), 3 * shards) * GiB
     free = free_bytes(args.dir)
     if need_disk > free:
         problems.append(f"needs about {need_disk / GiB:.1f} GiB free under {args.dir} (5x the "
-                        f"largest size plus 3x the writers' shards), has {free / GiB:.1f} GiB")
+                        f"largest size or 3x the writers' shards), has {free / GiB:.1f} GiB")
     with open("/proc/meminfo") as f:
         ram = int(f.readline().split()[1]) * 1024
     need_ram = max(max(sizes, default=0), shards) * GiB + cfg["cache"] + cfg["buffer"] + GiB
