@@ -81,6 +81,7 @@ sys.path.insert(0, HERE)
 from ckptfs_testlib import mounted, peak_rss, reset_peak_rss  # noqa: E402
 from fs_cold_load import cpu_seconds  # noqa: E402
 from fs_speed import drop_caches, prefault  # noqa: E402
+from scale_lib import flat_tensors  # noqa: E402
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -164,20 +165,6 @@ class TrainingState:
         return (f"{len(large)} fp32 matrices {tuple(large[0].shape)}, "
                 f"{len(self.params) - len(large)} small parameters, Adam's exp_avg and "
                 f"exp_avg_sq of each, steps: {n} tensors ({n - 3 * len(large)} small)")
-
-
-def flat_tensors(obj, prefix=""):
-    """name -> tensor for every tensor in a nested checkpoint object."""
-    out = {}
-    if torch.is_tensor(obj):
-        out[prefix] = obj
-    elif isinstance(obj, dict):
-        for k, v in obj.items():
-            out.update(flat_tensors(v, f"{prefix}.{k}" if prefix else str(k)))
-    elif isinstance(obj, (list, tuple)):
-        for i, v in enumerate(obj):
-            out.update(flat_tensors(v, f"{prefix}.{i}"))
-    return out
 
 
 def snapshot(sd):

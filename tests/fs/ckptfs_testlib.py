@@ -5,6 +5,7 @@ import atexit
 import contextlib
 import hashlib
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -175,3 +176,13 @@ def reset_peak_rss(pid):
     """Resets VmHWM to the current RSS (Linux clear_refs), to measure the peak of one phase."""
     with open(f"/proc/{pid}/clear_refs", "w") as f:
         f.write("5\n")
+
+
+def kill9(proc, mnt):
+    """kill -9 of a daemon started by start(), then its mount point detached: a crash."""
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    subprocess.run(["fusermount3", "-u", mnt], check=False, stderr=subprocess.DEVNULL)
+    if os.path.ismount(mnt):
+        subprocess.run(["fusermount3", "-uz", mnt], check=True)
+    _live.pop(mnt, None)

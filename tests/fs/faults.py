@@ -30,7 +30,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ckptfs_testlib import daemon_log, mounted, start, wait_mounted, _live  # noqa: E402
+from ckptfs_testlib import daemon_log, kill9, mounted, start, wait_mounted, _live  # noqa: E402
 
 
 def sha(data):
@@ -55,15 +55,6 @@ def all_files(root):
     for dirpath, _, files in os.walk(root):
         for f in files:
             yield os.path.join(dirpath, f)
-
-
-def kill9(proc, mnt):
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    subprocess.run(["fusermount3", "-u", mnt], check=False, stderr=subprocess.DEVNULL)
-    if os.path.ismount(mnt):
-        subprocess.run(["fusermount3", "-uz", mnt], check=True)
-    _live.pop(mnt, None)
 
 
 def test_crash(binary, tmp):

@@ -39,7 +39,8 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ckptfs_testlib import _live, daemon_log, mounted, sha256, start, wait_mounted  # noqa: E402
+from ckptfs_testlib import (daemon_log, kill9, mounted, sha256, start,  # noqa: E402
+                            wait_mounted)
 from scale_lib import MiB, TrainingState, check, sample, save, scratch_dir, stat  # noqa: E402
 
 SIZE = 160 * MiB
@@ -48,15 +49,6 @@ SIZE = 160 * MiB
 def log_of(store):
     with open(daemon_log(store), errors="replace") as f:
         return f.read()
-
-
-def kill9(proc, mnt):
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    subprocess.run(["fusermount3", "-u", mnt], check=False, stderr=subprocess.DEVNULL)
-    if os.path.ismount(mnt):
-        subprocess.run(["fusermount3", "-uz", mnt], check=True)
-    _live.pop(mnt, None)
 
 
 def tmpfs(path, *opts):
