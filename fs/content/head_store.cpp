@@ -50,6 +50,14 @@ bool parse_name(const char* name, std::uint64_t& version, std::uint64_t& checksu
          std::string_view(tail) == ".head" && std::strlen(name) == 16 + 1 + 16 + 5;
 }
 
+// Gives the nameless (O_TMPFILE) file `fd` the name `name` in `dir_fd`, replacing a file of that
+// name. False, with errno set, when the kernel refuses (another filesystem, a named file).
+bool link_unnamed(int dir_fd, int fd, const std::string& name) {
+  ::unlinkat(dir_fd, name.c_str(), 0);
+  const std::string proc = "/proc/self/fd/" + std::to_string(fd);
+  return ::linkat(AT_FDCWD, proc.c_str(), dir_fd, name.c_str(), AT_SYMLINK_FOLLOW) == 0;
+}
+
 }  // namespace
 
 // ---- head_image ----------------------------------------------------------------------------
@@ -87,9 +95,7 @@ void head_image::publish(int dir_fd, const std::string& name) {
   // The staging file has no name (O_TMPFILE): give it one in the heads directory. A file that
   // cannot be linked there (another filesystem, a staging file made without O_TMPFILE) is
   // copied instead.
-  ::unlinkat(dir_fd, name.c_str(), 0);
-  const std::string proc = "/proc/self/fd/" + std::to_string(fd);
-  if (::linkat(AT_FDCWD, proc.c_str(), dir_fd, name.c_str(), AT_SYMLINK_FOLLOW) != 0) {
+  if (!link_unnamed(dir_fd, fd, name)) {
     const std::string tmp = name + ".tmp";
     unique_fd out(::openat(dir_fd, tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
     if (!out) throw_errno(errno, "cannot create head image " + tmp);
@@ -245,10 +251,7 @@ void head_store::run_rebuild(rebuild_job& job) {
   // Dropped meanwhile (the lineage moved on: drop() removed the job's version from `wanted`),
   // or a newer image adopted: this one is not needed.
   if (!wanted_.count(job.version) || images_.count(job.version)) return;
-  ::unlinkat(dir_fd_, name.c_str(), 0);
-  const std::string proc = "/proc/self/fd/" + std::to_string(raw);
-  if (::linkat(AT_FDCWD, proc.c_str(), dir_fd_, name.c_str(), AT_SYMLINK_FOLLOW) != 0)
-    throw_errno(errno, "cannot link head image " + name);
+  if (!link_unnamed(dir_fd_, raw, name)) throw_errno(errno, "cannot link head image " + name);
   image->fd_ = raw;
   images_[job.version] = std::move(image);
 }
