@@ -151,7 +151,13 @@ struct version_rec {
   std::uint64_t since_keyframe = 0;
   std::int64_t created_ns = 0;   // CLOCK_REALTIME when it was stored
   std::uint64_t refs = 0;        // names pointing at it
-  std::uint64_t dependents = 0;  // live versions whose base it is
+  std::uint64_t dependents = 0;  // live versions whose base or donor it is
+  // Exact files: versions whose objects hold some of this version's blocks (exact_region::src).
+  // Each counts this version among its dependents while this version has a name (refs): a
+  // version kept only as a donor itself is never read whole, so its own donors can go (collect
+  // releases them; donors_released then refuses readers).
+  std::vector<std::uint64_t> donors;
+  bool donors_released = false;
 };
 
 struct lineage_rec {
@@ -310,6 +316,14 @@ struct content_store::impl {
   exact_region write_exact_region(const format::source& src, std::uint64_t offset,
                                   std::uint64_t length, content_object_writer& out,
                                   std::vector<std::byte>& enc) const;
+  // ---- exact_extents.cpp ----
+  // Stores an exact file's data into meta.exact and `out`: only its data runs (holes cost
+  // nothing), reusing in place the encoded blocks of the version it was opened over where its
+  // bytes are unchanged (staged_file::unchanged), so a small change to a large file costs about
+  // the chunks it touched. Returns the donors: the versions whose objects hold reused blocks.
+  std::vector<std::uint64_t> write_exact_file(const format::source& src, const staged_file* staged,
+                                              version_meta& meta, content_object_writer& out,
+                                              std::vector<std::byte>& enc);
   // Streams one tensor into `out` a slab at a time; `recon_sink` sees each slab's
   // reconstruction (offset in the tensor, bytes).
   tensor_result encode_tensor(

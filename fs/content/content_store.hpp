@@ -18,6 +18,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "codec/format/source.hpp"
@@ -178,9 +179,16 @@ class content_store {
   version_info info(const content_ref& ref) const;
   // Whether the version may be read past the kernel page cache: a reconstructed torch checkpoint
   // (its tensors are decoded, and torch.load copies records out rather than mapping them).
-  // Formats that readers map shared (safetensors, .npy) are not: FUSE refuses MAP_SHARED of a
-  // direct-I/O file (ENODEV) with libfuse 3.14. Cheap: no I/O. False for unknown versions.
+  // Formats that readers map shared (safetensors, .npy) are not: before kernel 6.6
+  // (FUSE_DIRECT_IO_ALLOW_MMAP) FUSE refuses MAP_SHARED of a direct-I/O file (ENODEV), and
+  // mapped readers are served better from the page cache. Cheap: no I/O. False for unknown
+  // versions.
   bool direct_read_ok(const content_ref& ref) const;
+  // [offset, end) runs of the version that may hold data, ascending; the rest reads as zeros
+  // (holes of an exact file). Reads the version's metadata (may do I/O; not under a hot lock).
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> data_runs(const content_ref& ref);
+  // The version's object payload bytes (what it takes on disk, st_blocks). Cheap: no I/O.
+  std::uint64_t stored_bytes(const content_ref& ref) const;
   // Records that recreate the live content state, for journal::compact().
   void snapshot(std::vector<std::vector<std::byte>>& out) const;
   // Drops every cached reconstruction and decoded block (tests: "after the cache is emptied").

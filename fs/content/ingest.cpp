@@ -260,10 +260,11 @@ content_ref content_store::impl::put(std::string_view path, const format::source
                         std::chrono::system_clock::now().time_since_epoch())
                         .count();
   content_object_writer out(m.objects, m.opt.object_format);
+  std::vector<std::uint64_t> donors;  // exact files: versions holding reused blocks
   if (!checkpoint) {
     meta.kind = version_kind::exact;
     meta.layout = format::opaque_layout(size, layout.note);
-    meta.exact.push_back(m.write_exact_region(src, 0, size, out, slab.enc));
+    donors = m.write_exact_file(src, staged.get(), meta, out, slab.enc);
   } else {
     meta.kind = keyframe ? version_kind::keyframe : version_kind::delta;
     meta.bits = keyframe ? 0 : m.opt.bits;
@@ -439,8 +440,13 @@ content_ref content_store::impl::put(std::string_view path, const format::source
   r.since_keyframe = keyframe ? 0 : since + 1;
   r.created_ns = meta.created_ns;
   r.refs = 1;
+  r.donors = donors;
   {
     std::lock_guard lock(m.mu);
+    // The donors are pinned by the staged file's reader (of the version it was opened over, which
+    // in turn depends on its own donors): they exist. They become this version's dependencies.
+    for (const std::uint64_t d : donors)
+      if (!m.versions.count(d)) throw corrupt_error("content: a donor version vanished");
     if (!id) id = m.next_version++;  // exact files: no lineage, no order to keep
     r.id = id;
     if (lineage_id) {
@@ -460,6 +466,7 @@ content_ref content_store::impl::put(std::string_view path, const format::source
       l.since_keyframe = r.since_keyframe;
     }
     m.versions.emplace(id, std::move(r));
+    for (const std::uint64_t d : donors) ++m.versions.at(d).dependents;
     // A superseded head that nothing else needs goes only after this record is durable.
     if (old_head) m.collect(old_head, m.unneeded);
     superseded = old_head;

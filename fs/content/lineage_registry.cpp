@@ -43,10 +43,12 @@ bool content_store::impl::is_head(const version_rec& r) const {
 }
 
 json content_store::impl::version_json(const version_rec& r) {
-  return {{"t", "c.v"},           {"v", r.id},   {"o", r.obj.id},    {"os", r.obj.size},
-          {"oc", r.obj.checksum}, {"z", r.size}, {"k", int(r.kind)}, {"f", r.format},
-          {"l", r.lineage},       {"b", r.base}, {"p", r.path},      {"q", r.since_keyframe},
-          {"ct", r.created_ns}};
+  json j{{"t", "c.v"},           {"v", r.id},   {"o", r.obj.id},    {"os", r.obj.size},
+         {"oc", r.obj.checksum}, {"z", r.size}, {"k", int(r.kind)}, {"f", r.format},
+         {"l", r.lineage},       {"b", r.base}, {"p", r.path},      {"q", r.since_keyframe},
+         {"ct", r.created_ns}};
+  if (!r.donors.empty()) j["d"] = r.donors;
+  return j;
 }
 
 json content_store::impl::lineage_json(const lineage_rec& l) {
@@ -66,6 +68,7 @@ void content_store::impl::apply_version(const json& j) {
   r.path = j.at("p").get<std::string>();
   r.since_keyframe = j.at("q").get<std::uint64_t>();
   r.created_ns = j.value("ct", std::int64_t(0));
+  r.donors = j.value("d", std::vector<std::uint64_t>{});
   next_version = std::max(next_version, r.id + 1);
   max_object = std::max(max_object, r.obj.id);
   if (r.lineage) {
@@ -122,9 +125,16 @@ void content_store::replay_done(std::span<const content_ref> live) {
     for (auto& [id, r] : vs) r.refs = r.dependents = 0;
     for (const auto& ref : live)
       if (auto it = vs.find(ref.version); it != vs.end()) ++it->second.refs;
-    for (auto& [id, r] : vs)
+    for (auto& [id, r] : vs) {
       if (r.base)
         if (auto b = vs.find(r.base); b != vs.end()) ++b->second.dependents;
+      if (!r.refs && !r.donors.empty()) {  // kept as a donor at most (reclaim.cpp)
+        r.donors.clear();
+        r.donors_released = true;
+      }
+      for (const std::uint64_t d : r.donors)
+        if (auto b = vs.find(d); b != vs.end()) ++b->second.dependents;
+    }
     // Newest first: a delta's reclaim lowers its base's dependents before the base is looked at.
     std::vector<std::uint64_t> ids;
     for (auto& [id, r] : vs) ids.push_back(id);

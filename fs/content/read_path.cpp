@@ -86,7 +86,9 @@ std::shared_ptr<const cache_item> content_store::impl::exact_block(std::uint64_t
     const std::uint64_t begin = r.blocks.at(block);
     const std::uint64_t end = block + 1 < r.blocks.size() ? r.blocks[block + 1] : r.encoded_bytes;
     if (end < begin) throw corrupt_error("content: block index");
-    const byte_buffer enc = read_data(v, *m, r.data_at + begin, end - begin);
+    // A reused block lives in its donor's object (exact_extents.cpp).
+    const auto owner = r.src ? meta_of(r.src) : m;
+    const byte_buffer enc = read_data(r.src ? r.src : v, *owner, r.data_at + begin, end - begin);
     const std::uint64_t first = std::uint64_t(block) * r.block_bytes;
     auto item = std::make_shared<cache_item>();
     item->data = byte_buffer(std::min<std::uint64_t>(r.block_bytes, r.length - first));
@@ -95,16 +97,29 @@ std::shared_ptr<const cache_item> content_store::impl::exact_block(std::uint64_t
   });
 }
 
-// Reads bytes of the exact regions; every byte of [offset, offset + out.size()) must be in one.
+// Reads bytes of the exact regions. A checkpoint's regions cover every byte that is not a coded
+// tensor, so a read outside them is damage; an exact file's gaps are holes and read as zeros.
 void content_store::impl::read_exact(std::uint64_t v, const version_meta& meta,
                                      std::uint64_t offset, std::span<std::byte> out) {
   const auto& regions = meta.exact;
+  const bool holes = meta.kind == version_kind::exact;
   auto it = std::upper_bound(regions.begin(), regions.end(), offset,
                              [](std::uint64_t o, const exact_region& r) { return o < r.offset; });
   while (!out.empty()) {
-    if (it == regions.begin()) throw corrupt_error("content: read outside stored regions");
+    const bool inside =
+        it != regions.begin() && offset < std::prev(it)->offset + std::prev(it)->length;
+    if (!inside) {
+      if (!holes) throw corrupt_error("content: read outside stored regions");
+      // A hole up to the next region (or the end of the read).
+      const std::uint64_t next = it == regions.end() ? UINT64_MAX : it->offset;
+      const std::size_t n = std::size_t(std::min<std::uint64_t>(out.size(), next - offset));
+      std::memset(out.data(), 0, n);
+      out = out.subspan(n);
+      offset += n;
+      if (it != regions.end() && it->offset <= offset) ++it;  // into the region: `it` is past it
+      continue;
+    }
     const exact_region& r = *std::prev(it);
-    if (offset >= r.offset + r.length) throw corrupt_error("content: read outside stored regions");
     const std::size_t ri = std::size_t(std::prev(it) - regions.begin());
     const std::uint64_t in_region = offset - r.offset;
     const std::size_t block = std::size_t(in_region / r.block_bytes);
@@ -339,7 +354,8 @@ class content_store::impl::reader final : public content_reader {
   void pin() {
     std::lock_guard lock(store_.mu);
     auto it = store_.versions.find(version_);
-    if (it == store_.versions.end()) throw corrupt_error("content: version was reclaimed");
+    if (it == store_.versions.end() || it->second.donors_released)
+      throw corrupt_error("content: version was reclaimed");
     ++it->second.refs;
     pinned_ = true;
   }
@@ -523,6 +539,23 @@ bool content_store::direct_read_ok(const content_ref& ref) const {
   auto it = impl_->versions.find(ref.version);
   return it != impl_->versions.end() && it->second.kind != version_kind::exact &&
          it->second.format == format::name(format::file_format::torch_zip);
+}
+
+std::vector<std::pair<std::uint64_t, std::uint64_t>> content_store::data_runs(
+    const content_ref& ref) {
+  if (!ref.version || !ref.size) return {};
+  const auto m = impl_->meta_of(ref.version);
+  if (m->meta->kind != version_kind::exact) return {{0, ref.size}};
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> runs;
+  for (const auto& r : m->meta->exact)
+    if (r.length) runs.emplace_back(r.offset, r.offset + r.length);
+  return runs;
+}
+
+std::uint64_t content_store::stored_bytes(const content_ref& ref) const {
+  std::lock_guard lock(impl_->mu);
+  auto it = impl_->versions.find(ref.version);
+  return it == impl_->versions.end() ? 0 : it->second.obj.size;
 }
 
 }  // namespace ckpt::fs

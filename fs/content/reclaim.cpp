@@ -7,20 +7,36 @@ namespace ckpt::fs {
 
 // Removes versions that nothing needs any more; caller holds mu. Returns objects to delete.
 void content_store::impl::collect(std::uint64_t v, std::vector<std::uint64_t>& objects_to_remove) {
-  while (v) {
+  std::vector<std::uint64_t> work{v};
+  while (!work.empty()) {
+    v = work.back();
+    work.pop_back();
     auto it = versions.find(v);
-    if (it == versions.end()) return;
-    const version_rec& r = it->second;
-    if (r.refs || r.dependents || is_head(r)) return;
+    if (it == versions.end()) continue;
+    version_rec& r = it->second;
+    if (!r.refs && !r.donors.empty()) {
+      // Without a name nobody reads this version whole: its donors were only for that.
+      for (const std::uint64_t d : r.donors) {
+        auto b = versions.find(d);
+        if (b == versions.end() || b->second.dependents == 0) continue;
+        --b->second.dependents;
+        work.push_back(d);
+      }
+      r.donors.clear();
+      r.donors_released = true;
+    }
+    if (r.refs || r.dependents || is_head(r)) continue;
     objects_to_remove.push_back(r.obj.id);
-    const std::uint64_t base = r.base;
+    std::vector<std::uint64_t> needed = r.donors;  // what it kept alive
+    if (r.base) needed.push_back(r.base);
     graveyard.insert_or_assign(v, r);
     versions.erase(it);
-    if (!base) return;
-    auto b = versions.find(base);
-    if (b == versions.end()) return;
-    --b->second.dependents;
-    v = base;
+    for (const std::uint64_t n : needed) {
+      auto b = versions.find(n);
+      if (b == versions.end() || b->second.dependents == 0) continue;
+      --b->second.dependents;
+      work.push_back(n);
+    }
   }
 }
 

@@ -2,6 +2,7 @@
 // verify (checksums, metadata, optionally a full decode against the recorded digests) and garbage
 // collection of objects nothing references.
 #include <cstring>
+#include <map>
 
 #include "codec/error.hpp"
 #include "fs/content/content_impl.hpp"
@@ -184,8 +185,26 @@ std::string content_store::verify(std::uint64_t v, bool deep,
       }
       base_meta = m.meta_of(r.base);
     }
+    // Reused regions lie in their donors' objects (exact_extents.cpp): each donor must exist,
+    // unless the version is only a donor itself (no name: its own donors were released and it
+    // is never read whole), when only its own regions are checked.
+    std::map<std::uint64_t, std::shared_ptr<const cache_item>> donor_meta;
+    std::vector<exact_region> regions;
     for (const auto& x : meta.exact)
-      if (x.data_at + x.encoded_bytes > area) return "an exact region lies outside the object";
+      if (!x.src || !r.donors_released) regions.push_back(x);
+    for (const auto& x : regions) {
+      if (!x.src) continue;
+      {
+        std::lock_guard lock(m.mu);
+        if (!m.versions.count(x.src))
+          return "donor version " + std::to_string(x.src) + " is missing";
+      }
+      if (!donor_meta.count(x.src)) donor_meta[x.src] = m.meta_of(x.src);
+    }
+    const auto owner = [&](const exact_region& x) { return x.src ? donor_meta.at(x.src) : item; };
+    for (const auto& x : regions)
+      if (x.data_at + x.encoded_bytes > owner(x)->data_bytes)
+        return "an exact region lies outside the object";
     for (const auto& f : meta.tensors) {
       if (f.data_at + f.encoded_bytes > area) return "a tensor frame lies outside the object";
       if (f.mode == tensor_mode::delta &&
@@ -196,7 +215,7 @@ std::string content_store::verify(std::uint64_t v, bool deep,
     // Block by block and slab by slab: verifying a 100 GB version holds what a put holds.
     const encode_slots::lease slot = m.slots.acquire();
     encode_slots::slabs& slab = slot.get();
-    for (const auto& x : meta.exact) {
+    for (const auto& x : regions) {
       std::uint64_t decoded = 0;
       for (std::size_t b = 0; b < x.blocks.size(); ++b) {
         const std::uint64_t begin = x.blocks[b];
@@ -205,7 +224,7 @@ std::string content_store::verify(std::uint64_t v, bool deep,
         if (end < begin || end > x.encoded_bytes || end - begin > kSlabBytes || want > kSlabBytes)
           return "an exact region's block index is damaged";
         const std::span<std::byte> enc(slab.cur.data(), std::size_t(end - begin));
-        m.objects.read(item->obj_id, item->data_base + x.data_at + begin, enc);
+        m.objects.read(owner(x)->obj_id, owner(x)->data_base + x.data_at + begin, enc);
         codec::decode(enc, {}, std::span<std::byte>(slab.recon.data(), std::size_t(want)));
         decoded += want;
       }

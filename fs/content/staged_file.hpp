@@ -11,6 +11,8 @@
 // other calls need exclusive access (the head image's lock provides it).
 #include <cstdint>
 #include <span>
+#include <utility>
+#include <vector>
 
 namespace ckpt::fs {
 
@@ -35,6 +37,23 @@ class staged_file {
   // After copy_memory_to_file(): frees the memory; every byte is read from the file from now on.
   virtual void drop_memory() = 0;
   virtual std::uint64_t memory_bytes() const = 0;
+
+  // [offset, end) runs that may hold data, ascending, disjoint, inside size(); the rest reads as
+  // zeros. A file that is not a recognised checkpoint is stored as these runs only: holes cost
+  // no bytes and no encode time.
+  virtual std::vector<std::pair<std::uint64_t, std::uint64_t>> data_runs() const {
+    return {{0, size()}};
+  }
+
+  // A file opened over a stored version and changed in part: that version, and the [offset,
+  // end) ranges (ascending, each starting on a 1 MiB boundary) whose bytes are still exactly that
+  // version's bytes at the same offsets. An exact file is then stored by reusing the version's
+  // encoded blocks there instead of encoding them again. version 0: nothing known.
+  struct unchanged_ranges {
+    std::uint64_t version = 0;
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges;
+  };
+  virtual unchanged_ranges unchanged() const { return {}; }
 };
 
 }  // namespace ckpt::fs

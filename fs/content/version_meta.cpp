@@ -72,13 +72,16 @@ format::layout layout_from_json(const json& j) {
 
 std::vector<std::byte> encode_meta(const version_meta& m) {
   json exact = json::array();
-  for (const auto& r : m.exact)
-    exact.push_back({{"o", r.offset},
-                     {"l", r.length},
-                     {"at", r.data_at},
-                     {"bb", r.block_bytes},
-                     {"b", r.blocks},
-                     {"e", r.encoded_bytes}});
+  bool shared = false;
+  for (const auto& r : m.exact) {
+    json x{{"o", r.offset},       {"l", r.length}, {"at", r.data_at},
+           {"bb", r.block_bytes}, {"b", r.blocks}, {"e", r.encoded_bytes}};
+    if (r.src) {
+      x["s"] = r.src;
+      shared = true;
+    }
+    exact.push_back(std::move(x));
+  }
   json tensors = json::array();
   for (const auto& t : m.tensors) {
     json f{{"i", t.tensor},   {"y", int(t.type)},     {"m", int(t.mode)}, {"bt", t.base_tensor},
@@ -93,7 +96,9 @@ std::vector<std::byte> encode_meta(const version_meta& m) {
   const json j{{"size", m.size},
                {"kind", int(m.kind)},
                {"layout", layout_to_json(m.layout)},
-               {"exact", exact},
+               // Regions in other versions' objects go under another key, so that a daemon
+               // from before shared regions refuses the version (EIO) instead of misreading it.
+               {shared ? "exact_shared" : "exact", exact},
                {"tensors", tensors},
                {"crcs", m.member_crcs},
                {"bits", m.bits},
@@ -120,11 +125,21 @@ version_meta decode_meta(std::span<const std::byte> cbor) {
     m.size = j.at("size").get<std::uint64_t>();
     m.kind = version_kind(j.at("kind").get<int>());
     m.layout = layout_from_json(j.at("layout"));
-    for (const auto& r : j.at("exact"))
+    const auto shared = j.find("exact_shared");
+    for (const auto& r : shared != j.end() ? *shared : j.at("exact"))
       m.exact.push_back({r.at("o").get<std::uint64_t>(), r.at("l").get<std::uint64_t>(),
                          r.at("at").get<std::uint64_t>(), r.at("bb").get<std::uint32_t>(),
                          r.at("b").get<std::vector<std::uint64_t>>(),
-                         r.at("e").get<std::uint64_t>()});
+                         r.at("e").get<std::uint64_t>(), r.value("s", std::uint64_t(0))});
+    for (std::size_t i = 0; i < m.exact.size(); ++i) {
+      const auto& r = m.exact[i];
+      if (r.block_bytes == 0 || r.blocks.size() != (r.length + r.block_bytes - 1) / r.block_bytes)
+        throw corrupt_error("content: exact region block index does not cover it");
+      if (i && r.offset < m.exact[i - 1].offset + m.exact[i - 1].length)
+        throw corrupt_error("content: exact regions overlap");
+      if (r.offset > m.size || r.length > m.size - r.offset)
+        throw corrupt_error("content: exact region outside the file");
+    }
     for (const auto& t : j.at("tensors"))
       m.tensors.push_back({t.at("i").get<std::size_t>(), codec::dtype(t.at("y").get<int>()),
                            tensor_mode(t.at("m").get<int>()), t.at("bt").get<std::size_t>(),

@@ -21,6 +21,11 @@ struct exact_region {
   std::uint32_t block_bytes = 0;
   std::vector<std::uint64_t> blocks;  // encoded offset of each block, relative to data_at
   std::uint64_t encoded_bytes = 0;
+  // 0: the blocks are in this version's object. Else the version whose object holds them (an
+  // exact file rewritten in part reuses the unchanged blocks of the version it was opened over;
+  // always the owner itself, never a version that reuses them in turn). data_at is then in that
+  // version's data area, and this version keeps it alive (version_rec::donors).
+  std::uint64_t src = 0;
 };
 
 enum class tensor_mode : std::uint8_t { lossless = 0, delta = 1 };

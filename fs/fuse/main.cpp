@@ -161,6 +161,12 @@ int serve(const fuse::daemon_options& opt, const std::string& program, parent_li
   std::vector<std::string> fargs{program};
   if (opt.debug) fargs.push_back("-d");
   std::string o = "default_permissions,fsname=" + escape_option(store.string()) + ",subtype=ckptfs";
+  // Mounted by root, the mount serves every user like a system filesystem: the kernel checks
+  // mode bits (default_permissions) for everyone. An unprivileged mount serves only its owner
+  // unless /etc/fuse.conf has user_allow_other and -o allow_other is given (mount.sh says so).
+  bool has_allow_other = false;
+  for (const auto& x : opt.fuse_options) has_allow_other |= x == "allow_other";
+  if (::geteuid() == 0 && !has_allow_other) o += ",allow_other";
   for (const auto& x : opt.fuse_options) o += "," + x;
   fargs.push_back("-o");
   fargs.push_back(o);

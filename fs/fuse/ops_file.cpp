@@ -1,4 +1,4 @@
-// File data: open, create, read, write, flush, release, fsync.
+// File data: open, create, read, write, flush, release, fsync, fallocate, lseek.
 #include <vector>
 
 #include "fs/fuse/ops.hpp"
@@ -104,6 +104,23 @@ void do_fsync(fuse_req_t req, fuse_ino_t, int, fuse_file_info* fi) {
   });
 }
 
+void do_fallocate(fuse_req_t req, fuse_ino_t, int mode, off_t offset, off_t length,
+                  fuse_file_info* fi) {
+  guarded(req, "fallocate", [&] {
+    if (offset < 0 || length <= 0) throw io_error(EINVAL, "fallocate: bad range");
+    fs_of(req).fallocate(fi->fh, mode, std::uint64_t(offset), std::uint64_t(length));
+    fuse_reply_err(req, 0);
+  });
+}
+
+// Only SEEK_DATA and SEEK_HOLE reach here; the kernel answers the others itself.
+void do_lseek(fuse_req_t req, fuse_ino_t, off_t off, int whence, fuse_file_info* fi) {
+  guarded(req, "lseek", [&] {
+    if (off < 0) throw io_error(ENXIO, "lseek: negative offset");
+    fuse_reply_lseek(req, off_t(fs_of(req).lseek(fi->fh, std::uint64_t(off), whence)));
+  });
+}
+
 }  // namespace
 
 void add_file_ops(fuse_lowlevel_ops& ops) {
@@ -114,6 +131,8 @@ void add_file_ops(fuse_lowlevel_ops& ops) {
   ops.flush = do_flush;
   ops.release = do_release;
   ops.fsync = do_fsync;
+  ops.fallocate = do_fallocate;
+  ops.lseek = do_lseek;
 }
 
 }  // namespace ckpt::fs::fuse

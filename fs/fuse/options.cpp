@@ -274,7 +274,7 @@ std::string usage_text(std::string_view program) {
          "                         root), at the speed of a plain file; off: through the daemon\n"
          "  -o reads=MODE          direct (default): torch checkpoints are read past the kernel\n"
          "                         page cache, from the daemon's caches into the reader's buffer\n"
-         "                         (shared mmap of them fails with ENODEV; private works);\n"
+         "                         (shared mmap works on kernel 6.6+, else fails: ENODEV);\n"
          "                         cached: through the page cache, kept across opens (faster for\n"
          "                         a checkpoint read many times). Other files are always cached\n"
          "  -o allow_other, ro, ...  passed to FUSE (see fuse(8))\n"

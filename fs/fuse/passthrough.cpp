@@ -22,6 +22,9 @@ namespace {
 constexpr std::uint32_t k_init_ext = 1u << 30;         // flags: flags2 is valid
 constexpr std::uint32_t k_writeback_cache = 1u << 16;  // flags: excludes passthrough
 constexpr std::uint32_t k_passthrough_hi = 1u << 5;    // flags2: FUSE_PASSTHROUGH (1ULL << 37)
+// flags2: FUSE_DIRECT_IO_ALLOW_MMAP (1ULL << 36, kernel 6.6+): shared mappings of a file opened
+// with direct I/O go through the page cache instead of failing with ENODEV.
+constexpr std::uint32_t k_direct_io_allow_mmap_hi = 1u << 4;
 constexpr std::uint32_t k_fopen_passthrough = 1u << 7;
 constexpr std::uint32_t k_opcode_init = 26, k_opcode_open = 14;
 // fuse_init_in: flags at 12, flags2 at 16. fuse_init_out (64 bytes): flags at 12, flags2 at 32
@@ -101,6 +104,7 @@ ssize_t passthrough::on_read(int fd, void* buf, std::size_t len) {
     const std::uint32_t flags = get32(arg + k_init_in_flags);
     const std::uint32_t flags2 = (flags & k_init_ext) ? get32(arg + k_init_in_flags2) : 0;
     offered_ = (flags2 & k_passthrough_hi) != 0;
+    mmap_offered_ = (flags2 & k_direct_io_allow_mmap_hi) != 0;
     init_unique_ = h->unique;
   }
   return n;
@@ -132,18 +136,27 @@ ssize_t passthrough::patch_init(int fd, iovec* iov, int count) {
   std::byte b[k_out_header + k_init_out_size] = {};
   std::size_t len = 0;
   auto* h = reinterpret_cast<fuse_out_header*>(b);
+  const bool pt = wanted_ && offered_;
   if (!gather(iov, count, b, sizeof b, len) || len < k_out_header + k_init_out_flags2 || h->error ||
-      !wanted_ || !offered_)
+      !(pt || mmap_offered_))
     return ::writev(fd, iov, count);
   std::byte* o = b + k_out_header;
-  std::uint32_t flags = get32(o + k_init_out_flags);
-  flags = (flags | k_init_ext) & ~k_writeback_cache;
+  std::uint32_t flags = get32(o + k_init_out_flags) | k_init_ext;
+  std::uint32_t flags2 = get32(o + k_init_out_flags2);
+  if (mmap_offered_) {
+    flags2 |= k_direct_io_allow_mmap_hi;
+    mmap_allowed_ = true;
+  }
+  if (pt) {
+    flags &= ~k_writeback_cache;
+    flags2 |= k_passthrough_hi;
+    put32(o + k_init_out_stack, 1);  // backing files on a non-stacked filesystem
+  }
   put32(o + k_init_out_flags, flags);
-  put32(o + k_init_out_flags2, get32(o + k_init_out_flags2) | k_passthrough_hi);
-  put32(o + k_init_out_stack, 1);  // backing files on a non-stacked filesystem
-  len = sizeof b;                  // the kernel takes any size up to its fuse_init_out
+  put32(o + k_init_out_flags2, flags2);
+  len = sizeof b;  // the kernel takes any size up to its fuse_init_out
   h->len = std::uint32_t(len);
-  active_ = true;
+  active_ = pt;
   return ::write(fd, b, len);
 }
 

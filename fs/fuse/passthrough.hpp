@@ -17,6 +17,12 @@
 // - a passthrough open fails (EIO) while the inode has a page-cache (non-direct) open;
 // - FOPEN_PASSTHROUGH combines with FOPEN_DIRECT_IO (read/write then go to the daemon, mmap to
 //   the backing file), not with FOPEN_KEEP_CACHE.
+// The same INIT reply also gets FUSE_DIRECT_IO_ALLOW_MMAP when the kernel offers it (kernel
+// 6.6+; libfuse 3.14 cannot ask for it either): files being written use direct I/O, and without
+// it a shared mapping through a writable descriptor fails (SQLite's WAL index, numpy.memmap r+,
+// LMDB). With it the kernel serves such mappings from its page cache, writing dirty pages back
+// as ordinary WRITE requests. This part does not depend on `wanted`.
+//
 // So: the first read-only open of a version with a published image, when the inode has no
 // page-cache open, registers the image. Later opens join it: read-only opens of that same
 // version pure passthrough, writers and opens of a newer version passthrough + direct I/O (their
@@ -41,13 +47,17 @@ class passthrough {
  public:
   // Installs the transport hooks on the session's /dev/fuse descriptor: call after
   // fuse_session_mount() and before the session loop (the INIT request must still be ahead).
-  // `wanted` false: hooks that change nothing (the option passthrough=off). Throws on failure.
+  // `wanted` false: no passthrough (the option passthrough=off); the hooks then only ask for
+  // FUSE_DIRECT_IO_ALLOW_MMAP. Throws on failure.
   passthrough(fuse_session* se, bool wanted);
   passthrough(const passthrough&) = delete;
   passthrough& operator=(const passthrough&) = delete;
 
   // True once INIT negotiated passthrough and no backing registration was refused.
   bool active() const noexcept { return active_.load(); }
+  // True once INIT negotiated FUSE_DIRECT_IO_ALLOW_MMAP (kernel 6.6+): shared mappings of files
+  // opened with direct I/O (every writable open) work. Without it they fail with ENODEV.
+  bool direct_io_mmap() const noexcept { return mmap_allowed_.load(); }
 
   // How an open is served, decided before its reply (decide() then expects release() of fh).
   struct choice {
@@ -87,6 +97,7 @@ class passthrough {
   int dev_fd_ = -1;
   const bool wanted_;
   std::atomic<bool> offered_{false}, active_{false};
+  std::atomic<bool> mmap_offered_{false}, mmap_allowed_{false};
   std::atomic<std::uint64_t> init_unique_{0};
   std::atomic<int> pending_opens_{0};  // open_requests_.size(): most replies skip the lock
   std::mutex mu_;                      // below

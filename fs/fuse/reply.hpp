@@ -36,6 +36,7 @@ inline bool expected_errno(int err) {
     case ENOTSUP:
     case E2BIG:
     case ENXIO:
+    case EFBIG:
       return true;
     default:
       return false;

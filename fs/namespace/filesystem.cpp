@@ -110,8 +110,13 @@ struct stat filesystem::stat_of(ino_t ino) {
     st.st_size = off_t(it->second.buf->size());
     if (it->second.dirty) st.st_mtim = st.st_ctim = it->second.mtime;
   }
-  st.st_blksize = 1 << 20;
-  st.st_blocks = (st.st_size + 511) / 512;
+  st.st_blksize = block_size;
+  // What the file takes: its object on disk once stored (compressed, holes free), the chunks
+  // that hold data while it is being written.
+  std::uint64_t taken = content_.stored_bytes(n.content);
+  if (it != rt_.end() && it->second.buf && it->second.loaded)
+    taken = it->second.buf->allocated_bytes();
+  st.st_blocks = blkcnt_t((taken + 511) / 512);
   return st;
 }
 
@@ -134,21 +139,16 @@ void filesystem::load(lock_t& lk, ino_t ino) {
   if (!r.buf) r.buf = std::make_shared<write_buffer>(budget_, cfg_.staging_dir);
   content_ref ref = tree_.get(ino).content;
   if (ref.size != 0) {
-    // Decoding may take a while: mark the inode busy and do it without the lock.
+    // Opening the version reads its metadata: mark the inode busy and do it without the lock.
     r.pending = true;
     lk.unlock();
     int err = 0;
     std::string what;
     auto fresh = std::make_shared<write_buffer>(budget_, cfg_.staging_dir);
     try {
-      auto reader = content_.open(ref);
-      std::vector<std::byte> chunk(write_buffer::chunk_bytes);
-      for (std::uint64_t off = 0; off < ref.size;) {
-        std::size_t n = reader->read(off, chunk);
-        if (n == 0) throw corrupt_error("stored version shorter than its size");
-        fresh->write(off, std::span(chunk).first(n));
-        off += n;
-      }
+      // Copy-on-write over the stored version: nothing is decoded until it is read or written
+      // around, and an exact file's unchanged blocks are reused by its next version.
+      fresh->set_base(content_.open(ref), ref.version, content_.data_runs(ref));
     } catch (const std::exception& e) {
       err = errno_of(e);
       what = e.what();

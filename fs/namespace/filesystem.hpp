@@ -58,9 +58,10 @@ struct fs_config {
   // is served from the daemon's caches straight into the reader's buffer. A checkpoint is large
   // and usually read once; through the page cache it is copied twice and held twice (page cache
   // and daemon), and on the benchmark VM the fresh page-cache memory cost more than the decode
-  // (docs/benchmarks.md). Only torch zips (content_store::direct_read_ok): FUSE refuses shared
-  // mappings of direct-I/O files, and numpy and safetensors readers map .npy and safetensors
-  // files. false: through the page cache, kept across opens (keep_cache).
+  // (docs/benchmarks.md). Only torch zips (content_store::direct_read_ok): numpy and
+  // safetensors readers map .npy and safetensors files, which kernels before 6.6 refuse for
+  // direct-I/O files (fs/fuse/passthrough.hpp). false: through the page cache, kept across opens
+  // (keep_cache).
   bool direct_checkpoint_reads = true;
 };
 
@@ -124,6 +125,13 @@ class filesystem {
   void rename(ino_t parent, std::string_view name, ino_t new_parent, std::string_view new_name,
               unsigned flags);
 
+  // The largest file size (as ext4 with 4 KiB blocks): a write, truncate or fallocate past it
+  // fails with EFBIG at once. Holes cost nothing below it (write_buffer, data_runs).
+  static constexpr std::uint64_t max_file_size = std::uint64_t(1) << 44;  // 16 TiB
+  // st_blksize: the I/O size tools stride by (cp, dd, stress-ng). Not the 1 MiB FUSE request
+  // size: tools that extend files by st_blksize steps would then grow them by up to 1 GiB.
+  static constexpr std::uint32_t block_size = 128 << 10;
+
   // Files.
   open_result open(ino_t ino, int flags);
   std::pair<struct stat, open_result> create(ino_t parent, std::string_view name,
@@ -137,6 +145,15 @@ class filesystem {
   // kill_priv: the writer lacks CAP_FSETID, so setuid/setgid bits are cleared (as on ext4).
   void write(std::uint64_t fh, std::uint64_t offset, std::span<const std::byte> data,
              bool kill_priv = false);
+  // fallocate(2) on a writable handle: mode 0 and FALLOC_FL_KEEP_SIZE check that the store's
+  // filesystem has room for the range (ENOSPC) and extend the size (mode 0); nothing is reserved:
+  // the store is compressed and holes cost nothing. FALLOC_FL_PUNCH_HOLE (with KEEP_SIZE) and
+  // FALLOC_FL_ZERO_RANGE make the range read as zeros. Other modes: EOPNOTSUPP.
+  void fallocate(std::uint64_t fh, int mode, std::uint64_t offset, std::uint64_t length);
+  // lseek(2) SEEK_DATA / SEEK_HOLE (other whence values are the kernel's): the next data or hole
+  // at or after `offset`; ENXIO past the end or when no data follows. Holes are found at the
+  // write buffer's chunk granularity (1 MiB) and from a stored file's regions.
+  std::uint64_t lseek(std::uint64_t fh, std::uint64_t offset, int whence);
   void flush(std::uint64_t fh);
   void release(std::uint64_t fh);
   void fsync(std::uint64_t fh);

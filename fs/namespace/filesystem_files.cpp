@@ -152,6 +152,8 @@ std::size_t filesystem::read(std::uint64_t fh, std::uint64_t offset, std::span<s
 
 void filesystem::write(std::uint64_t fh, std::uint64_t offset, std::span<const std::byte> data,
                        bool kill_priv) {
+  if (offset > max_file_size || data.size() > max_file_size - offset)
+    fail(EFBIG, "write past the maximum file size");
   lock_t lk(mu_);
   ino_t ino = handle_at(fh).ino;
   if (!handle_at(fh).writable) fail(EBADF, "handle not open for writing");
@@ -172,6 +174,75 @@ void filesystem::write(std::uint64_t fh, std::uint64_t offset, std::span<const s
       append(tree_.set_attr(ino, c, r.mtime));
     }
   }
+}
+
+void filesystem::fallocate(std::uint64_t fh, int mode, std::uint64_t offset, std::uint64_t length) {
+  constexpr int known = FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE;
+  if (mode & ~known) fail(EOPNOTSUPP, "fallocate mode not supported");
+  const bool keep_size = mode & FALLOC_FL_KEEP_SIZE;
+  const bool zero = mode & (FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE);
+  if ((mode & FALLOC_FL_PUNCH_HOLE) && !keep_size) fail(EOPNOTSUPP, "punch hole without keep size");
+  if (length == 0) fail(EINVAL, "fallocate of an empty range");
+  if (offset > max_file_size || length > max_file_size - offset)
+    fail(EFBIG, "fallocate past the maximum file size");
+  if (!zero) {
+    // Nothing is reserved (the store is compressed; holes read as zeros), but a range the
+    // store's filesystem could never hold is refused as a preallocation would be.
+    struct statvfs sv {};
+    if (::statvfs(cfg_.store_dir.c_str(), &sv) == 0 &&
+        std::uint64_t(sv.f_bavail) * sv.f_frsize < length)
+      fail(ENOSPC, "fallocate: the store has no room for the range");
+  }
+  lock_t lk(mu_);
+  ino_t ino = handle_at(fh).ino;
+  if (!handle_at(fh).writable) fail(EBADF, "handle not open for writing");
+  wait_idle(lk, ino);
+  load(lk, ino);
+  runtime& r = rt(ino);
+  const std::uint64_t end = offset + length;
+  bool changed = false;
+  if (zero && offset < r.buf->size()) {
+    r.buf->punch_hole(offset, length);
+    changed = true;
+  }
+  if (!keep_size && end > r.buf->size()) {
+    r.buf->truncate(end);
+    changed = true;
+  }
+  if (changed) {
+    r.dirty = true;
+    r.mtime = now();
+  }
+}
+
+std::uint64_t filesystem::lseek(std::uint64_t fh, std::uint64_t offset, int whence) {
+  if (whence != SEEK_DATA && whence != SEEK_HOLE) fail(EINVAL, "lseek: unknown whence");
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> runs;
+  std::uint64_t size = 0;
+  content_ref ref;
+  {
+    lock_t lk(mu_);
+    ino_t ino = handle_at(fh).ino;
+    wait_idle(lk, ino);
+    runtime& r = rt(ino);
+    if (r.buf && r.loaded) {
+      runs = r.buf->data_runs();
+      size = r.buf->size();
+    } else {
+      ref = tree_.get(ino).content;
+      size = ref.size;
+    }
+  }
+  if (ref.version) runs = content_.data_runs(ref);  // metadata I/O: not under the lock
+  if (offset >= size) fail(ENXIO, "lseek past the end of the file");
+  for (const auto& [from, to] : runs) {
+    if (to <= offset) continue;
+    if (whence == SEEK_DATA) return std::max(from, offset);
+    if (from > offset) return offset;  // offset lies in the hole before this run
+    offset = to;                       // inside data: the hole starts where it ends
+  }
+  if (whence == SEEK_DATA) fail(ENXIO, "lseek: no data past the offset");
+  return std::min(offset, size);  // the end of the file counts as a hole
 }
 
 void filesystem::flush(std::uint64_t fh) {

@@ -62,6 +62,7 @@ struct stat filesystem::setattr(ino_t ino, const attr_change& change,
   if (size) {
     if (n.is_dir()) fail(EISDIR, "truncate of a directory");
     if (!n.is_reg()) fail(EINVAL, "truncate of a special file");
+    if (*size > max_file_size) fail(EFBIG, "truncate past the maximum file size");
     (void)fh;
     runtime& r = rt(ino);
     if (r.buf && r.writers) {

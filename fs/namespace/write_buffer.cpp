@@ -55,7 +55,7 @@ write_buffer::write_buffer(std::shared_ptr<memory_budget> budget, std::string st
     : budget_(std::move(budget)), staging_dir_(std::move(staging_dir)) {}
 
 write_buffer::~write_buffer() {
-  for (auto& c : chunks_) budget_->recycle(std::move(c.mem));
+  for (auto& [i, c] : chunks_) budget_->recycle(std::move(c.mem));
   budget_->give(taken_);
   uncount_spill(spilled_);
   if (fd_ >= 0) ::close(fd_);
@@ -80,8 +80,7 @@ void write_buffer::open_staging() {
   }
 }
 
-write_buffer::chunk& write_buffer::place(std::size_t index) {
-  if (index >= chunks_.size()) chunks_.resize(index + 1);
+write_buffer::chunk& write_buffer::place(std::uint64_t index) {
   chunk& c = chunks_[index];
   if (c.mem || c.in_file) return c;
   if (budget_->try_take(chunk_bytes)) {
@@ -89,17 +88,94 @@ write_buffer::chunk& write_buffer::place(std::size_t index) {
       c.mem = budget_->take_chunk();
     } catch (...) {
       budget_->give(chunk_bytes);
+      chunks_.erase(index);
       throw;
     }
     c.filled = 0;
     taken_ += chunk_bytes;
   } else {
-    if (fd_ < 0) open_staging();
-    c.in_file = true;  // the file reads zeros there until written
+    try {
+      if (fd_ < 0) open_staging();
+    } catch (...) {
+      chunks_.erase(index);
+      throw;
+    }
+    c.in_file = true;  // the file reads zeros there until written (drop_chunk punches it)
     spilled_ += chunk_bytes;
     budget_->note_spilled(chunk_bytes);
   }
   return c;
+}
+
+void write_buffer::set_base(std::shared_ptr<const content_reader> base, std::uint64_t version,
+                            std::vector<std::pair<std::uint64_t, std::uint64_t>> base_runs) {
+  if (!chunks_.empty() || size_ != 0) throw io_error(EINVAL, "set_base on a written buffer");
+  size_ = base_limit_ = base->size();
+  base_ = std::move(base);
+  base_version_ = version;
+  base_runs_ = std::move(base_runs);
+}
+
+bool write_buffer::from_base(std::uint64_t index) const {
+  return base_ && index * chunk_bytes < base_limit_ && !chunks_.count(index);
+}
+
+write_buffer::chunk& write_buffer::own(std::uint64_t index) {
+  if (!from_base(index)) return place(index);
+  // Read the base's bytes first: a failed read leaves the chunk reading from the base.
+  const std::uint64_t from = index * chunk_bytes;
+  const std::size_t n = std::size_t(std::min<std::uint64_t>(chunk_bytes, base_limit_ - from));
+  std::vector<std::byte> bytes(n);
+  if (base_->read(from, bytes) != n) throw io_error(EIO, "base version read short");
+  chunk& c = place(index);
+  if (c.mem) {
+    std::memcpy(c.mem.data(), bytes.data(), n);
+    c.filled = n;
+  } else {
+    pwrite_all(fd_, bytes.data(), n, from);
+  }
+  return c;
+}
+
+void write_buffer::materialize_base() {
+  if (!base_) return;
+  for (const auto& [from, to] : base_runs_) {
+    for (std::uint64_t i = from / chunk_bytes; i * chunk_bytes < std::min(to, base_limit_); ++i)
+      if (from_base(i)) own(i);
+  }
+  base_.reset();
+  base_runs_.clear();
+  base_limit_ = 0;
+}
+
+write_buffer::unchanged_ranges write_buffer::unchanged() const {
+  unchanged_ranges u;
+  if (!base_ || modified_) return u;
+  u.version = base_version_;
+  for (const auto& [from, to] : base_runs_) {
+    for (std::uint64_t i = from / chunk_bytes; i * chunk_bytes < std::min(to, base_limit_); ++i) {
+      if (!from_base(i)) continue;
+      const std::uint64_t a = i * chunk_bytes;
+      const std::uint64_t b = std::min({a + chunk_bytes, base_limit_, size_});
+      if (!u.ranges.empty() && u.ranges.back().second == a)
+        u.ranges.back().second = b;
+      else
+        u.ranges.emplace_back(a, b);
+    }
+  }
+  return u;
+}
+
+void write_buffer::drop_chunk(chunk& c) {
+  if (c.mem) {
+    budget_->recycle(std::move(c.mem));
+    budget_->give(chunk_bytes);
+    taken_ -= chunk_bytes;
+  } else if (c.in_file) {
+    uncount_spill(chunk_bytes);
+  }
+  c.in_file = false;
+  c.filled = 0;
 }
 
 void write_buffer::write(std::uint64_t offset, std::span<const std::byte> data) {
@@ -108,7 +184,8 @@ void write_buffer::write(std::uint64_t offset, std::span<const std::byte> data) 
     std::uint64_t off = offset + pos;
     std::size_t in = std::size_t(off % chunk_bytes);
     std::size_t n = std::min(chunk_bytes - in, data.size() - pos);
-    chunk& c = place(std::size_t(off / chunk_bytes));
+    // A whole chunk overwritten needs nothing from the base.
+    chunk& c = n == chunk_bytes ? place(off / chunk_bytes) : own(off / chunk_bytes);
     if (c.mem) {
       if (in > c.filled) std::memset(c.mem.data() + c.filled, 0, in - c.filled);  // a gap
       std::memcpy(c.mem.data() + in, data.data() + pos, n);
@@ -127,11 +204,18 @@ std::size_t write_buffer::read(std::uint64_t offset, std::span<std::byte> out) c
   std::size_t pos = 0;
   while (pos < total) {
     std::uint64_t off = offset + pos;
-    std::size_t idx = std::size_t(off / chunk_bytes);
+    std::uint64_t idx = off / chunk_bytes;
     std::size_t in = std::size_t(off % chunk_bytes);
     std::size_t n = std::min(chunk_bytes - in, total - pos);
-    const chunk* c = idx < chunks_.size() ? &chunks_[idx] : nullptr;
-    if (c && c->in_file) {
+    auto it = chunks_.find(idx);
+    const chunk* c = it != chunks_.end() ? &it->second : nullptr;
+    if (!c && from_base(idx)) {
+      const std::size_t have =
+          std::size_t(std::min<std::uint64_t>(n, base_limit_ > off ? base_limit_ - off : 0));
+      if (have && base_->read(off, std::span(out.data() + pos, have)) != have)
+        throw io_error(EIO, "base version read short");
+      if (have < n) std::memset(out.data() + pos + have, 0, n - have);
+    } else if (c && c->in_file) {
       pread_zeros(fd_, out.data() + pos, n, off);
     } else {
       std::size_t have = 0;  // bytes of data (the rest of the range reads as zeros)
@@ -148,23 +232,104 @@ void write_buffer::truncate(std::uint64_t size) {
   if (size < size_) {
     // Drop whole chunks past the end and cut the last one's data at the new end, so that
     // growing the file again reads zeros there.
-    std::size_t keep = std::size_t((size + chunk_bytes - 1) / chunk_bytes);
-    for (std::size_t i = keep; i < chunks_.size(); ++i) {
-      if (chunks_[i].mem) {
-        budget_->recycle(std::move(chunks_[i].mem));
-        budget_->give(chunk_bytes);
-        taken_ -= chunk_bytes;
-      } else if (chunks_[i].in_file) {
-        uncount_spill(chunk_bytes);
-      }
+    const std::uint64_t keep = (size + chunk_bytes - 1) / chunk_bytes;
+    for (auto it = chunks_.lower_bound(keep); it != chunks_.end();) {
+      drop_chunk(it->second);
+      it = chunks_.erase(it);
     }
-    if (chunks_.size() > keep) chunks_.resize(keep);
     std::size_t in = std::size_t(size % chunk_bytes);
-    if (in && keep && chunks_.size() >= keep)
-      chunks_[keep - 1].filled = std::min(chunks_[keep - 1].filled, in);
+    if (in && keep) {
+      if (auto it = chunks_.find(keep - 1); it != chunks_.end())
+        it->second.filled = std::min(it->second.filled, in);
+    }
     if (fd_ >= 0 && ::ftruncate(fd_, off_t(size)) != 0) throw_errno(errno, "staging file truncate");
+    base_limit_ = std::min(base_limit_, size);  // growing again reads zeros there
   }
   size_ = size;
+}
+
+void write_buffer::punch_hole(std::uint64_t offset, std::uint64_t length) {
+  if (offset >= size_ || length == 0) return;
+  const std::uint64_t end = std::min(size_, offset + std::min(length, size_ - offset));
+  std::uint64_t off = offset;
+  while (off < end) {
+    const std::uint64_t idx = off / chunk_bytes;
+    const std::size_t in = std::size_t(off % chunk_bytes);
+    const std::size_t n = std::size_t(std::min<std::uint64_t>(chunk_bytes - in, end - off));
+    if (from_base(idx)) {
+      // A whole chunk becomes an own hole; a part of one is copied from the base first.
+      if (n == chunk_bytes) {
+        chunks_[idx];
+        off += n;
+        continue;
+      }
+      own(idx);
+    }
+    auto it = chunks_.find(idx);
+    if (it == chunks_.end()) {           // a hole already: skip to the next chunk that exists
+      if (base_ && off < base_limit_) {  // chunks of the base may follow
+        off += n;
+        continue;
+      }
+      auto next = chunks_.lower_bound(idx);
+      if (next == chunks_.end()) break;
+      off = std::max(off + n, next->first * chunk_bytes);
+      continue;
+    }
+    chunk& c = it->second;
+    if (n == chunk_bytes) {
+      if (c.in_file) {
+        // The staging file must read zeros there if the chunk is placed in it again.
+        if (::fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off_t(off),
+                        off_t(chunk_bytes)) != 0) {
+          static const std::vector<std::byte> zeros(chunk_bytes);
+          pwrite_all(fd_, zeros.data(), chunk_bytes, off);
+        }
+      }
+      drop_chunk(c);
+      if (base_ && off < base_limit_)
+        c = chunk{};  // stays own (a hole), or the base would show through
+      else
+        chunks_.erase(it);
+    } else if (c.mem) {
+      if (in < c.filled) std::memset(c.mem.data() + in, 0, std::min(n, c.filled - in));
+    } else if (c.in_file) {
+      const std::vector<std::byte> zeros(n);
+      pwrite_all(fd_, zeros.data(), n, off);
+    }  // else an own hole already
+    off += n;
+  }
+}
+
+std::vector<std::pair<std::uint64_t, std::uint64_t>> write_buffer::data_runs() const {
+  // Chunk indices that hold data: own chunks with data, and base chunks with data still showing.
+  std::vector<std::uint64_t> idx;
+  for (const auto& [i, c] : chunks_)
+    if ((c.mem && c.filled) || c.in_file) idx.push_back(i);
+  if (base_) {
+    for (const auto& [from, to] : base_runs_)
+      for (std::uint64_t i = from / chunk_bytes; i * chunk_bytes < std::min(to, base_limit_); ++i)
+        if (from_base(i)) idx.push_back(i);
+    std::sort(idx.begin(), idx.end());
+    idx.erase(std::unique(idx.begin(), idx.end()), idx.end());
+  }
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> runs;
+  for (const std::uint64_t i : idx) {
+    const std::uint64_t from = i * chunk_bytes;
+    if (from >= size_) break;
+    const std::uint64_t to = std::min(size_, from + chunk_bytes);
+    if (!runs.empty() && runs.back().second == from)
+      runs.back().second = to;
+    else
+      runs.emplace_back(from, to);
+  }
+  return runs;
+}
+
+std::uint64_t write_buffer::allocated_bytes() const {
+  std::uint64_t n = 0;
+  for (const auto& [from, to] : data_runs()) n += to - from;
+  return n;
 }
 
 void write_buffer::read_fully(std::uint64_t offset, std::span<std::byte> out) const {
@@ -179,6 +344,7 @@ void write_buffer::overwrite(std::uint64_t offset, std::span<const std::byte> da
 }
 
 int write_buffer::backing_file() {
+  materialize_base();  // the file must hold every byte: the kernel or the head store reads it
   if (fd_ < 0) open_staging();
   struct stat st;
   if (::fstat(fd_, &st) != 0) throw_errno(errno, "staging file stat");
@@ -188,17 +354,16 @@ int write_buffer::backing_file() {
 }
 
 void write_buffer::copy_memory_to_file() const {
-  for (std::size_t i = 0; i < chunks_.size(); ++i) {
-    const chunk& c = chunks_[i];
+  for (const auto& [i, c] : chunks_) {
     if (!c.mem || !c.filled) continue;
-    const std::uint64_t off = std::uint64_t(i) * chunk_bytes;
+    const std::uint64_t off = i * chunk_bytes;
     const std::size_t n = std::size_t(std::min<std::uint64_t>(c.filled, size_ - off));
     pwrite_all(fd_, c.mem.data(), n, off);  // past `filled` the file reads zeros (a hole)
   }
 }
 
 void write_buffer::drop_memory() {
-  for (auto& c : chunks_) {
+  for (auto& [i, c] : chunks_) {
     if (!c.mem) continue;
     budget_->recycle(std::move(c.mem));
     c.in_file = true;

@@ -3,7 +3,8 @@
 // A chunk lives in memory while the shared memory_budget has room; chunks written when it has
 // none go to an anonymous staging file (O_TMPFILE in STORE/staging, so a crash leaves nothing
 // behind), at their own offsets. Chunks already in memory stay there: a file a little larger than
-// the budget costs a little disk I/O, not a copy of everything. Holes cost nothing. Not
+// the budget costs a little disk I/O, not a copy of everything. Chunks are kept in a sparse map:
+// holes cost nothing, whatever the file size (a truncate to 1 TiB is one number). Not
 // thread-safe: the owner serialises access.
 //
 // Chunks in the staging file are counted in the budget (memory_budget::spilled, for `ckptctl
@@ -17,12 +18,15 @@
 // memory into the staging file and keep that file.
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "codec/format/source.hpp"
+#include "fs/content/content_store.hpp"
 #include "fs/content/staged_file.hpp"
 #include "fs/namespace/memory_budget.hpp"
 
@@ -42,11 +46,27 @@ class write_buffer final : public staged_file {
   std::uint64_t size() const override { return size_; }
   bool spilled() const { return fd_ >= 0; }  // some chunks are in the staging file
 
+  // Copy-on-write over a stored version: instead of loading the file, the buffer starts as
+  // `base` (its reader, `size` bytes, data in `base_runs`) and holds only the chunks written
+  // since; the rest is read from the base on demand. Opening a large file to change a few bytes
+  // then costs the bytes touched, and the store reuses the unchanged blocks (unchanged()). Only
+  // on an empty buffer.
+  void set_base(std::shared_ptr<const content_reader> base, std::uint64_t version,
+                std::vector<std::pair<std::uint64_t, std::uint64_t>> base_runs);
+
   // Throws ckpt::io_error (e.g. ENOSPC from the staging file).
   void write(std::uint64_t offset, std::span<const std::byte> data);
   // Like pread: min(out.size(), size() - offset) bytes.
   std::size_t read(std::uint64_t offset, std::span<std::byte> out) const;
   void truncate(std::uint64_t size);
+  // Makes [offset, offset + length) read as zeros without changing the size: whole chunks inside
+  // the range become holes (their memory or staging space is given back), partial ones are zeroed.
+  void punch_hole(std::uint64_t offset, std::uint64_t length);
+  // [offset, end) runs that may hold data, ascending and disjoint, clipped to size(); everything
+  // else reads as zeros. Granularity is the chunk: a run may include zeros, never miss data.
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> data_runs() const override;
+  // Bytes of chunks that hold data (st_blocks).
+  std::uint64_t allocated_bytes() const;
 
   // A source over the current bytes; valid while this buffer lives and is not modified.
   format::source source() const;
@@ -59,27 +79,39 @@ class write_buffer final : public staged_file {
   void copy_memory_to_file() const override;
   void drop_memory() override;
   std::uint64_t memory_bytes() const override { return taken_; }
+  unchanged_ranges unchanged() const override;
 
  private:
+  // A chunk in chunks_ is the buffer's own: in memory, in the staging file, or neither (a hole
+  // punched over the base). A chunk not in chunks_ reads from the base below base_limit_, else
+  // as zeros.
   struct chunk {
     chunk_memory mem;        // in memory (else in the staging file, or a hole)
     std::size_t filled = 0;  // memory chunks: bytes [0, filled) are data, the rest reads as zeros
     bool in_file = false;    // lives in the staging file at its own offset
   };
-  chunk& place(std::size_t index);  // gives an untouched chunk memory, or a place in the file
+  chunk& place(std::uint64_t index);  // gives an untouched chunk memory, or a place in the file
+  void drop_chunk(chunk& c);          // gives back its memory or staging space
+  bool from_base(std::uint64_t index) const;  // not own, and below base_limit_
+  chunk& own(std::uint64_t index);            // place(), filled from the base if it read from it
+  void materialize_base();                    // every chunk that reads from the base becomes own
   void open_staging();
   void uncount_spill(std::uint64_t n);  // at most spilled_: the budget never goes below zero
 
   std::shared_ptr<memory_budget> budget_;
   std::string staging_dir_;
-  std::vector<chunk> chunks_;
-  std::uint64_t taken_ = 0;  // bytes taken from the budget
+  std::map<std::uint64_t, chunk> chunks_;  // by chunk index; absent: a hole
+  std::uint64_t taken_ = 0;                // bytes taken from the budget
   // Bytes of chunks placed in the staging file, as counted in budget_->spilled(); drop_memory()
   // hands them over to the head image (the file is its image from then on).
   std::uint64_t spilled_ = 0;
   int fd_ = -1;  // the staging file, once a chunk needed it
   std::uint64_t size_ = 0;
   bool modified_ = false;  // overwritten in place by the content store
+  std::shared_ptr<const content_reader> base_;
+  std::uint64_t base_version_ = 0;
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> base_runs_;  // data runs of the base
+  std::uint64_t base_limit_ = 0;  // base bytes still visible (a truncate below lowers it)
 };
 
 }  // namespace ckpt::fs

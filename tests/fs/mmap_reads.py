@@ -9,9 +9,10 @@
     write into a private mapping must not reach the file, and np.load(mmap_mode='r') must equal
     np.load();
   - with reads=direct (the default) reading a whole torch checkpoint leaves none of it in the
-    kernel page cache (fincore, before any mapping), and a shared mapping of it is refused with
-    ENODEV (FUSE's rule for direct-I/O files, documented); .npy checkpoints and exact files are
-    cached and map shared; with reads=cached every file is cached and maps shared;
+    kernel page cache (fincore, before any mapping); a shared mapping of it works on kernels that
+    accept FUSE_DIRECT_IO_ALLOW_MMAP (6.6+, which the daemon asks for at INIT) and shows the same
+    bytes, and is refused with ENODEV on older ones (documented); .npy checkpoints and exact
+    files are cached and map shared; with reads=cached every file is cached and maps shared;
   - everything again after the daemon's caches and the kernel's are emptied and after a
     remount.
 
@@ -50,6 +51,12 @@ def write_files(mnt):
         f.write("exact bytes\n" * 5000)
 
 
+def direct_io_mmap():
+    """True when the kernel maps direct-I/O FUSE files shared (FUSE_DIRECT_IO_ALLOW_MMAP, 6.6+)."""
+    major, minor = (int(x) for x in os.uname().release.split(".")[:2])
+    return (major, minor) >= (6, 6)
+
+
 def kind(mnt, name):
     return os.getxattr(f"{mnt}/{name}", "user.ckptfs.info").decode()
 
@@ -83,7 +90,7 @@ def check_mode(mnt, direct):
             with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) as m:
                 assert m[:] == data, f"{name}: private mapping differs from read()"
                 m[0:4] = b"XXXX"  # copy-on-write: stays in this process
-            if uncached:
+            if uncached and not direct_io_mmap():
                 try:
                     mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
                     raise AssertionError(f"{name}: shared mapping of a direct-I/O file worked")
