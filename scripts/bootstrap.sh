@@ -14,8 +14,8 @@ packages=(
 # Real clients for tests and benchmarks (Debian's interpreter at /usr/bin/python3), and the
 # fuzzing toolchain.
 test_packages=(
-  python3-torch python3-numpy python3-sklearn libopenblas0-pthread
-  clang libclang-rt-14-dev zstd
+  python3-torch python3-numpy python3-sklearn libopenblas0-pthread python3-lmdb
+  clang libclang-rt-14-dev zstd stress-ng fio
 )
 
 want=("${packages[@]}")

@@ -9,11 +9,15 @@ if(NOT TARGET ckptfs)
   return()
 endif()
 set(fs_tests ${CMAKE_CURRENT_SOURCE_DIR}/fs)
-foreach(name patterns differential faults concurrency mmap_reads)
+foreach(name patterns differential faults concurrency mmap_reads ordinary)
   add_test(NAME fs.${name} COMMAND /usr/bin/python3 ${fs_tests}/${name}.py $<TARGET_FILE:ckptfs>)
   # Exit 77 (no /dev/fuse, not root) is a skip, not a pass.
   set_tests_properties(fs.${name} PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77)
 endforeach()
+# Standard exercisers (issue 14): stress-ng's filesystem stressors and fio with verification on a
+# small budget, the daemon's RSS watched (about 70 s, CPU-heavy: alone).
+add_test(NAME fs.stress COMMAND /usr/bin/python3 ${fs_tests}/stress.py $<TARGET_FILE:ckptfs>)
+set_tests_properties(fs.stress PROPERTIES TIMEOUT 600 RUN_SERIAL TRUE SKIP_RETURN_CODE 77)
 # mount.sh builds through scripts/bootstrap.sh into the source tree's build/: run it alone.
 add_test(NAME fs.mount_sh COMMAND /usr/bin/python3 ${fs_tests}/mount_sh.py ${PROJECT_SOURCE_DIR})
 set_tests_properties(fs.mount_sh PROPERTIES TIMEOUT 600 RUN_SERIAL TRUE SKIP_RETURN_CODE 77)
