@@ -200,19 +200,11 @@ void filesystem::fallocate(std::uint64_t fh, int mode, std::uint64_t offset, std
   load(lk, ino);
   runtime& r = rt(ino);
   const std::uint64_t end = offset + length;
-  bool changed = false;
-  if (zero && offset < r.buf->size()) {
-    r.buf->punch_hole(offset, length);
-    changed = true;
-  }
-  if (!keep_size && end > r.buf->size()) {
-    r.buf->truncate(end);
-    changed = true;
-  }
-  if (changed) {
-    r.dirty = true;
-    r.mtime = now();
-  }
+  if (zero && offset < r.buf->size()) r.buf->punch_hole(offset, length);
+  if (!keep_size && end > r.buf->size()) r.buf->truncate(end);
+  // Like ext4, every successful fallocate marks the file modified (mtime and ctime).
+  r.dirty = true;
+  r.mtime = now();
 }
 
 std::uint64_t filesystem::lseek(std::uint64_t fh, std::uint64_t offset, int whence) {

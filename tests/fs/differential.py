@@ -8,7 +8,9 @@ The tree is compared once more after unmount + remount (everything must have bee
 Operations: create, write at an offset (with and without O_TRUNC, holes), truncate, unlink, mkdir,
 rmdir, rename (files and directories, within and across directories, replacing, RENAME_NOREPLACE
 and RENAME_EXCHANGE through renameat2), link, symlink, chmod, utime, setxattr/removexattr,
-fsync, read.
+fsync, read; and (issue 14) fallocate (mode 0, KEEP_SIZE, PUNCH_HOLE), sparse extension by a
+write megabytes past the end, small in-place rewrites anywhere in a multi-megabyte file
+(O_RDWR, no truncate), and writes through a shared mapping of an O_RDWR descriptor.
 
 Usage: differential.py CKPTFS_BINARY [--steps N] [--seed S]
 """
@@ -16,6 +18,7 @@ import argparse
 import ctypes
 import errno
 import hashlib
+import mmap
 import os
 import random
 import stat
@@ -32,6 +35,14 @@ MODES = [0o600, 0o644, 0o755, 0o700, 0o640]
 libc = ctypes.CDLL(None, use_errno=True)
 AT_FDCWD = -100
 RENAME_NOREPLACE, RENAME_EXCHANGE = 1, 2
+FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE = 1, 2
+libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long]
+
+
+def fallocate(fd, mode, off, length):
+    if libc.fallocate(fd, mode, off, length) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e))
 
 
 def renameat2(src, dst, flags):
@@ -113,10 +124,11 @@ class Ops:
             else self.new_path(dirs)  # noqa: E731
         kind = rng.choices(
             ["create", "write", "truncate", "unlink", "mkdir", "rmdir", "rename", "rename2",
-             "link", "symlink", "chmod", "utime", "setxattr", "rmxattr", "fsync", "read"],
+             "link", "symlink", "chmod", "utime", "setxattr", "rmxattr", "fsync", "read",
+             "fallocate", "sparse", "rewrite", "mmapwrite"],
             # Past ~80 entries removals win, which keeps every step's full comparison cheap.
             [12, 12, 5, 6 if len(everything) < 80 else 30, 8, 4 if len(everything) < 80 else 20,
-             10, 3, 4, 3, 4, 2, 4, 2, 3, 6])[0]
+             10, 3, 4, 3, 4, 2, 4, 2, 3, 6, 4, 2, 5, 3])[0]
         if kind == "create":
             p, d, trunc = self.new_path(dirs), self.data(), rng.random() < 0.7
 
@@ -213,6 +225,53 @@ class Ops:
                 try:
                     os.pwrite(fd, b"fsync!", 3)
                     os.fsync(fd)
+                finally:
+                    os.close(fd)
+        elif kind == "fallocate":
+            p = file_path()
+            mode = rng.choice([0, FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE])
+            off, n = rng.randint(0, 3 << 20), rng.randint(1, 2 << 20)
+
+            def op(root):
+                fd = os.open(os.path.join(root, p), os.O_RDWR)
+                try:
+                    fallocate(fd, mode, off, n)
+                finally:
+                    os.close(fd)
+        elif kind == "sparse":
+            p, d, gap = file_path(), self.data()[:4096], rng.randint(1 << 20, 6 << 20)
+
+            def op(root):
+                fd = os.open(os.path.join(root, p), os.O_RDWR)
+                try:
+                    os.pwrite(fd, d, os.fstat(fd).st_size + gap)
+                finally:
+                    os.close(fd)
+        elif kind == "rewrite":
+            p, d, where = file_path(), rng.randbytes(rng.choice([1, 100, 4096, 70000])), rng.random()
+
+            def op(root):
+                fd = os.open(os.path.join(root, p), os.O_RDWR)
+                try:
+                    os.pwrite(fd, d, int(where * os.fstat(fd).st_size))
+                finally:
+                    os.close(fd)
+        elif kind == "mmapwrite":
+            p, d, where = file_path(), rng.randbytes(rng.randint(1, 5000)), rng.random()
+
+            def op(root):
+                fd = os.open(os.path.join(root, p), os.O_RDWR)
+                try:
+                    size = os.fstat(fd).st_size
+                    if size == 0:
+                        return "empty"
+                    with mmap.mmap(fd, size, mmap.MAP_SHARED,
+                                   mmap.PROT_READ | mmap.PROT_WRITE) as m:
+                        at = int(where * size)
+                        part = d[:size - at]
+                        m[at:at + len(part)] = part
+                        m.flush()
+                        return m[max(0, at - 10):at + 10]
                 finally:
                     os.close(fd)
         else:  # read
