@@ -124,4 +124,9 @@ until mountpoint -q -- "$mnt" && stat -- "$mnt" >/dev/null 2>&1; do
   sleep 0.1
 done
 echo "ckptfs: $store is mounted at $mnt"
+if [[ $(id -u) -ne 0 && ",${joined:-}," != *",allow_other,"* ]]; then
+  # Root mounts are shared (allow_other); an unprivileged one is private unless asked.
+  echo "ckptfs: only $(id -un) can use this mount; to share it with other users, add" \
+    "user_allow_other to /etc/fuse.conf and mount with -o allow_other"
+fi
 echo "ckptfs: unmount with: $0 -u $mnt"
