@@ -130,7 +130,8 @@ void content_store::impl::read_exact(std::uint64_t v, const version_meta& meta,
     std::memcpy(out.data(), b->data.data() + in_block, n);
     out = out.subspan(n);
     offset += n;
-    if (offset >= r.offset + r.length) ++it;
+    // Past this region: `it` moves on only if the next region starts here (else a hole does).
+    if (it != regions.end() && it->offset <= offset) ++it;
   }
 }
 

@@ -5,6 +5,7 @@
 #include <fcntl.h>
 
 #include <catch2/catch.hpp>
+#include <cstring>
 #include <random>
 
 #include "namespace_test_util.hpp"
@@ -87,6 +88,35 @@ TEST_CASE("filesystem: a sparse file stores its data only and reports its holes"
   CHECK(out[4096] == std::byte{'x'});
   CHECK(out[8191] == std::byte{'x'});
   CHECK(fs.read(h, size - 100, out) == 100);
+  fs.release(h);
+}
+
+TEST_CASE("filesystem: one read crosses data, a hole and data again", "[namespace]") {
+  temp_store tmp;
+  std::string model(5 * MiB, '\0');
+  ino_t ino = 0;
+  {
+    mounted_store m(tmp.dir);
+    auto& fs = *m.fs;
+    auto [st, o] = fs.create(root_ino, "f", 0644, O_RDWR | O_CREAT, 0, 0);
+    ino = st.st_ino;
+    const std::string a = random_bytes(MiB + 5000, 7), b = random_bytes(4000, 8);
+    fs.write(o.fh, 0, bytes(a));
+    fs.write(o.fh, 4 * MiB + 100, bytes(b));
+    fs.setattr(ino, {}, 5 * MiB, o.fh);
+    fs.release(o.fh);
+    model.replace(0, a.size(), a);
+    model.replace(4 * MiB + 100, b.size(), b);
+  }
+  mounted_store m(tmp.dir);  // the regions with their holes, read cold
+  auto& fs = *m.fs;
+  auto h = fs.open(ino, O_RDONLY).fh;
+  std::vector<std::byte> out(5 * MiB);
+  REQUIRE(fs.read(h, 0, out) == out.size());
+  CHECK(std::memcmp(out.data(), model.data(), model.size()) == 0);
+  std::vector<std::byte> part(3 * MiB);
+  REQUIRE(fs.read(h, MiB + 1000, part) == part.size());  // data, hole, data
+  CHECK(std::memcmp(part.data(), model.data() + MiB + 1000, part.size()) == 0);
   fs.release(h);
 }
 
