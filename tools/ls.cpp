@@ -19,7 +19,9 @@ struct ls_options {
 };
 
 std::string paths_text(const nlohmann::json& v) {
-  if (!jbool(v, "live", true)) return "(hidden base)";
+  if (!jbool(v, "live", true))
+    return jstr(v, "kind", "") == "exact" ? "(hidden donor: blocks reused by newer versions)"
+                                          : "(hidden base)";
   std::string s;
   for (const auto& p : jarr(v, "paths")) {
     if (!s.empty()) s += ", ";
@@ -72,13 +74,15 @@ void print_text(const nlohmann::json& r) {
   const auto& files = jarr(r, "files");
   if (!files.empty()) {
     double logical = 0, stored = 0;
+    std::size_t live = 0;
     for (const auto& v : files) {
-      logical += jnum(v, "logical_bytes");
-      stored += jnum(v, "stored_bytes");
+      const bool is_live = jbool(v, "live", true);
+      live += is_live;
+      if (is_live) logical += jnum(v, "logical_bytes");  // what reads back
+      stored += jnum(v, "stored_bytes");                 // what is on disk, donors included
     }
-    std::printf("exact files: %zu; logical %s, stored %s, %s\n", files.size(),
-                human_bytes(logical).c_str(), human_bytes(stored).c_str(),
-                ratio_text(logical, stored).c_str());
+    std::printf("exact files: %zu; logical %s, stored %s, %s\n", live, human_bytes(logical).c_str(),
+                human_bytes(stored).c_str(), ratio_text(logical, stored).c_str());
     text_table t = version_table();
     for (const auto& v : files) add_version_row(t, v);
     std::fputs(t.render().c_str(), stdout);
@@ -108,7 +112,8 @@ void add_ls_command(CLI::App& app) {
       "full-size copy of what it reads as, kept in the scratch directory so that restores and "
       "the next delta do not replay the chain; it costs its full size on disk, and every ratio "
       "shown (logical / (stored + heads)) counts it. Exact (non-checkpoint) files under PATH "
-      "are listed after the lineages.\n");
+      "are listed after the lineages, with the hidden versions whose blocks they reuse after a "
+      "partial rewrite (donors, counted in the stored bytes).\n");
   cmd->add_option("PATH", o->path,
                   "A file or directory inside a ckptfs mount (default: the current directory), "
                   "or a store directory (offline: the whole store)");

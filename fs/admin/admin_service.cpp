@@ -98,7 +98,8 @@ struct snapshot {
             {"lineage", v.lineage},
             {"logical_bytes", v.logical_bytes},
             {"stored_bytes", v.stored_bytes},
-            {"head_bytes", v.head_bytes}};
+            {"head_bytes", v.head_bytes},
+            {"donors", v.donors}};
   }
 
   bool live(std::uint64_t v) const { return names.count(v) != 0; }
@@ -339,6 +340,16 @@ json admin_service::handle(const json& req, const progress_fn& progress_in) {
       }
       totals["versions"] = totals["versions"].get<std::uint64_t>() + 1;
       count(totals, v, live);
+    }
+    // Hidden donors of the exact files listed (blocks those reuse): on disk, so counted.
+    std::set<std::uint64_t> donors;
+    for (const auto& v : s.versions)
+      if (!v.lineage && selected(v.version)) donors.insert(v.donors.begin(), v.donors.end());
+    for (const auto& v : s.versions) {
+      if (v.lineage || selected(v.version) || !donors.count(v.version)) continue;
+      files.push_back(s.version_json(v));
+      totals["versions"] = totals["versions"].get<std::uint64_t>() + 1;
+      count(totals, v, false);
     }
     json out{{"lineages", json::array()}, {"files", files}, {"totals", totals}};
     for (auto& [id, l] : lin) out["lineages"].push_back(std::move(l));

@@ -64,7 +64,7 @@ std::string to_json(const version_info& i) {
   return json{
       {"version", i.version},           {"format", i.format}, {"kind", i.kind},
       {"lineage", i.lineage},           {"base", i.base},     {"logical_bytes", i.logical_bytes},
-      {"stored_bytes", i.stored_bytes}, {"path", i.path}}
+      {"stored_bytes", i.stored_bytes}, {"path", i.path},     {"donors", i.donors}}
       .dump();
 }
 

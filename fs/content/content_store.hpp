@@ -115,6 +115,9 @@ struct version_info {
   std::uint64_t refs = 0;        // names pointing at it (0: a hidden base or lineage head)
   std::uint64_t object = 0;      // object id
   std::uint64_t head_bytes = 0;  // disk bytes of its head image (0: none, or not on disk yet)
+  // Exact files rewritten in part: the versions whose objects hold blocks it reuses (while it
+  // has a name; see docs/format.md, `d`).
+  std::vector<std::uint64_t> donors;
 };
 
 // What `ckptctl stat` shows beyond version_info: how each tensor is stored.

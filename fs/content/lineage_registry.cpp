@@ -202,6 +202,7 @@ version_info content_store::info(const content_ref& ref) const {
   i.created_ns = r.created_ns;
   i.refs = r.refs;
   i.object = r.obj.id;
+  i.donors = r.donors;
   if (impl_->heads)
     if (const auto h = impl_->heads->get(r.id); h && h->published_fd() >= 0)
       i.head_bytes = h->size();

@@ -20,6 +20,7 @@ Usage: ordinary.py CKPTFS_BINARY    (as root; Debian's /usr/bin/python3)
 """
 import ctypes
 import errno
+import json
 import mmap
 import os
 import random
@@ -120,6 +121,15 @@ def rewrites(mnt, store, plain):
         # One or two 1 MiB chunks (a write across a chunk boundary) and metadata.
         assert grew < 2 * MiB + 256 * 1024, f"a 4 KiB rewrite added {grew} bytes to the store"
     assert sha256(src) == sha256(plain), "the mount and the plain copy differ after the rewrites"
+    # What `ckptctl ls` counts is what the store holds: the hidden donors whose blocks the
+    # rewritten file reuses are listed and counted.
+    ctl = os.path.join(os.path.dirname(os.path.abspath(sys.argv[1])), "ckptctl")
+    out = json.loads(subprocess.run([ctl, "ls", "--json", src], check=True, capture_output=True,
+                                    text=True).stdout)
+    donors = [v for v in out["files"] if not v["live"]]
+    assert donors and all(v["kind"] == "exact" for v in donors), out["files"]
+    objects = du(f"{store}/objects")
+    assert abs(out["totals"]["stored_bytes"] - objects) < 0.02 * objects, (out["totals"], objects)
 
 
 def fallocate_modes(mnt, plain_dir):
