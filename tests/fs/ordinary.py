@@ -71,6 +71,8 @@ def sparse_file(mnt, store):
         f.seek(5 << 30)
         f.write(b"d" * 4096)
         f.truncate(10 << 30)
+        f.flush()
+        os.fsync(f.fileno())
     grew = du(store) - before
     assert grew < MiB, f"a 10 GiB file with 4 KiB of data took {grew} bytes"
     check_sparse(path)
@@ -107,16 +109,22 @@ def rewrites(mnt, store, plain):
             block = os.urandom(MiB)
             a.write(block)
             b.write(block)
-    for _ in range(50):
+        a.flush()
+        os.fsync(a.fileno())  # stored now: a close's commit runs after close() returns
+    for i in range(50):
         off = rng.randrange(0, 512 * MiB - 4096)
         data = os.urandom(4096)
-        os.stat(src)  # the previous commit is done
         before = du(store)
         for p in (src, plain):
             fd = os.open(p, os.O_RDWR)
             os.pwrite(fd, data, off)
+            if p == src and i % 2:
+                os.fsync(fd)  # every other one stored by fsync, the others by the close
             os.close(fd)
-        os.stat(src)  # waits for the commit
+        if i % 2 == 0:
+            fd = os.open(src, os.O_RDONLY)  # waits for the close's commit...
+            os.fsync(fd)  # ...and for the journal
+            os.close(fd)
         grew = du(store) - before
         # One or two 1 MiB chunks (a write across a chunk boundary) and metadata.
         assert grew < 2 * MiB + 256 * 1024, f"a 4 KiB rewrite added {grew} bytes to the store"
