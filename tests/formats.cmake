@@ -18,7 +18,7 @@ add_test(NAME formats.roundtrip COMMAND /usr/bin/python3 ${format_script} roundt
 set_tests_properties(formats.roundtrip PROPERTIES FIXTURES_REQUIRED format_corpus TIMEOUT 300)
 
 add_test(NAME formats.hostile COMMAND ${CMAKE_COMMAND} -E chdir ${format_corpus} sh -c
-  "$<TARGET_FILE:format_tool> hostile *.pt *.npy *.npz *.safetensors")
+  "$<TARGET_FILE:format_tool> hostile *.pt *.npy *.npz *.safetensors *.distcp")
 set_tests_properties(formats.hostile PROPERTIES FIXTURES_REQUIRED format_corpus TIMEOUT 300)
 
 add_test(NAME formats.zip64 COMMAND /usr/bin/python3 ${format_script} zip64
@@ -32,7 +32,7 @@ set(fuzz_script ${CMAKE_CURRENT_SOURCE_DIR}/fuzz/build_and_run.sh)
 set(CKPTFS_FUZZ_SECONDS 25 CACHE STRING "Seconds each format fuzzer runs under ctest")
 add_test(NAME formats.fuzz.build COMMAND ${fuzz_script} build ${fuzz_dir})
 set_tests_properties(formats.fuzz.build PROPERTIES FIXTURES_SETUP fuzz_build TIMEOUT 600)
-foreach(target torch_zip pickle safetensors npy)
+foreach(target torch_zip pickle safetensors npy distcp)
   add_test(NAME formats.fuzz.${target} COMMAND ${fuzz_script} run ${fuzz_dir} ${target}
     ${CKPTFS_FUZZ_SECONDS} ${format_corpus}/seeds/${target})
   set_tests_properties(formats.fuzz.${target} PROPERTIES

@@ -20,6 +20,8 @@ std::string_view name(file_format f) noexcept {
       return "npy";
     case file_format::npz:
       return "npz";
+    case file_format::distcp:
+      return "distcp";
   }
   return "?";
 }

@@ -15,7 +15,9 @@
 
 namespace ckpt::format {
 
-enum class file_format : std::uint8_t { opaque, torch_zip, safetensors, npy, npz };
+// distcp: a torch.distributed.checkpoint shard, torch.save archives back to back after byte
+// items (recognise_archive_sequence).
+enum class file_format : std::uint8_t { opaque, torch_zip, safetensors, npy, npz, distcp };
 std::string_view name(file_format f) noexcept;
 
 // Element types found in checkpoint files. Only f32/f16/bf16 can be compressed; every other type

@@ -3,6 +3,8 @@
 // directories and (for torch) data.pkl. recognise() is the entry point the filesystem uses; the
 // per-format functions are exposed for tests and fuzzers.
 #include <cstdint>
+#include <optional>
+#include <string_view>
 
 #include "codec/format/layout.hpp"
 #include "codec/format/pickle_scan.hpp"
@@ -29,6 +31,14 @@ layout recognise(const source& src, const recognise_options& opt = {});
 layout recognise_zip(const source& src, const recognise_options& opt);  // torch zip or npz
 layout recognise_safetensors(const source& src, const recognise_options& opt);
 layout recognise_npy(const source& src, const recognise_options& opt);
+// A torch.distributed.checkpoint shard (distcp.cpp): torch.save archives back to back, after
+// byte items. Nothing when the file holds no torch archive, or exactly one that is the whole
+// file (an ordinary torch.save: recognise_zip's). Never throws on content: a cut or damaged
+// archive and whatever follows it are opaque.
+std::optional<layout> recognise_archive_sequence(const source& src, const recognise_options& opt);
+
+// The element type of a torch storage class ("FloatStorage" -> f32), nothing if unknown.
+std::optional<element_type> storage_element(std::string_view type_name);
 
 // Whether a payload of this type and size is a compression candidate.
 bool is_candidate(element_type t, std::uint64_t bytes, const recognise_options& opt) noexcept;

@@ -46,12 +46,6 @@ constexpr storage_type storage_types[] = {
     {"Float8_e4m3fnStorage", element_type::other},
 };
 
-std::optional<element_type> storage_element(std::string_view type_name) {
-  for (const auto& s : storage_types)
-    if (s.name == type_name) return s.type;
-  return std::nullopt;
-}
-
 std::string entry_prefix(const zip_directory& dir) {
   const auto& first = dir.entries.front().name;
   const auto slash = first.find('/');
@@ -114,6 +108,12 @@ layout recognise_torch(const source& src, const zip_directory& dir, const std::s
 }
 
 }  // namespace
+
+std::optional<element_type> storage_element(std::string_view type_name) {
+  for (const auto& s : storage_types)
+    if (s.name == type_name) return s.type;
+  return std::nullopt;
+}
 
 layout recognise_zip(const source& src, const recognise_options& opt) {
   const auto dir = read_zip_directory(src, opt.zip);

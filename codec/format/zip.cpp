@@ -37,11 +37,12 @@ struct end_records {
   std::uint64_t cd_limit = 0;  // the central directory must end at or before this offset
 };
 
-end_records read_end_records(const source& src) {
+end_records read_end_records(const source& src, std::uint32_t max_comment) {
   const std::uint64_t size = src.size();
   if (size < eocd_size) throw corrupt_error("zip: too short for an end record");
   // The classic end record is the last 22 bytes plus an optional comment of up to 64 KiB.
-  const std::uint64_t window = std::min<std::uint64_t>(size, eocd_size + 0xffff);
+  const std::uint64_t window =
+      std::min<std::uint64_t>(size, eocd_size + std::min<std::uint32_t>(max_comment, 0xffff));
   const auto tail = src.read(size - window, window);
   std::optional<std::uint64_t> eocd_at;
   for (std::uint64_t i = window - eocd_size + 1; i-- > 0;) {
@@ -127,7 +128,7 @@ bool looks_like_zip(const source& src) {
 }
 
 zip_directory read_zip_directory(const source& src, const zip_limits& limits) {
-  const auto end = read_end_records(src);
+  const auto end = read_end_records(src, limits.max_comment);
   if (end.entries > limits.max_entries) throw corrupt_error("zip: too many entries");
   if (end.cd_size > limits.max_cd_bytes) throw corrupt_error("zip: central directory too large");
   if (end.entries * central_size > end.cd_size)

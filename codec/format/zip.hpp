@@ -37,6 +37,9 @@ struct zip_directory {
 struct zip_limits {
   std::uint64_t max_entries = 1u << 20;
   std::uint64_t max_cd_bytes = 256u << 20;
+  // The end record is searched for in the last 22 + max_comment bytes (a zip comment is at most
+  // 64 KiB; archives known to have none need not read that much).
+  std::uint32_t max_comment = 0xffff;
 };
 
 // True if the file starts with a local file header signature.

@@ -208,12 +208,14 @@ content_ref content_store::impl::put(std::string_view path, const format::source
     since = m.deltas_since_keyframe(base_id);
     if (!l.head) {
       // A lineage's first version: content matching another lineage (a renamed run, temp files
-      // with random names) starts from the most recently extended matching head instead of a
-      // keyframe.
+      // with random names, a step directory written under a temporary name) starts from the most
+      // recently extended matching head instead of a keyframe; never from another rank's or
+      // shard's (their rows differ: a delta against them would be a lossy first version).
+      const std::string ranks = lineage_rank_tokens(l.path_key);
       const lineage_rec* donor = nullptr;
       for (const auto& [lid, o] : m.lineages)
         if (lid != lineage_id && o.signature == l.signature && o.head && m.versions.count(o.head) &&
-            (!donor || o.head > donor->head))
+            lineage_rank_tokens(o.path_key) == ranks && (!donor || o.head > donor->head))
           donor = &o;
       if (donor) {
         base_id = donor->head;

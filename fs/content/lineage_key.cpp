@@ -7,13 +7,32 @@
 
 namespace ckpt::fs {
 
-std::string lineage_path_key(std::string_view path) {
-  // Kept: digits after a rank/shard word that starts a token ("rank_3", "mp_rank_03", "shard2",
-  // "tp-1"), "N-of-M" shard counters and DCP's "__R_S" file names. Everything else numeric is a
-  // step or an epoch ("step_500", "epoch=3", "checkpoint-500").
+namespace {
+
+// Kept: digits after a rank/shard word that starts a token ("rank_3", "mp_rank_03", "shard2",
+// "tp-1"), "N-of-M" shard counters and DCP's "__R_S" file names. Everything else numeric is a
+// step or an epoch ("step_500", "epoch=3", "checkpoint-500").
+const std::regex& keep_pattern() {
   static const std::regex keep(
       R"((?:^|[^a-z])(?:rank|shard|part|tp|pp|dp|worker|node)[_-]?\d+|\d+-of-\d+|__\d+_\d+)",
       std::regex::icase);
+  return keep;
+}
+
+}  // namespace
+
+std::string lineage_rank_tokens(std::string_view path) {
+  std::string s(path), out;
+  for (auto it = std::sregex_iterator(s.begin(), s.end(), keep_pattern());
+       it != std::sregex_iterator(); ++it) {
+    out += it->str();
+    out += '\x1f';
+  }
+  return out;
+}
+
+std::string lineage_path_key(std::string_view path) {
+  const std::regex& keep = keep_pattern();
   std::string out;
   std::string s(path);
   auto put_stripped = [&](const std::string& piece) {

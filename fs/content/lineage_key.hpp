@@ -15,6 +15,11 @@ namespace ckpt::fs {
 // "__0_1.distcp" keep their numbers.
 std::string lineage_path_key(std::string_view path);
 
+// The rank and shard tokens a path key keeps ("rank_3", "__3_0", "00001-of-00004"), in order;
+// empty for a path without any. Two paths with different tokens are different ranks or shards
+// of one save: never each other's base, even when their tensors match.
+std::string lineage_rank_tokens(std::string_view path);
+
 // XXH3-64 over the ordered (name, type, shape) of the compressible tensors; 0 if there are none.
 std::uint64_t lineage_signature(const format::layout& l);
 

@@ -270,6 +270,31 @@ TEST_CASE("a new path with the content of an existing lineage forks it with a de
   CHECK(i3.base == r1.version);
 }
 
+TEST_CASE("another rank's or shard's lineage is never a new lineage's base", "[content]") {
+  using fs::lineage_rank_tokens;
+  CHECK(lineage_rank_tokens("run/step_5.pt").empty());
+  CHECK(lineage_rank_tokens("dcp/step_9/__3_0.distcp") ==
+        lineage_rank_tokens("tmp_x/__3_0.distcp"));
+  CHECK(lineage_rank_tokens("dcp/step_9/__3_0.distcp") !=
+        lineage_rank_tokens("dcp/step_9/__2_0.distcp"));
+  CHECK(lineage_rank_tokens("ckpt/rank_3/s.pt") != lineage_rank_tokens("ckpt/rank_4/s.pt"));
+  temp_dir d;
+  opened s(d.path, {});
+  std::vector<float> a(20000, 0.25f);
+  const bytes f1 = safetensors({{"w", a}});
+  const auto r0 = s.content.put("dcp/step_1/__0_0.distcp", format::memory_source(f1));
+  a[3] += 0.5f;
+  const bytes f2 = safetensors({{"w", a}});
+  // Rank 1's first shard has rank 0's tensor names and shapes: still a keyframe of its own.
+  const auto r1 = s.content.put("dcp/step_1/__1_0.distcp", format::memory_source(f2));
+  CHECK(s.content.info(r1).kind == "keyframe");
+  CHECK(s.content.info(r1).lineage != s.content.info(r0).lineage);
+  // The same rank under a step directory's temporary name continues from its own head.
+  const auto r2 = s.content.put("dcp/.tmp-step_2/__0_0.distcp", format::memory_source(f2));
+  CHECK(s.content.info(r2).kind == "delta");
+  CHECK(s.content.info(r2).base == r0.version);
+}
+
 TEST_CASE("two first puts of one new path at once make one lineage, and survive a restart",
           "[content]") {
   temp_dir d;

@@ -107,9 +107,27 @@ def make_corpus(d):
                        "b": np.random.randn(64).astype(np.float16),
                        "ids": np.arange(9, dtype=np.int64), "z": np.zeros((0,), np.float32)},
                       {"format": "pt"})
+    # torch.distributed.checkpoint shards, written as FileSystemWriter does: byte items raw,
+    # then torch.save of each tensor into the same file object, largest first; the (offset,
+    # length) of every archive goes to dcp_meta/NAME.json (what .metadata would say).
+    os.makedirs(f"{d}/dcp_meta", exist_ok=True)
+    shard = {"w": torch.randn(96, 64), "m": torch.randn(96, 64) * 1e-3, "h": torch.randn(500).half(),
+             "b": torch.randn(10), "step": torch.tensor(7)}
+    for name, items in (("bytes_first.distcp", [b"\x80\x04state" + bytes(range(256)) * 3]),
+                        ("tensors_only.distcp", [])):
+        archives = []
+        with open(f"{d}/{name}", "wb") as f:
+            for b in items:
+                f.write(b)
+            for _, t in sorted(shard.items(), key=lambda kv: -kv[1].numel()):
+                at = f.tell()
+                torch.save(t, f)
+                archives.append((at, f.tell() - at))
+        with open(f"{d}/dcp_meta/{name}.json", "w") as f:
+            json.dump(archives, f)
     # Seed corpora for the fuzzers, one directory per target.
     seeds = os.path.join(d, "seeds")
-    for sub in ("torch_zip", "pickle", "safetensors", "npy"):
+    for sub in ("torch_zip", "pickle", "safetensors", "npy", "distcp"):
         os.makedirs(os.path.join(seeds, sub), exist_ok=True)
     for name in os.listdir(d):
         p = os.path.join(d, name)
@@ -117,7 +135,7 @@ def make_corpus(d):
             continue
         ext = os.path.splitext(name)[1]
         sub = {".pt": "torch_zip", ".npz": "torch_zip", ".safetensors": "safetensors",
-               ".npy": "npy"}[ext]
+               ".npy": "npy", ".distcp": "distcp"}[ext]
         shutil.copyfile(p, os.path.join(seeds, sub, name))
         if ext == ".pt":
             with zipfile.ZipFile(p) as z:
@@ -185,7 +203,7 @@ def roundtrip(d, tool, ckptctl):
     out = os.path.join(d, "served")
     os.makedirs(out, exist_ok=True)
     expect_format = {".pt": "torch_zip", ".npy": "npy", ".npz": "npz",
-                     ".safetensors": "safetensors"}
+                     ".safetensors": "safetensors", ".distcp": "distcp"}
     failures = 0
     for name in sorted(os.listdir(d)):
         src = os.path.join(d, name)
@@ -208,6 +226,19 @@ def roundtrip(d, tool, ckptctl):
             assert os.path.getsize(dst) == os.path.getsize(src), "size changed"
             if ext == ".pt":
                 check_torch(src, dst)
+            elif ext == ".distcp":
+                # Every archive, sliced as DCP's reader slices it, has valid CRCs and loads with
+                # its shape and dtype; the byte items before the first are untouched.
+                with open(os.path.join(d, "dcp_meta", name + ".json")) as f:
+                    archives = json.load(f)
+                a, b = open(src, "rb").read(), open(dst, "rb").read()
+                assert a[:archives[0][0]] == b[:archives[0][0]], "byte items changed"
+                assert len(info["tensors"]) == len(archives), "an archive was not recognised"
+                for at, n in archives:
+                    with zipfile.ZipFile(io.BytesIO(b[at:at + n])) as z:
+                        assert z.testzip() is None, "bad CRC in a served archive"
+                    x, y = torch.load(io.BytesIO(a[at:at + n])), torch.load(io.BytesIO(b[at:at + n]))
+                    assert x.shape == y.shape and x.dtype == y.dtype
             elif ext == ".npy":
                 check_np_array(np.load(src), np.load(dst), name)
             elif ext == ".npz":

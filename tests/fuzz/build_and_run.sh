@@ -11,7 +11,7 @@ mode=$1 out=$2
 cxx=${CKPTFS_FUZZ_CXX:-clang++}
 flags=(-std=c++20 -O1 -g -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined
        -fno-sanitize-recover=undefined -I"$repo" -I"$here")
-targets=(torch_zip pickle safetensors npy)
+targets=(torch_zip pickle safetensors npy distcp)
 
 if [[ $mode == build ]]; then
   command -v "$cxx" >/dev/null || { echo "fuzz: $cxx not found (apt-get install clang libclang-rt-14-dev)"; exit 1; }

@@ -1,0 +1,276 @@
+#!/usr/bin/python3
+"""torch.distributed.checkpoint shards through a real mount (issue 15).
+
+torch 1.13 here cannot run DCP itself, so this writes DCP's exact layout as FileSystemWriter does
+(reference/scale.md §2): per rank one `step_N/__R_0.distcp` holding the rank's byte items raw,
+then each tensor (largest first) as its own `torch.save(tensor, f)` into the same file object;
+`.metadata` (a pickle of item -> (file, offset, length)) written as `.metadata.tmp`, fsync'ed
+and renamed. Four ranks write at once (threads released by a barrier), over 6 steps of a small
+MLP trained with AdamW on sklearn's digits, every parameter and both Adam moments sharded by
+rows. Reading is DCP's: slice the shard by the metadata and torch.load each slice.
+
+Checks:
+  - every slice loads; byte items and .metadata read back exact; shapes and dtypes equal;
+  - step 1 is a keyframe per rank, steps 2-6 deltas, one lineage per rank (stable over the
+    steps, different between ranks), format "distcp";
+  - every float element within the closed-loop bound of its delta (|read - saved| <= |saved -
+    previous read|, docs/codec.md), exp_avg_sq within 2x; small tensors and integers exact;
+  - the shards compress within 10% of the same tensors saved as one torch.save per rank;
+  - hostile shards are stored without error: one cut in the middle of an archive, one with
+    garbage between two archives, and a .metadata that lies about offsets; their bytes outside
+    float payloads read back exact, and every intact archive still loads;
+  - all of it again after a remount.
+
+Usage: distcp.py CKPTFS_BINARY    (as root; Debian's /usr/bin/python3)
+"""
+import io
+import json
+import os
+import pickle
+import random
+import sys
+import tempfile
+import threading
+
+import torch
+from sklearn.datasets import load_digits
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ckptfs_testlib import daemon_log, mounted, require_fuse  # noqa: E402
+
+RANKS, STEPS = 4, 6
+
+
+def info(path):
+    return json.loads(os.getxattr(path, "user.ckptfs.info"))
+
+
+def train_states():
+    """Yields, per step, the full state: {fqn: tensor} of weights and AdamW's moments."""
+    torch.manual_seed(0)
+    x, y = load_digits(return_X_y=True)
+    x = torch.tensor(x, dtype=torch.float32) / 16
+    y = torch.tensor(y)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.ReLU(),
+                                torch.nn.Linear(512, 256), torch.nn.ReLU(),
+                                torch.nn.Linear(256, 12))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+    for _ in range(STEPS):
+        for _ in range(20):
+            idx = torch.randint(0, len(x), (128,))
+            loss = torch.nn.functional.cross_entropy(model(x[idx]), y[idx])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        state = {}
+        for name, p in model.named_parameters():
+            state[f"model.{name}"] = p.detach().clone()
+            s = opt.state[p]
+            state[f"optim.{name}.exp_avg"] = s["exp_avg"].clone()
+            state[f"optim.{name}.exp_avg_sq"] = s["exp_avg_sq"].clone()
+        yield state
+
+
+def shard(state, rank):
+    """This rank's rows of every tensor."""
+    return {k: v.chunk(RANKS, dim=0)[rank].clone() for k, v in state.items()}
+
+
+def write_shard(path, byte_items, tensors):
+    """FileSystemWriter's layout: byte items raw, then torch.save per tensor, largest first."""
+    meta = {}
+    with open(path, "wb") as f:
+        for name, data in byte_items:
+            meta[name] = (f.tell(), len(data))
+            f.write(data)
+        for name, t in sorted(tensors.items(), key=lambda kv: -kv[1].numel()):
+            off = f.tell()
+            torch.save(t, f)
+            meta[name] = (off, f.tell() - off)
+        f.flush()
+        os.fsync(f.fileno())
+    return meta
+
+
+def write_step(root, step, state):
+    d = f"{root}/step_{step}"
+    os.makedirs(d, exist_ok=True)
+    metas, barrier, errors = [None] * RANKS, threading.Barrier(RANKS), []
+
+    def rank_main(r):
+        try:
+            barrier.wait()
+            rng = random.Random(step * RANKS + r).randbytes(700)  # as a dataloader's state
+            items = [(f"rank{r}.train_state", pickle.dumps({"step": step, "rank": r, "rng": rng}))]
+            metas[r] = write_shard(f"{d}/__{r}_0.distcp", items, shard(state, r))
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(RANKS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    metadata = {(r, k): (f"__{r}_0.distcp", off, n) for r in range(RANKS)
+                for k, (off, n) in metas[r].items()}
+    with open(f"{d}/.metadata.tmp", "wb") as f:
+        pickle.dump(metadata, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.rename(f"{d}/.metadata.tmp", f"{d}/.metadata")
+    return metadata
+
+
+def read_step(d):
+    """DCP's reader: slices by the metadata; {(rank, item): tensor or bytes}."""
+    with open(f"{d}/.metadata", "rb") as f:
+        metadata = pickle.load(f)
+    out = {}
+    for (r, k), (file, off, n) in metadata.items():
+        with open(f"{d}/{file}", "rb") as f:
+            f.seek(off)
+            b = f.read(n)
+        assert len(b) == n, (d, file, k)
+        out[(r, k)] = b if k.endswith("train_state") else torch.load(io.BytesIO(b))
+    return out
+
+
+def check_step(label, saved, read, prev_read, kind):
+    for key, want in saved.items():
+        got = read[key]
+        if isinstance(want, bytes):
+            assert got == want, f"{label}: byte item {key} differs"
+            continue
+        assert got.dtype == want.dtype and got.shape == want.shape, f"{label}: {key}"
+        small = want.numel() * want.element_size() < 4096
+        if kind != "delta" or small or not want.is_floating_point():
+            assert torch.equal(got, want), f"{label}: {key} must be exact ({kind})"
+            continue
+        err = (got.double() - want.double()).abs()
+        bound = (want.double() - prev_read[key].double()).abs()
+        bad = int((err > bound).sum())
+        assert bad == 0, f"{label}: {key}: {bad} elements outside the closed-loop bound"
+        if key[1].endswith("exp_avg_sq"):
+            nz = want > 0
+            far = int(((got[nz] < want[nz] / 2) | (got[nz] > want[nz] * 2)).sum())
+            assert far == 0, f"{label}: {key}: {far} elements off by more than 2x"
+
+
+def stored(path):
+    return info(path)["stored_bytes"]
+
+
+def hostile(mnt, step_dir, plain_dir):
+    """A cut shard, garbage between archives, a lying .metadata: stored, nothing fails."""
+    with open(f"{step_dir}/__0_0.distcp", "rb") as f:
+        data = f.read()
+    meta = archive_offsets(step_dir, 0)
+    cut = data[:meta[1][0] + meta[1][1] // 2]  # in the middle of the second archive
+    garbage = data[:meta[1][0]] + os.urandom(3000) + data[meta[1][0]:]
+    os.makedirs(f"{mnt}/hostile", exist_ok=True)
+    for name, b in (("cut.distcp", cut), ("garbage.distcp", garbage)):
+        with open(f"{mnt}/hostile/{name}", "wb") as f:
+            f.write(b)
+            f.flush()
+            os.fsync(f.fileno())
+        with open(f"{plain_dir}/{name}", "wb") as f:
+            f.write(b)
+    with open(f"{mnt}/hostile/.metadata", "wb") as f:
+        pickle.dump({(0, "x"): ("cut.distcp", 10**12, 100)}, f)
+    check_hostile(mnt, plain_dir, meta)
+
+
+def archive_offsets(step_dir, rank):
+    """(offset, length) of each torch archive of a rank's shard, in file order, from .metadata."""
+    with open(f"{step_dir}/.metadata", "rb") as f:
+        metadata = pickle.load(f)
+    return sorted((off, n) for (r, k), (_, off, n) in metadata.items()
+                  if r == rank and not k.endswith("train_state"))
+
+
+def check_hostile(mnt, plain_dir, meta):
+    """meta: the archives of the shard the hostile files were made from."""
+    with open(f"{mnt}/hostile/cut.distcp", "rb") as f:
+        got = f.read()
+    with open(f"{plain_dir}/cut.distcp", "rb") as f:
+        want = f.read()
+    assert len(got) == len(want)
+    # The first archive (intact) still loads; everything from the cut archive on is exact.
+    first = torch.load(io.BytesIO(got[meta[0][0]:meta[0][0] + meta[0][1]]))
+    assert first.shape == torch.load(io.BytesIO(want[meta[0][0]:sum(meta[0])])).shape
+    assert got[meta[1][0]:] == want[meta[1][0]:], "the cut archive's bytes changed"
+    with open(f"{mnt}/hostile/garbage.distcp", "rb") as f:
+        got = f.read()
+    with open(f"{plain_dir}/garbage.distcp", "rb") as f:
+        want = f.read()
+    assert len(got) == len(want)
+    shifted = [(off + (3000 if i else 0), n) for i, (off, n) in enumerate(meta)]
+    for off, n in shifted:
+        torch.load(io.BytesIO(got[off:off + n]))  # every archive still loads
+    assert got[meta[1][0]:meta[1][0] + 3000] == want[meta[1][0]:meta[1][0] + 3000]
+    with open(f"{mnt}/hostile/.metadata", "rb") as f:
+        assert pickle.load(f) == {(0, "x"): ("cut.distcp", 10**12, 100)}
+
+
+def main():
+    require_fuse()
+    binary = sys.argv[1]
+    with tempfile.TemporaryDirectory(prefix="ckptfs-distcp-", dir="/var/tmp") as work:
+        store, mnt, plain = f"{work}/store", f"{work}/mnt", f"{work}/plain"
+        os.makedirs(mnt)
+        os.makedirs(plain)
+        saved, reads, lineages = [], [], {}
+        dcp_bytes = single_bytes = 0
+        with mounted(binary, store, mnt):
+            for step, state in enumerate(train_states(), start=1):
+                write_step(mnt, step, state)
+                write_step(plain, step, state)
+                # The same tensors as one torch.save per rank: the compression reference.
+                for r in range(RANKS):
+                    os.makedirs(f"{mnt}/single/rank_{r}", exist_ok=True)
+                    p = f"{mnt}/single/rank_{r}/step_{step}.pt"
+                    with open(p, "wb") as f:
+                        torch.save(shard(state, r), f)
+                        f.flush()
+                        os.fsync(f.fileno())
+                    single_bytes += stored(p)
+                want = read_step(f"{plain}/step_{step}")
+                read = read_step(f"{mnt}/step_{step}")
+                kind = "keyframe" if step == 1 else "delta"
+                check_step(f"step {step}", want, read, reads[-1] if reads else None, kind)
+                saved.append(want)
+                reads.append(read)
+                for r in range(RANKS):
+                    i = info(f"{mnt}/step_{step}/__{r}_0.distcp")
+                    assert i["format"] == "distcp", i
+                    assert i["kind"] == kind, (step, r, i)
+                    lineages.setdefault(r, i["lineage"])
+                    assert i["lineage"] == lineages[r], f"rank {r} left its lineage at {step}"
+                    dcp_bytes += i["stored_bytes"]
+                with open(f"{mnt}/step_{step}/.metadata", "rb") as a, \
+                        open(f"{plain}/step_{step}/.metadata", "rb") as b:
+                    assert a.read() == b.read()
+            assert len(set(lineages.values())) == RANKS, lineages
+            hostile(mnt, f"{plain}/step_1", plain)
+        ratio = single_bytes / dcp_bytes
+        print(f"distcp: shards stored {dcp_bytes} bytes, the same tensors as torch.save files "
+              f"{single_bytes} ({ratio:.3f} of the shards' size)")
+        assert dcp_bytes <= 1.1 * single_bytes, "DCP shards compress >10% worse than torch.save"
+        with mounted(binary, store, mnt):
+            for step in range(1, STEPS + 1):
+                again = read_step(f"{mnt}/step_{step}")
+                for key, v in reads[step - 1].items():
+                    if isinstance(v, bytes):
+                        assert again[key] == v
+                    else:
+                        assert torch.equal(again[key], v), f"step {step} {key} changed"
+            check_hostile(mnt, plain, archive_offsets(f"{plain}/step_1", 0))
+        with open(daemon_log(store)) as f:
+            errors = [line for line in f if " error:" in line]
+        assert not errors, errors[:10]
+    print("distcp: ok")
+
+
+if __name__ == "__main__":
+    main()
