@@ -3,7 +3,9 @@
 // exact), base, logical and stored size, head image size, ratio; totals per lineage and for the
 // store. Ratios are logical / (stored + head images): a head image costs its full size on disk.
 #include <iostream>
+#include <map>
 #include <memory>
+#include <set>
 #include <string>
 
 #include "tools/commands.hpp"
@@ -54,6 +56,39 @@ text_table version_table() {
       {true, false, false, true, true, true, true, true, false});
 }
 
+// Sharded saves (DCP's step_N/__R_F.distcp, DeepSpeed's global_stepN/, sharded safetensors):
+// one line per directory holding live versions of two or more lineages, what the step costs.
+void print_steps(const nlohmann::json& r) {
+  struct step {
+    std::set<std::uint64_t> lineages;
+    std::size_t files = 0;
+    double logical = 0, stored = 0, head = 0;
+  };
+  std::map<std::string, step> steps;
+  for (const auto& l : jarr(r, "lineages"))
+    for (const auto& v : jarr(l, "versions"))
+      for (const auto& p : jarr(v, "paths")) {
+        const std::string path = p.get<std::string>();
+        const auto slash = path.rfind('/');
+        step& s = steps[slash == std::string::npos ? "." : path.substr(0, slash)];
+        s.lineages.insert(ju64(l, "lineage"));
+        ++s.files;
+        s.logical += jnum(v, "logical_bytes");
+        s.stored += jnum(v, "stored_bytes");
+        s.head += jnum(v, "head_bytes");
+      }
+  std::erase_if(steps, [](const auto& e) { return e.second.lineages.size() < 2; });
+  if (steps.empty()) return;
+  std::printf("sharded saves (directories with files of several lineages): %zu\n", steps.size());
+  text_table t({"DIRECTORY", "FILES", "LOGICAL", "STORED", "HEAD", "RATIO"},
+               {false, true, true, true, true, true});
+  for (const auto& [dir, s] : steps)
+    t.add({dir, std::to_string(s.files), human_bytes(s.logical), human_bytes(s.stored),
+           s.head > 0 ? human_bytes(s.head) : "-", ratio_text(s.logical, s.stored + s.head)});
+  std::fputs(t.render().c_str(), stdout);
+  std::printf("\n");
+}
+
 void print_text(const nlohmann::json& r) {
   for (const auto& l : jarr(r, "lineages")) {
     const auto& versions = jarr(l, "versions");
@@ -71,6 +106,7 @@ void print_text(const nlohmann::json& r) {
     std::fputs(t.render().c_str(), stdout);
     std::printf("\n");
   }
+  print_steps(r);
   const auto& files = jarr(r, "files");
   if (!files.empty()) {
     double logical = 0, stored = 0;
@@ -113,7 +149,9 @@ void add_ls_command(CLI::App& app) {
       "the next delta do not replay the chain; it costs its full size on disk, and every ratio "
       "shown (logical / (stored + heads)) counts it. Exact (non-checkpoint) files under PATH "
       "are listed after the lineages, with the hidden versions whose blocks they reuse after a "
-      "partial rewrite (donors, counted in the stored bytes).\n");
+      "partial rewrite (donors, counted in the stored bytes). Sharded saves (a directory with "
+      "files of several lineages: DCP's step_N/__R_F.distcp, DeepSpeed's global_stepN/, "
+      "sharded safetensors) get one line each: files, sizes and ratio of the step.\n");
   cmd->add_option("PATH", o->path,
                   "A file or directory inside a ckptfs mount (default: the current directory), "
                   "or a store directory (offline: the whole store)");

@@ -28,6 +28,7 @@ import json
 import os
 import pickle
 import random
+import subprocess
 import sys
 import tempfile
 import threading
@@ -252,6 +253,15 @@ def main():
                         open(f"{plain}/step_{step}/.metadata", "rb") as b:
                     assert a.read() == b.read()
             assert len(set(lineages.values())) == RANKS, lineages
+            # `ckptctl ls` shows each step's shards together (one line per step directory).
+            ctl = os.path.join(os.path.dirname(os.path.abspath(binary)), "ckptctl")
+            out = subprocess.run([ctl, "ls", mnt], check=True, capture_output=True,
+                                 text=True).stdout
+            assert "sharded saves" in out, out
+            for step in range(1, STEPS + 1):
+                row = [line.split() for line in out.splitlines()
+                       if line.split()[:1] == [f"step_{step}"]]
+                assert row and row[0][1] == str(RANKS), (step, out)
             hostile(mnt, f"{plain}/step_1", plain)
         ratio = single_bytes / dcp_bytes
         print(f"distcp: shards stored {dcp_bytes} bytes, the same tensors as torch.save files "
