@@ -78,7 +78,7 @@ def fio(directory, rw, bs, job_mib):
     out = subprocess.run(
         ["fio", "--name", f"{rw}{bs}", "--directory", directory, "--rw", rw, "--bs", bs,
          "--size", f"{job_mib}M", "--numjobs", "4", "--ioengine", "psync", "--end_fsync", "1",
-         "--verify", "crc32c", "--do_verify", "0", "--group_reporting",
+         "--verify", "crc32c", "--verify_state_save", "0", "--do_verify", "0", "--group_reporting",
          "--output-format", "json"], check=True, capture_output=True, text=True).stdout
     job = json.loads(out)["jobs"][0]
     return job["write"]["bw"] / 1024  # KiB/s -> MiB/s

@@ -72,7 +72,7 @@ def run(cmd, **kw):
 
 
 def fio_jobs(directory, verify_only=False):
-    common = ["--directory", directory, "--size", "96M", "--numjobs", "2", "--verify", "crc32c",
+    common = ["--directory", directory, "--size", "96M", "--numjobs", "2", "--verify", "crc32c", "--verify_state_save", "0",
               "--do_verify", "1", "--group_reporting", "--output-format", "terse"]
     if verify_only:
         common += ["--verify_only"]
