@@ -291,7 +291,9 @@ struct content_store::impl {
   bool is_head(const version_rec& r) const;                    // mu held
   static nlohmann::json version_json(const version_rec& r);
   static nlohmann::json lineage_json(const lineage_rec& l);
-  void apply_version(const nlohmann::json& j);  // mu held
+  void apply_version(const nlohmann::json& j);                         // mu held
+  std::uint64_t join_lineage(std::uint64_t from, std::uint64_t into);  // mu held (renamed())
+  static nlohmann::json join_json(std::uint64_t from, std::uint64_t into);
 
   // ---- reclaim.cpp ----
   void collect(std::uint64_t v, std::vector<std::uint64_t>& objects_to_remove);  // mu held

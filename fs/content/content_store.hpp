@@ -176,6 +176,14 @@ class content_store {
   // True when take_unneeded_objects() has something: the flusher then syncs soon.
   bool has_unneeded_objects() const;
 
+  // A name of `ref` moved to `new_path` (a rename of the file or of a directory above it). A
+  // lineage forked by a file written under a temporary name (a step directory written as
+  // tmpXXXX/ and renamed, DESIGN.md §4) is joined to the lineage it forked from when the new
+  // name is that lineage's: the steps of one rank stay one lineage. Joins only the newest
+  // version of a lineage whose first version was coded against the other lineage's current
+  // head; otherwise, and when either lineage is busy encoding, nothing changes. Appends a
+  // journal record without sync (a lost join only leaves the fork).
+  void renamed(const content_ref& ref, std::string_view new_path);
   void ref(const content_ref& ref);
   void unref(const content_ref& ref);  // may reclaim space (after the caller's journal sync)
 

@@ -173,28 +173,36 @@ content_ref content_store::impl::put(std::string_view path, const format::source
   std::uint64_t id = 0, lineage_id = 0, base_id = 0, since = 0;
   bool make_head = false;
   std::shared_ptr<std::mutex> encode_mu;
-  if (checkpoint) {
-    std::lock_guard lock(m.mu);
-    const std::uint64_t sig = lineage_signature(layout);
-    const std::string key = lineage_path_key(path);
-    // A path key that has a lineage continues it; a new one gets its lineage at once (in memory;
-    // its record goes with its first version), so that two first puts of one path key meet in
-    // the same lineage: the second waits for the first and deltas against it.
-    for (const auto& [lid, l] : m.lineages)
-      if (l.signature == sig && l.path_key == key) lineage_id = lid;
-    if (!lineage_id) {
-      lineage_rec l;
-      l.id = lineage_id = m.next_lineage++;
-      l.signature = sig;
-      l.path_key = key;
-      l.journaled = false;
-      m.lineages.emplace(lineage_id, std::move(l));
-    }
-    encode_mu = m.lineages.at(lineage_id).encode_mu;
-  }
-  // One encode at a time per lineage: the next version's base is this one's reconstruction.
   std::unique_lock<std::mutex> lineage_lock;
-  if (encode_mu) lineage_lock = std::unique_lock(*encode_mu);
+  // One encode at a time per lineage: the next version's base is this one's reconstruction. A
+  // lineage chosen here may be joined into another (renamed()) before its lock is ours: then
+  // the choice is made again.
+  while (checkpoint) {
+    {
+      std::lock_guard lock(m.mu);
+      lineage_id = 0;
+      const std::uint64_t sig = lineage_signature(layout);
+      const std::string key = lineage_path_key(path);
+      // A path key that has a lineage continues it; a new one gets its lineage at once (in memory;
+      // its record goes with its first version), so that two first puts of one path key meet in
+      // the same lineage: the second waits for the first and deltas against it.
+      for (const auto& [lid, l] : m.lineages)
+        if (l.signature == sig && l.path_key == key) lineage_id = lid;
+      if (!lineage_id) {
+        lineage_rec l;
+        l.id = lineage_id = m.next_lineage++;
+        l.signature = sig;
+        l.path_key = key;
+        l.journaled = false;
+        m.lineages.emplace(lineage_id, std::move(l));
+      }
+      encode_mu = m.lineages.at(lineage_id).encode_mu;
+    }
+    lineage_lock = std::unique_lock(*encode_mu);
+    std::lock_guard lock(m.mu);
+    if (m.lineages.count(lineage_id)) break;
+    lineage_lock.unlock();
+  }
   if (checkpoint) {
     std::lock_guard lock(m.mu);
     // The id is taken under the lineage's encode lock: within a lineage, ids follow completion

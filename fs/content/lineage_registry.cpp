@@ -5,6 +5,7 @@
 #include "codec/error.hpp"
 #include "codec/format/layout.hpp"
 #include "fs/content/content_impl.hpp"
+#include "fs/content/lineage_key.hpp"
 
 namespace ckpt::fs {
 
@@ -83,6 +84,71 @@ void content_store::impl::apply_version(const json& j) {
   versions[r.id] = std::move(r);
 }
 
+// Moves every version of lineage `from` into `into`, whose head it then is; caller holds mu.
+// Returns the superseded head of `into` (0 if none).
+std::uint64_t content_store::impl::join_lineage(std::uint64_t from, std::uint64_t into) {
+  auto f = lineages.find(from);
+  auto t = lineages.find(into);
+  if (f == lineages.end() || t == lineages.end() || from == into)
+    throw corrupt_error("content: a lineage join names an unknown lineage");
+  std::uint64_t superseded = 0;
+  if (f->second.head > t->second.head) {
+    superseded = t->second.head;
+    t->second.head = f->second.head;
+    t->second.since_keyframe = f->second.since_keyframe;
+  }
+  for (auto& [id, r] : versions)
+    if (r.lineage == from) r.lineage = into;
+  for (auto& [id, r] : graveyard)
+    if (r.lineage == from) r.lineage = into;
+  lineages.erase(f);
+  return superseded;
+}
+
+nlohmann::json content_store::impl::join_json(std::uint64_t from, std::uint64_t into) {
+  return {{"t", "c.j"}, {"l", from}, {"into", into}};
+}
+
+void content_store::renamed(const content_ref& ref, std::string_view new_path) {
+  auto& m = *impl_;
+  std::uint64_t superseded = 0;
+  {
+    std::lock_guard lock(m.mu);
+    const auto v = m.versions.find(ref.version);
+    if (v == m.versions.end() || !v->second.lineage) return;
+    const auto l = m.lineages.find(v->second.lineage);
+    if (l == m.lineages.end() || l->second.head != ref.version || !l->second.journaled) return;
+    const std::string key = lineage_path_key(new_path);
+    // Never across ranks or shards (the fork's rows are its own rank's).
+    if (key == l->second.path_key ||
+        lineage_rank_tokens(key) != lineage_rank_tokens(l->second.path_key))
+      return;
+    std::uint64_t oldest = ref.version;
+    for (const auto& [id, r] : m.versions)
+      if (r.lineage == l->first) oldest = std::min(oldest, id);
+    // The lineage the new name keys; with several (an older fork), the most recently extended.
+    lineage_rec* into = nullptr;
+    for (auto& [lid, o] : m.lineages)
+      if (lid != l->first && o.journaled && o.path_key == key &&
+          o.signature == l->second.signature && (!into || o.head > into->head))
+        into = &o;
+    // Joined only when it stays a chain in completion order: every version of the fork is newer
+    // than the other lineage's head.
+    if (!into || into->head >= oldest) return;
+    // Not while either encodes: a put holds its lineage's encode lock and reads its head (and a
+    // put that chose the fork before it went looks again once it has the lock, ingest.cpp).
+    const std::shared_ptr<std::mutex> mu_from = l->second.encode_mu, mu_into = into->encode_mu;
+    std::unique_lock a(*mu_from, std::try_to_lock);
+    std::unique_lock b(*mu_into, std::try_to_lock);
+    if (!a.owns_lock() || !b.owns_lock()) return;
+    const std::uint64_t from = l->first, to = into->id;
+    m.journal.append(to_bytes(impl::join_json(from, to)));
+    superseded = m.join_lineage(from, to);
+    if (superseded) m.collect(superseded, m.unneeded);
+  }
+  if (superseded && m.heads) m.heads->drop(superseded);
+}
+
 bool content_store::apply(std::span<const std::byte> record) {
   json j;
   try {
@@ -104,6 +170,8 @@ bool content_store::apply(std::span<const std::byte> record) {
       l.signature = j.at("s").get<std::uint64_t>();
       l.path_key = j.at("pk").get<std::string>();
       impl_->next_lineage = std::max(impl_->next_lineage, l.id + 1);
+    } else if (t == "c.j") {
+      impl_->join_lineage(j.at("l").get<std::uint64_t>(), j.at("into").get<std::uint64_t>());
     } else {
       throw corrupt_error("content: unknown record " + t);
     }

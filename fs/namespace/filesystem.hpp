@@ -297,6 +297,7 @@ class filesystem {
   int commit(ino_t ino, const std::shared_ptr<write_buffer>& buf, const std::string& path,
              timespec mtime);
   void sync_journal();
+  void rejoin_lineages(ino_t ino, const std::string& path);  // mu_ held
   // Writes a snapshot into a new journal when it grew past compact_bytes (or `force`); false if
   // it did not (small enough, or a put is in flight).
   bool maybe_compact(bool force);

@@ -190,6 +190,26 @@ void filesystem::rename(ino_t parent, std::string_view name, ino_t new_parent,
   append(tree_.rename(parent, name, new_parent, new_name, flags, now()));
   if (dst && dst != src) maybe_drop(dst);
   if (src && rt_.count(src)) rt_[src].path = path_of(new_parent, new_name);
+  if (src) rejoin_lineages(src, path_of(new_parent, new_name));
+}
+
+// Files moved by a rename tell the content store their new names: a step directory written under
+// a temporary name and renamed joins its shards to their ranks' lineages (content_store::renamed).
+// Bounded: a rename of a large tree walks at most kRejoinMax files.
+void filesystem::rejoin_lineages(ino_t ino, const std::string& path) {
+  constexpr std::size_t kRejoinMax = 4096;
+  std::vector<std::pair<ino_t, std::string>> work{{ino, path}};
+  for (std::size_t seen = 0; !work.empty() && seen < kRejoinMax; ++seen) {
+    auto [cur, p] = std::move(work.back());
+    work.pop_back();
+    const inode* n = tree_.find(cur);
+    if (!n) continue;
+    if (n->is_reg() && n->content.version) {
+      content_.renamed(n->content, p);
+    } else if (n->is_dir()) {
+      for (const auto& [name, c] : n->entries) work.emplace_back(c, p + "/" + name);
+    }
+  }
 }
 
 // ---- directories ----

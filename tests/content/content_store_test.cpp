@@ -295,6 +295,62 @@ TEST_CASE("another rank's or shard's lineage is never a new lineage's base", "[c
   CHECK(s.content.info(r2).base == r0.version);
 }
 
+TEST_CASE("a fork written under a temporary name joins its lineage when renamed into it",
+          "[content]") {
+  temp_dir d;
+  std::uint64_t rank0 = 0, joined = 0;
+  {
+    opened s(d.path, {});
+    std::vector<float> a(20000, 0.25f);
+    const auto r0 =
+        s.content.put("dcp/step_1/__0_0.distcp", format::memory_source(safetensors({{"w", a}})));
+    const auto q0 =
+        s.content.put("dcp/step_1/__1_0.distcp", format::memory_source(safetensors({{"w", a}})));
+    rank0 = s.content.info(r0).lineage;
+    a[3] += 0.5f;
+    const auto r1 =
+        s.content.put("dcp/tmpab12/__0_0.distcp", format::memory_source(safetensors({{"w", a}})));
+    REQUIRE(s.content.info(r1).lineage != rank0);  // forked from rank 0's head...
+    REQUIRE(s.content.info(r1).base == r0.version);
+    s.content.renamed(r0, "dcp/old/__0_0.distcp");  // a name no lineage has: no change
+    CHECK(s.content.info(r0).lineage == rank0);
+    s.content.renamed(r1, "dcp/step_2/__1_0.distcp");  // another rank's name: never joined
+    CHECK(s.content.info(r1).lineage != rank0);
+    CHECK(s.content.info(r1).lineage != s.content.info(q0).lineage);
+    s.content.renamed(r1, "dcp/step_2/__0_0.distcp");  // ...and joined under its step name
+    CHECK(s.content.info(r1).lineage == rank0);
+    CHECK(s.content.info(r0).lineage == rank0);
+    // The next temporary step continues from the joined head, and joins as well.
+    a[5] += 0.5f;
+    const auto r2 =
+        s.content.put("dcp/tmpcd34/__0_0.distcp", format::memory_source(safetensors({{"w", a}})));
+    CHECK(s.content.info(r2).base == r1.version);
+    s.content.renamed(r2, "dcp/step_3/__0_0.distcp");
+    CHECK(s.content.info(r2).lineage == rank0);
+    // A name that keys no lineage, and a rename back to the fork's own key: no change.
+    a[6] += 0.5f;
+    const auto r3 =
+        s.content.put("dcp/tmpef56/__0_0.distcp", format::memory_source(safetensors({{"w", a}})));
+    const auto fork = s.content.info(r3).lineage;
+    s.content.renamed(r3, "elsewhere/__0_0.distcp");
+    CHECK(s.content.info(r3).lineage == fork);
+    s.content.renamed(r3, "dcp/tmpef56/__0_0.distcp");
+    CHECK(s.content.info(r3).lineage == fork);
+    s.content.renamed(r3, "dcp/step_4/__0_0.distcp");
+    CHECK(s.content.info(r3).lineage == rank0);
+    joined = r3.version;
+  }
+  opened s(d.path, {}, {});  // the join is journaled
+  CHECK(s.content.info({joined, 0}).lineage == rank0);
+  std::vector<float> a(20000, 0.25f);
+  a[3] = a[5] = a[6] = 0.75f;
+  a[9] = 1.0f;
+  const auto next =
+      s.content.put("dcp/step_5/__0_0.distcp", format::memory_source(safetensors({{"w", a}})));
+  CHECK(s.content.info(next).lineage == rank0);
+  CHECK(s.content.info(next).base == joined);
+}
+
 TEST_CASE("two first puts of one new path at once make one lineage, and survive a restart",
           "[content]") {
   temp_dir d;

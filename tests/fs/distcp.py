@@ -12,7 +12,8 @@ rows. Reading is DCP's: slice the shard by the metadata and torch.load each slic
 Checks:
   - every slice loads; byte items and .metadata read back exact; shapes and dtypes equal;
   - step 1 is a keyframe per rank, steps 2-6 deltas, one lineage per rank (stable over the
-    steps, different between ranks), format "distcp";
+    steps, different between ranks; steps 4-5 are written under a random temporary directory
+    name and renamed, and still continue their ranks' lineages), format "distcp";
   - every float element within the closed-loop bound of its delta (|read - saved| <= |saved -
     previous read|, docs/codec.md), exp_avg_sq within 2x; small tensors and integers exact;
   - the shards compress within 10% of the same tensors saved as one torch.save per rank;
@@ -40,6 +41,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ckptfs_testlib import daemon_log, mounted, require_fuse  # noqa: E402
 
 RANKS, STEPS = 4, 6
+TEMP_STEPS = (4, 5)  # written under a random temporary directory name, then renamed
 
 
 def info(path):
@@ -93,8 +95,12 @@ def write_shard(path, byte_items, tensors):
     return meta
 
 
-def write_step(root, step, state):
-    d = f"{root}/step_{step}"
+def write_step(root, step, state, temp=False):
+    """temp: written under a random temporary directory name and renamed to step_N at the end
+    (as checkpoint managers that publish a step atomically do)."""
+    final = d = f"{root}/step_{step}"
+    if temp:
+        d = f"{root}/.tmp{os.urandom(4).hex()}"
     os.makedirs(d, exist_ok=True)
     metas, barrier, errors = [None] * RANKS, threading.Barrier(RANKS), []
 
@@ -120,6 +126,8 @@ def write_step(root, step, state):
         f.flush()
         os.fsync(f.fileno())
     os.rename(f"{d}/.metadata.tmp", f"{d}/.metadata")
+    if temp:
+        os.rename(d, final)
     return metadata
 
 
@@ -225,7 +233,7 @@ def main():
         dcp_bytes = single_bytes = 0
         with mounted(binary, store, mnt):
             for step, state in enumerate(train_states(), start=1):
-                write_step(mnt, step, state)
+                write_step(mnt, step, state, temp=step in TEMP_STEPS)
                 write_step(plain, step, state)
                 # The same tensors as one torch.save per rank: the compression reference.
                 for r in range(RANKS):
