@@ -139,6 +139,11 @@ inline std::vector<std::byte> to_bytes(const nlohmann::json& j) {
           reinterpret_cast<const std::byte*>(v.data() + v.size())};
 }
 
+// Journal feature records (c.f): written once, before the first record that needs the feature.
+// Versions that reuse other versions' blocks (version_rec::donors): a daemon that does not
+// count donors would reclaim them and lose the blocks.
+inline constexpr std::string_view kFeatureSharedExtents = "shared_extents";
+
 struct version_rec {
   std::uint64_t id = 0;
   store::object_ref obj;
@@ -178,6 +183,7 @@ struct content_store::impl {
   std::map<std::uint64_t, version_rec> versions;
   std::map<std::uint64_t, lineage_rec> lineages;
   std::uint64_t next_version = 1, next_lineage = 1;
+  bool shared_extents = false;  // the journal holds the shared_extents feature record
   std::uint64_t max_object = 0;         // largest object id any replayed record names
   std::vector<std::uint64_t> unneeded;  // objects to remove once the records are durable
   std::vector<std::uint64_t> replaced;  // replay: objects of rewritten versions (rekey)
@@ -294,6 +300,7 @@ struct content_store::impl {
   void apply_version(const nlohmann::json& j);                         // mu held
   std::uint64_t join_lineage(std::uint64_t from, std::uint64_t into);  // mu held (renamed())
   static nlohmann::json join_json(std::uint64_t from, std::uint64_t into);
+  static nlohmann::json feature_json(std::string_view feature);
 
   // ---- reclaim.cpp ----
   void collect(std::uint64_t v, std::vector<std::uint64_t>& objects_to_remove);  // mu held

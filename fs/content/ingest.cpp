@@ -466,6 +466,10 @@ content_ref content_store::impl::put(std::string_view path, const format::source
         l.journaled = true;
       }
     }
+    if (!r.donors.empty() && !m.shared_extents) {
+      m.journal.append(to_bytes(feature_json(kFeatureSharedExtents)));
+      m.shared_extents = true;
+    }
     m.journal.append(to_bytes(version_json(r)));
     base_pin.armed = false;  // the pin becomes the new version's dependency on its base
     std::uint64_t old_head = 0;

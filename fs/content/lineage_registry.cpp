@@ -49,6 +49,7 @@ json content_store::impl::version_json(const version_rec& r) {
          {"l", r.lineage},       {"b", r.base}, {"p", r.path},      {"q", r.since_keyframe},
          {"ct", r.created_ns}};
   if (!r.donors.empty()) j["d"] = r.donors;
+  if (r.donors_released) j["dr"] = true;
   return j;
 }
 
@@ -70,6 +71,7 @@ void content_store::impl::apply_version(const json& j) {
   r.since_keyframe = j.at("q").get<std::uint64_t>();
   r.created_ns = j.value("ct", std::int64_t(0));
   r.donors = j.value("d", std::vector<std::uint64_t>{});
+  r.donors_released = j.value("dr", false);
   next_version = std::max(next_version, r.id + 1);
   max_object = std::max(max_object, r.obj.id);
   if (r.lineage) {
@@ -103,6 +105,10 @@ std::uint64_t content_store::impl::join_lineage(std::uint64_t from, std::uint64_
     if (r.lineage == from) r.lineage = into;
   lineages.erase(f);
   return superseded;
+}
+
+nlohmann::json content_store::impl::feature_json(std::string_view feature) {
+  return {{"t", "c.f"}, {"f", feature}};
 }
 
 nlohmann::json content_store::impl::join_json(std::uint64_t from, std::uint64_t into) {
@@ -170,6 +176,13 @@ bool content_store::apply(std::span<const std::byte> record) {
       l.signature = j.at("s").get<std::uint64_t>();
       l.path_key = j.at("pk").get<std::string>();
       impl_->next_lineage = std::max(impl_->next_lineage, l.id + 1);
+    } else if (t == "c.f") {
+      // A feature that changes what other records mean: a daemon that does not know it must
+      // refuse the store instead of misreading it (an older one throws at the record type).
+      const auto f = j.at("f").get<std::string>();
+      if (f != kFeatureSharedExtents)
+        throw corrupt_error("content: the store uses a feature this daemon does not know: " + f);
+      impl_->shared_extents = true;
     } else if (t == "c.j") {
       impl_->join_lineage(j.at("l").get<std::uint64_t>(), j.at("into").get<std::uint64_t>());
     } else {
@@ -279,6 +292,7 @@ version_info content_store::info(const content_ref& ref) const {
 
 void content_store::snapshot(std::vector<std::vector<std::byte>>& out) const {
   std::lock_guard lock(impl_->mu);
+  if (impl_->shared_extents) out.push_back(to_bytes(impl::feature_json(kFeatureSharedExtents)));
   for (const auto& [id, l] : impl_->lineages)
     if (l.journaled) out.push_back(to_bytes(impl::lineage_json(l)));
   for (const auto& [id, r] : impl_->versions) out.push_back(to_bytes(impl::version_json(r)));

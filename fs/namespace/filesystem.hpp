@@ -214,6 +214,8 @@ class filesystem {
   std::uint64_t rekey(std::uint64_t version);
   // Makes every record durable and releases what waited for it (like fsyncdir).
   void sync() { sync_journal(); }
+  // Rewrites the journal as a snapshot now (tests); false when a put is between its records.
+  bool compact() { return maybe_compact(true); }
 
   // What the write path holds right now (`ckptctl status`). Cheap and thread-safe: atomics and
   // the chunk pool's short lock; it never waits for the namespace lock or a commit.

@@ -185,14 +185,11 @@ void filesystem::fallocate(std::uint64_t fh, int mode, std::uint64_t offset, std
   if (length == 0) fail(EINVAL, "fallocate of an empty range");
   if (offset > max_file_size || length > max_file_size - offset)
     fail(EFBIG, "fallocate past the maximum file size");
-  if (!zero) {
-    // Nothing is reserved (the store is compressed; holes read as zeros), but a range the
-    // store's filesystem could never hold is refused as a preallocation would be.
-    struct statvfs sv {};
-    if (::statvfs(cfg_.store_dir.c_str(), &sv) == 0 &&
-        std::uint64_t(sv.f_bavail) * sv.f_frsize < length)
-      fail(ENOSPC, "fallocate: the store has no room for the range");
-  }
+  // Nothing is reserved (the store is compressed; holes read as zeros), but growth the store's
+  // filesystem could never hold is refused as a preallocation would be: the part of the range
+  // past the file's end (inside it, everything is allocated already, as ext4 sees it).
+  struct statvfs sv {};
+  const bool have_free = !zero && ::statvfs(cfg_.store_dir.c_str(), &sv) == 0;
   lock_t lk(mu_);
   ino_t ino = handle_at(fh).ino;
   if (!handle_at(fh).writable) fail(EBADF, "handle not open for writing");
@@ -200,6 +197,9 @@ void filesystem::fallocate(std::uint64_t fh, int mode, std::uint64_t offset, std
   load(lk, ino);
   runtime& r = rt(ino);
   const std::uint64_t end = offset + length;
+  if (have_free && end > r.buf->size() &&
+      std::uint64_t(sv.f_bavail) * sv.f_frsize < end - std::max(offset, r.buf->size()))
+    fail(ENOSPC, "fallocate: the store has no room for the range");
   if (zero && offset < r.buf->size()) r.buf->punch_hole(offset, length);
   if (!keep_size && end > r.buf->size()) r.buf->truncate(end);
   // Like ext4, every successful fallocate marks the file modified (mtime and ctime).

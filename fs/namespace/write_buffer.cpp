@@ -157,6 +157,8 @@ write_buffer::unchanged_ranges write_buffer::unchanged() const {
       if (!from_base(i)) continue;
       const std::uint64_t a = i * chunk_bytes;
       const std::uint64_t b = std::min({a + chunk_bytes, base_limit_, size_});
+      // Two runs may share a chunk (a file extended by truncate): emitted once, ascending.
+      if (!u.ranges.empty() && a < u.ranges.back().second) continue;
       if (!u.ranges.empty() && u.ranges.back().second == a)
         u.ranges.back().second = b;
       else

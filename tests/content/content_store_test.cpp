@@ -500,3 +500,21 @@ TEST_CASE("nonnegative tensors are stored as ratios (relative=on), within 2x of 
     }
   }
 }
+
+TEST_CASE("journal feature records: known ones are taken, unknown ones refuse the store",
+          "[content]") {
+  temp_dir d;
+  opened s(d.path, {});
+  auto record = [](const nlohmann::json& j) {
+    const auto v = nlohmann::json::to_cbor(j);
+    std::vector<std::byte> b(v.size());
+    std::memcpy(b.data(), v.data(), v.size());
+    return b;
+  };
+  CHECK(s.content.apply(record({{"t", "c.f"}, {"f", "shared_extents"}})));
+  CHECK_THROWS_AS(s.content.apply(record({{"t", "c.f"}, {"f", "from_the_future"}})),
+                  corrupt_error);
+  // A join naming lineages the journal never had is damage, not a crash.
+  CHECK_THROWS_AS(s.content.apply(record({{"t", "c.j"}, {"l", 77}, {"into", 78}})),
+                  corrupt_error);
+}
