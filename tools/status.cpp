@@ -31,6 +31,7 @@ void print_text(const nlohmann::json& r) {
   const auto& cache = r.contains("cache") ? r["cache"] : nlohmann::json::object();
   const auto& buf = r.contains("buffers") ? r["buffers"] : nlohmann::json::object();
   const auto& commits = r.contains("commits") ? r["commits"] : nlohmann::json::object();
+  const auto& rotation = r.contains("rotation") ? r["rotation"] : nlohmann::json::object();
   const auto& enc = r.contains("encodes") ? r["encodes"] : nlohmann::json::object();
   const auto& heads = r.contains("heads") ? r["heads"] : nlohmann::json::object();
   const auto& scratch = r.contains("scratch") ? r["scratch"] : nlohmann::json::object();
@@ -56,6 +57,11 @@ void print_text(const nlohmann::json& r) {
   std::printf("commits:  %llu running, %llu queued\n",
               static_cast<unsigned long long>(ju64(commits, "running")),
               static_cast<unsigned long long>(ju64(commits, "queued")));
+  std::printf("rotation: %s rewritten as keyframes (%s written), %s of hidden versions freed%s\n",
+              plural(ju64(rotation, "rewrites"), "version").c_str(),
+              human_bytes(jnum(rotation, "written_bytes")).c_str(),
+              human_bytes(jnum(rotation, "freed_bytes")).c_str(),
+              jbool(rotation, "pending", false) ? "; deletions being looked at" : "");
   std::printf("encodes:  %llu of %llu slots in use, %s allocated by the slots\n",
               static_cast<unsigned long long>(ju64(enc, "in_use")),
               static_cast<unsigned long long>(ju64(enc, "slots")),

@@ -79,6 +79,7 @@ store_session::store_session(const bf::path& store_dir, const store_session_opti
   cfg.staging_dir = staging_dir().string();
   cfg.buffer_bytes = opt.buffer_bytes;
   cfg.direct_checkpoint_reads = opt.direct_checkpoint_reads;
+  cfg.rewrite_factor = opt.rewrite_factor;
   if (opt.compact_bytes) cfg.compact_bytes = *opt.compact_bytes;
   fs_.emplace(*journal_, *content_, cfg);
 

@@ -27,6 +27,8 @@ struct store_session_options {
   std::uint64_t buffer_bytes = std::uint64_t(1) << 30;  // fs_config::buffer_bytes
   std::optional<std::uint64_t> compact_bytes;           // fs_config::compact_bytes if set
   bool direct_checkpoint_reads = true;                  // fs_config::direct_checkpoint_reads
+  // fs_config::rewrite_factor: the daemon's (-o reclaim); tools leave chains to ckptctl prune.
+  double rewrite_factor = 0;
   // Staging files and head images go to SCRATCH/staging and SCRATCH/heads (empty: the store).
   std::string scratch;
   // Head images (content_options::heads_dir). The daemon's choice; ckptctl's offline mode

@@ -183,7 +183,7 @@ struct content_store::impl {
   std::map<std::uint64_t, version_rec> versions;
   std::map<std::uint64_t, lineage_rec> lineages;
   std::uint64_t next_version = 1, next_lineage = 1;
-  bool shared_extents = false;  // the journal holds the shared_extents feature record
+  bool shared_extents = false;          // the journal holds the shared_extents feature record
   std::uint64_t max_object = 0;         // largest object id any replayed record names
   std::vector<std::uint64_t> unneeded;  // objects to remove once the records are durable
   std::vector<std::uint64_t> replaced;  // replay: objects of rewritten versions (rekey)
@@ -301,6 +301,11 @@ struct content_store::impl {
   std::uint64_t join_lineage(std::uint64_t from, std::uint64_t into);  // mu held (renamed())
   static nlohmann::json join_json(std::uint64_t from, std::uint64_t into);
   static nlohmann::json feature_json(std::string_view feature);
+
+  // ---- chain_rewrite.cpp ----
+  // Lineages that lost a name since chains_to_rewrite() last looked (mu held).
+  std::set<std::uint64_t> chain_hints;
+  void hint_chain(std::uint64_t v);  // v lost its last name; mu held
 
   // ---- reclaim.cpp ----
   void collect(std::uint64_t v, std::vector<std::uint64_t>& objects_to_remove);  // mu held

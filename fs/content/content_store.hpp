@@ -232,6 +232,19 @@ class content_store {
   // made unnecessary (its old object, bases nothing else needs) go to take_unneeded_objects().
   // Returns the new object's disk bytes, or 0 if the version was not a delta (nothing done).
   std::uint64_t rekey(std::uint64_t version);
+  // Hidden chains worth freeing (docs/filesystem.md, "Rotation"): for each lineage that lost a
+  // name since the last call (every lineage after replay), its oldest named version when that
+  // is a delta whose base chain holds, in versions nothing else needs, at least `factor` times
+  // the bytes of the chain's keyframe (the cost of rewriting it as one, rekey). Rewriting it
+  // frees them; each rewrite thus writes at most 1/factor of what it frees. Cheap: no I/O.
+  // factor <= 0: none (and the hints are dropped).
+  struct chain_rewrite {
+    std::uint64_t version = 0;
+    std::uint64_t hidden_bytes = 0;    // freed by the rewrite (object bytes)
+    std::uint64_t keyframe_bytes = 0;  // the estimate of what it writes
+  };
+  std::vector<chain_rewrite> chains_to_rewrite(double factor);
+  bool has_chain_hints() const;
   // Checks one version: the object's payload checksum, its metadata and references; `deep` also
   // decodes every block and compares each tensor's reconstruction with its recorded digest.
   // Returns "" when sound, else what is wrong. Bases are not checked (the caller walks chains).

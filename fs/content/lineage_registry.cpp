@@ -220,6 +220,8 @@ void content_store::replay_done(std::span<const content_ref> live) {
     std::vector<std::uint64_t> ids;
     for (auto& [id, r] : vs) ids.push_back(id);
     for (auto it = ids.rbegin(); it != ids.rend(); ++it) impl_->collect(*it, doomed);
+    // Chains left by deletions before the restart are looked at once (chain_rewrite.cpp).
+    for (const auto& [lid, l] : impl_->lineages) impl_->chain_hints.insert(lid);
     // A rewritten version's old object: its new record is durable (we just replayed it).
     std::set<std::uint64_t> in_use;
     for (const auto& [id, r] : vs) in_use.insert(r.obj.id);

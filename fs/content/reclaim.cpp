@@ -108,6 +108,7 @@ void content_store::unref(const content_ref& ref) {
   // Removed after the next journal sync: collecting a base chain may also take a superseded
   // head whose successor's record is not durable yet.
   impl_->collect(ref.version, impl_->unneeded);
+  impl_->hint_chain(ref.version);  // kept without a name: its chain may be worth freeing
 }
 
 }  // namespace ckpt::fs

@@ -131,6 +131,7 @@ int serve(const fuse::daemon_options& opt, const std::string& program, parent_li
   so.direct_checkpoint_reads = opt.direct_checkpoint_reads;
   so.scratch = opt.scratch;
   so.heads = opt.heads;
+  so.rewrite_factor = opt.reclaim;
   so.create = true;
   // Tests: snapshot the journal early and often (default 64 MiB).
   if (const char* c = std::getenv("CKPTFS_COMPACT_BYTES"))

@@ -1,8 +1,10 @@
 #include "fs/fuse/options.hpp"
 
 #include <cctype>
+#include <cerrno>
 #include <charconv>
 #include <cmath>
+#include <cstdlib>
 #include <initializer_list>
 
 #include <unistd.h>
@@ -57,6 +59,18 @@ bool dropped_mount_option(std::string_view o) {
   return o == "defaults" || o == "auto" || o == "noauto" || o == "nofail" || o == "_netdev" ||
          o == "user" || o == "users" || o == "nouser" || o.rfind("x-", 0) == 0 ||
          o.rfind("comment=", 0) == 0;
+}
+
+// 0 (off) or a factor from 1 to 100: "1.25".
+double parse_factor(std::string_view text, std::string_view option) {
+  const std::string s(text);
+  char* end = nullptr;
+  errno = 0;
+  const double v = s.empty() ? -1 : std::strtod(s.c_str(), &end);
+  if (s.empty() || errno || end != s.c_str() + s.size() || !(v == 0 || (v >= 1 && v <= 100)))
+    throw usage_error("invalid value '" + s + "' for -o " + std::string(option) +
+                      " (0 to turn it off, or a factor from 1 to 100, e.g. 1.25)");
+  return v;
 }
 
 void take_option(daemon_options& d, const std::string& o) {
@@ -114,6 +128,9 @@ void take_option(daemon_options& d, const std::string& o) {
   } else if (key == "passthrough") {
     need_value();
     d.passthrough = choose(val, key, {"on", "off"}) == 0;
+  } else if (key == "reclaim") {
+    need_value();
+    d.reclaim = parse_factor(val, key);
   } else if (key == "reads") {
     need_value();
     d.direct_checkpoint_reads = choose(val, key, {"direct", "cached"}) == 0;
@@ -272,6 +289,11 @@ std::string usage_text(std::string_view program) {
          "  -o passthrough=on|off  on (default): reads of a head image go from the kernel\n"
          "                         straight to its file (FUSE passthrough, kernel 6.9+, needs\n"
          "                         root), at the speed of a plain file; off: through the daemon\n"
+         "  -o reclaim=F           rotation: when deleted versions kept only as bases below a\n"
+         "                         checkpoint's oldest kept delta hold F times a keyframe's\n"
+         "                         bytes, that delta is rewritten as a keyframe in the\n"
+         "                         background and they are freed (default 1.25; a rewrite\n"
+         "                         writes at most 1/F of what it frees); 0: only ckptctl prune\n"
          "  -o reads=MODE          direct (default): torch checkpoints are read past the kernel\n"
          "                         page cache, from the daemon's caches into the reader's buffer\n"
          "                         (shared mmap works on kernel 6.6+, else fails: ENODEV);\n"

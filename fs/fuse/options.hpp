@@ -38,6 +38,7 @@ struct daemon_options {
   bool heads = true;                      // -o heads=on|off (head_min: content.head_min)
   std::string scratch;                    // -o scratch=DIR: staging and heads (default STORE)
   bool passthrough = true;                // -o passthrough=on|off
+  double reclaim = 1.25;                  // -o reclaim=F (fs_config::rewrite_factor), 0: off
   std::vector<std::string> fuse_options;  // passed to libfuse as -o
 };
 

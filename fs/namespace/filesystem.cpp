@@ -31,6 +31,8 @@ filesystem::filesystem(store::journal& journal, content_store& content, fs_confi
   rt_[root_ino].nlookup = 1;  // the kernel never looks the root up, nor forgets it
   workers_ = std::make_unique<worker_pool>(std::max(1u, cfg_.commit_threads));
   flusher_ = std::jthread([this] { flusher(); });
+  if (cfg_.rewrite_factor > 0)
+    rewriter_ = std::jthread([this](std::stop_token stop) { rewriter(stop); });
 }
 
 filesystem::resources filesystem::usage() const {
@@ -41,6 +43,11 @@ filesystem::resources filesystem::usage() const {
   r.pooled_bytes = std::uint64_t(budget_->pooled_chunks()) * chunk_memory::bytes;
   r.commits_queued = commits_queued_.load();
   r.commits_running = commits_running_.load();
+  r.chain_rewrites = chain_rewrites_.load();
+  r.chain_rewrite_bytes = chain_rewrite_bytes_.load();
+  r.chain_freed_bytes = chain_freed_bytes_.load();
+  r.chain_rewrite_pending =
+      chain_rewriting_.load() || (cfg_.rewrite_factor > 0 && content_.has_chain_hints());
   return r;
 }
 
@@ -331,6 +338,11 @@ void filesystem::shutdown() {
     std::lock_guard lk(flusher_mu_);
     if (shut_down_) return;
     shut_down_ = true;
+  }
+  // A chain rewrite in progress finishes (it is a complete version or nothing); no new one.
+  if (rewriter_.joinable()) {
+    rewriter_.request_stop();
+    rewriter_.join();
   }
   workers_->drain();
   // Files still open for writing when the mount went away (the kernel drops queued releases on

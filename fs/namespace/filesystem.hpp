@@ -63,6 +63,11 @@ struct fs_config {
   // direct-I/O files (fs/fuse/passthrough.hpp). false: through the page cache, kept across opens
   // (keep_cache).
   bool direct_checkpoint_reads = true;
+  // Rotation (docs/filesystem.md): once the versions kept only as bases below a lineage's oldest
+  // named delta hold this many times the bytes of a keyframe, that delta is rewritten as a
+  // keyframe in the background (as `ckptctl prune` does) and the chain below it is freed; so a
+  // rewrite writes at most 1/factor of what it frees. 0: never (the daemon sets 1.25, -o reclaim).
+  double rewrite_factor = 0;
 };
 
 struct open_result {
@@ -230,6 +235,9 @@ class filesystem {
     std::uint64_t pooled_bytes = 0;
     std::uint64_t commits_queued = 0;   // closed files waiting for a commit worker
     std::uint64_t commits_running = 0;  // files being stored now (workers, fsync, truncate)
+    // Rotation: hidden chains freed by rewriting the delta above them (since the mount).
+    std::uint64_t chain_rewrites = 0, chain_rewrite_bytes = 0, chain_freed_bytes = 0;
+    bool chain_rewrite_pending = false;  // deletions not looked at yet, or a rewrite running
   };
   resources usage() const;
 
@@ -304,6 +312,7 @@ class filesystem {
   // it did not (small enough, or a put is in flight).
   bool maybe_compact(bool force);
   void flusher();
+  void rewriter(std::stop_token stop);  // rotation: chain rewrites (filesystem_admin.cpp)
   static timespec now();
 
   store::journal& journal_;
@@ -341,6 +350,11 @@ class filesystem {
   bool shut_down_ = false;
   std::unique_ptr<worker_pool> workers_;
   std::jthread flusher_;
+  std::atomic<std::uint64_t> chain_rewrites_{0}, chain_rewrite_bytes_{0}, chain_freed_bytes_{0};
+  std::atomic<bool> chain_rewriting_{false};
+  std::mutex rewriter_mu_;
+  std::condition_variable_any rewriter_cv_;
+  std::jthread rewriter_;  // after flusher_: stopped and joined first
 };
 
 }  // namespace ckpt::fs

@@ -3,8 +3,10 @@
 #include <mutex>
 #include <shared_mutex>
 
+#include "codec/error.hpp"
 #include "fs/namespace/fail.hpp"
 #include "fs/namespace/filesystem.hpp"
+#include "fs/namespace/log.hpp"
 
 namespace ckpt::fs {
 namespace {
@@ -96,6 +98,43 @@ std::uint64_t filesystem::rekey(std::uint64_t version) {
   }
   sync_journal();  // durable, then the superseded objects go
   return bytes;
+}
+
+// Rotation: deletions through the mount (rm, rmtree, overwrite, rename over) leave versions that
+// only later versions' chains need; content_store::chains_to_rewrite says which chains are worth
+// freeing and this rewrites the delta above each. Looks once per sync interval, after the
+// deletions' unrefs (which follow their journal sync) have been made.
+void filesystem::rewriter(std::stop_token stop) {
+  std::unique_lock lk(rewriter_mu_);
+  while (!stop.stop_requested()) {
+    rewriter_cv_.wait_for(lk, stop, cfg_.sync_interval, [] { return false; });
+    if (stop.stop_requested()) break;
+    lk.unlock();
+    chain_rewriting_ = true;
+    try {
+      for (const auto& c : content_.chains_to_rewrite(cfg_.rewrite_factor)) {
+        if (stop.stop_requested()) break;
+        try {
+          const std::uint64_t written = rekey(c.version);
+          if (!written) continue;
+          ++chain_rewrites_;
+          chain_rewrite_bytes_ += written;
+          chain_freed_bytes_ += c.hidden_bytes;
+          log_info("rotation: version " + std::to_string(c.version) + " rewritten as a keyframe (" +
+                   std::to_string(written) + " bytes written), freeing the " +
+                   std::to_string(c.hidden_bytes) + " bytes of hidden versions below it");
+        } catch (const corrupt_error& e) {
+          // Damaged (verify reports it) or rewritten meanwhile: left as it is.
+          log_error("rotation: version " + std::to_string(c.version) +
+                    " not rewritten: " + e.what());
+        }
+      }
+    } catch (const std::exception& e) {
+      log_error(std::string("rotation: ") + e.what());  // ENOSPC, EIO: again at the next deletion
+    }
+    chain_rewriting_ = false;
+    lk.lock();
+  }
 }
 
 }  // namespace ckpt::fs

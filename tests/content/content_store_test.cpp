@@ -512,9 +512,57 @@ TEST_CASE("journal feature records: known ones are taken, unknown ones refuse th
     return b;
   };
   CHECK(s.content.apply(record({{"t", "c.f"}, {"f", "shared_extents"}})));
-  CHECK_THROWS_AS(s.content.apply(record({{"t", "c.f"}, {"f", "from_the_future"}})),
-                  corrupt_error);
+  CHECK_THROWS_AS(s.content.apply(record({{"t", "c.f"}, {"f", "from_the_future"}})), corrupt_error);
   // A join naming lineages the journal never had is damage, not a crash.
-  CHECK_THROWS_AS(s.content.apply(record({{"t", "c.j"}, {"l", 77}, {"into", 78}})),
-                  corrupt_error);
+  CHECK_THROWS_AS(s.content.apply(record({{"t", "c.j"}, {"l", 77}, {"into", 78}})), corrupt_error);
+}
+
+TEST_CASE("rotation: a hidden chain is worth rewriting once it holds factor x a keyframe",
+          "[content]") {
+  temp_dir d;
+  opened s(d.path, {});
+  std::mt19937 rng(5);
+  std::normal_distribution<float> n(0, 1);
+  std::vector<float> w(200000);
+  for (auto& x : w) x = n(rng);
+  std::vector<fs::content_ref> refs;
+  for (int i = 0; i < 8; ++i) {
+    for (auto& x : w) x += 0.01f * n(rng);
+    refs.push_back(s.content.put("run/step_" + std::to_string(i) + ".safetensors",
+                                 format::memory_source(safetensors({{"w", w}}))));
+  }
+  REQUIRE(s.content.info(refs[0]).kind == "keyframe");
+  const std::uint64_t key = s.content.info(refs[0]).stored_bytes;
+  const std::uint64_t delta = s.content.info(refs[1]).stored_bytes;
+  REQUIRE(delta * 4 < key);  // the case rotation is about: deltas much smaller
+  // Nothing deleted: nothing to look at.
+  CHECK(!s.content.has_chain_hints());
+  CHECK(s.content.chains_to_rewrite(1.25).empty());
+  // The keyframe's name goes: hidden 1x a keyframe, below 1.25x: not yet (hint consumed).
+  s.content.unref(refs[0]);
+  CHECK(s.content.has_chain_hints());
+  CHECK(s.content.chains_to_rewrite(1.25).empty());
+  CHECK(!s.content.has_chain_hints());
+  // More deletions: once keyframe + deltas >= 1.25 x keyframe, the oldest named delta is named.
+  std::size_t first_named = 1;
+  std::vector<fs::content_store::chain_rewrite> todo;
+  while (todo.empty() && first_named < 7) {
+    s.content.unref(refs[first_named++]);
+    todo = s.content.chains_to_rewrite(1.25);
+  }
+  INFO("keyframe " << key << " delta " << delta << " named from " << first_named);
+  REQUIRE(todo.size() == 1);
+  CHECK(todo[0].version == refs[first_named].version);
+  CHECK(todo[0].keyframe_bytes > 0);
+  CHECK(double(todo[0].hidden_bytes) >= 1.25 * double(todo[0].keyframe_bytes));
+  CHECK(double(todo[0].hidden_bytes) < 1.25 * double(todo[0].keyframe_bytes) + 2.0 * delta);
+  // factor 0 turns it off (and forgets the hints).
+  s.content.unref(refs[first_named]);
+  CHECK(s.content.chains_to_rewrite(0).empty());
+  CHECK(!s.content.has_chain_hints());
+  // The rewrite frees the chain below it: nothing older than it is left.
+  const std::uint64_t target = refs[first_named + 1].version;
+  CHECK(s.content.rekey(target) > 0);
+  CHECK(s.content.info(refs[first_named + 1]).kind == "keyframe");
+  for (const auto& v : s.content.versions()) CHECK(v.version >= target);
 }

@@ -134,3 +134,14 @@ TEST_CASE("fuse options: reads=direct (default) or cached", "[fuse]") {
   CHECK_THROWS_AS(parse_o("reads"), usage_error);
   CHECK(parse_o("reads=cached").fuse_options.empty());  // ours, not libfuse's
 }
+
+TEST_CASE("fuse options: reclaim takes 0 or a factor from 1 to 100", "[fuse]") {
+  CHECK(parse({"store", "mnt"}).reclaim == 1.25);
+  CHECK_THAT(usage_text("ckptfs"), Catch::Contains("(default 1.25"));
+  CHECK(parse_o("reclaim=0").reclaim == 0);
+  CHECK(parse_o("reclaim=2.5").reclaim == 2.5);
+  CHECK(parse_o("reclaim=1").reclaim == 1);
+  for (const char* bad : {"reclaim=0.5", "reclaim=101", "reclaim=", "reclaim=x", "reclaim=1.2x",
+                          "reclaim=-1", "reclaim=nan", "reclaim"})
+    CHECK_THROWS_WITH(parse_o(bad), Catch::Contains("reclaim"));
+}

@@ -213,7 +213,8 @@ TEST_CASE("filesystem: small rewrites of a large file store the chunks they touc
   CHECK(m.content.versions().empty());  // no donor leaked
 }
 
-TEST_CASE("filesystem: hidden donors keep their state through a journal compaction", "[namespace]") {
+TEST_CASE("filesystem: hidden donors keep their state through a journal compaction",
+          "[namespace]") {
   temp_store tmp;
   std::string model = random_bytes(4 * MiB, 21);
   ino_t ino = 0;
