@@ -5,8 +5,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cinttypes>
 #include <cstdio>
+#include <cstring>
 #include <optional>
 #include <vector>
 
@@ -256,6 +258,21 @@ void head_store::run_rebuild(rebuild_job& job) {
   images_[job.version] = std::move(image);
 }
 
+void head_store::rechecksum(std::uint64_t version, std::uint64_t checksum) {
+  std::lock_guard lock(mu_);
+  auto it = images_.find(version);
+  if (it == images_.end()) return;
+  head_image& image = *it->second;
+  const std::uint64_t old = image.checksum_.exchange(checksum);
+  // Unpublished: the worker names it with the new checksum (or renames what it just named).
+  if (old == checksum || image.published_fd() < 0) return;
+  if (::renameat(dir_fd_, file_name(version, old).c_str(), dir_fd_,
+                 file_name(version, checksum).c_str()) != 0 &&
+      errno != ENOENT && log_)
+    log_("head image of version " + std::to_string(version) +
+         " not renamed after its rewrite (rebuilt after a restart): " + std::strerror(errno));
+}
+
 void head_store::drop(std::uint64_t version) {
   std::shared_ptr<head_image> image;
   {
@@ -324,7 +341,8 @@ void head_store::worker(std::stop_token stop) {
       cv_.notify_all();
       continue;
     }
-    const std::string name = file_name(image->version(), image->checksum());
+    const std::uint64_t named = image->checksum();
+    const std::string name = file_name(image->version(), named);
     bool failed = false;
     try {
       image->publish(dir_fd_, name);
@@ -341,6 +359,9 @@ void head_store::worker(std::stop_token stop) {
       const bool current = it != images_.end() && it->second == image;
       if (!current && image->published_fd() >= 0)
         ::unlinkat(dir_fd_, name.c_str(), 0);  // dropped or replaced while it was published
+      else if (current && image->published_fd() >= 0 && image->checksum() != named)
+        ::renameat(dir_fd_, name.c_str(), dir_fd_,  // rewritten (rechecksum) meanwhile
+                   file_name(image->version(), image->checksum()).c_str());
       // An image that cannot go to disk is not kept in memory either: that memory is buffer=.
       if (failed && current) images_.erase(it);
     }

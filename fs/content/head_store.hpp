@@ -15,6 +15,7 @@
 // directory, rebuilt when missing (a crash before publication, a lost scratch disk). They cost
 // one file of the checkpoint's full size per lineage with a head; that space counts in every
 // ratio we publish (ckptctl ls, README).
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -39,7 +40,7 @@ class head_image {
   head_image& operator=(const head_image&) = delete;
 
   std::uint64_t version() const noexcept { return version_; }
-  std::uint64_t checksum() const noexcept { return checksum_; }  // of the version's object
+  std::uint64_t checksum() const noexcept { return checksum_.load(); }  // of the version's object
   std::uint64_t size() const noexcept { return size_; }
   // All of [offset, offset + out.size()) (inside size()). Thread-safe. Throws io_error.
   void read(std::uint64_t offset, std::span<std::byte> out) const;
@@ -52,7 +53,9 @@ class head_image {
   friend class head_store;
   void publish(int dir_fd, const std::string& name);  // the worker; throws io_error
 
-  const std::uint64_t version_, checksum_, size_;
+  const std::uint64_t version_;
+  std::atomic<std::uint64_t> checksum_;  // changes when the version's object is rewritten
+  const std::uint64_t size_;
   mutable std::shared_mutex mu_;  // shared: reads; exclusive: state changes of bytes_
   std::shared_ptr<staged_file> bytes_;
   int fd_ = -1;  // owned by bytes_; set once published
@@ -79,6 +82,10 @@ class head_store {
   // The staged bytes of a version just committed (rewritten into what it reads as) become its
   // head; published in the background. Replaces an image of the same version.
   void adopt(std::uint64_t version, std::uint64_t checksum, std::shared_ptr<staged_file> bytes);
+  // The version's object was rewritten with the same served bytes (a rekey): its image takes
+  // the new object's checksum, and its file the matching name, so that a restart keeps it
+  // instead of rebuilding it. Where the rename fails the image is rebuilt after a restart.
+  void rechecksum(std::uint64_t version, std::uint64_t checksum);
   // The version is no longer a head: its name goes (readers holding the image keep reading).
   void drop(std::uint64_t version);
   // A head found missing at startup (a crash before its image was published, a store written

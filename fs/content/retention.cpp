@@ -116,7 +116,8 @@ std::uint64_t content_store::rekey(std::uint64_t v) {
     }
   }
   // Readers see the new object from now on (metadata is cached by object); decoded data is
-  // the same bytes and stays cached.
+  // the same bytes and stays cached, and so does a head image (renamed to the new checksum).
+  if (m.heads) m.heads->rechecksum(v, obj.checksum);
   return m.objects.disk_bytes(obj.id);
 }
 
