@@ -5,9 +5,9 @@ DeepSpeed's `zero_pp_rank_R_mp_rank_00_optim_states.pt` is dominated by three fl
 tensors per parameter group (master weights, Adam's exp_avg and exp_avg_sq), each as large as
 the rank's share of the model. This writes one such file of `--gib` GiB per tensor (three
 tensors), as DeepSpeed's engine does (torch.save of the optimizer state dict), for two steps
-(the second an Adam-like update of the first), and measures per step: save+fsync time, the
-daemon's CPU time over that interval divided by it (how many cores the encode kept busy: one
-flat tensor is cut into slabs and each slab's blocks are coded in parallel), the version's kind
+(the second an Adam-like update of the first), and measures per step: the time of the write and of the fsync
+(when the daemon encodes), the daemon's CPU time in each divided by its wall time (how many cores
+it kept busy: one flat tensor is cut into slabs and each slab's blocks are coded in parallel), the version's kind
 and stored bytes, and the daemon's peak RSS against its budget. Beside it, the same file saved
 to a plain directory on the same disk.
 
@@ -50,13 +50,18 @@ def state(n, step):
         "ds_version": "0.14.0"}
 
 
-def save(path, obj):
-    t = time.monotonic()
+def save(path, obj, pid=None):
+    """Seconds of the write and of the fsync; with a daemon pid, the cores it kept busy in each
+    (its CPU seconds over the phase's wall time)."""
+    cpu = (lambda: cpu_seconds(pid)) if pid else (lambda: 0.0)
+    t0, c0 = time.monotonic(), cpu()
     with open(path, "wb") as f:
         torch.save(obj, f)
         f.flush()
-        os.fsync(f.fileno())
-    return time.monotonic() - t
+        t1, c1 = time.monotonic(), cpu()
+        os.fsync(f.fileno())  # the daemon encodes the file now
+        t2, c2 = time.monotonic(), cpu()
+    return t1 - t0, t2 - t1, (c1 - c0) / (t1 - t0), (c2 - c1) / max(t2 - t1, 1e-9)
 
 
 def main():
@@ -79,14 +84,14 @@ def main():
                 for d in (f"{mnt}/global_step{step}", f"{plain}/global_step{step}"):
                     os.makedirs(d)
                 os.sync()
-                plain_s = save(f"{plain}/global_step{step}/{name}", obj)
-                cpu0 = cpu_seconds(proc.pid)
-                s = save(f"{mnt}/global_step{step}/{name}", obj)
-                cores = (cpu_seconds(proc.pid) - cpu0) / s
+                pw, pf, _, _ = save(f"{plain}/global_step{step}/{name}", obj)
+                w, f, wcores, fcores = save(f"{mnt}/global_step{step}/{name}", obj, proc.pid)
                 i = json.loads(os.getxattr(f"{mnt}/global_step{step}/{name}", "user.ckptfs.info"))
-                rows.append({"step": step, "save_s": round(s, 2), "plain_s": round(plain_s, 2),
-                             "cores": round(cores, 2), "kind": i["kind"],
-                             "logical": i["logical_bytes"], "stored": i["stored_bytes"]})
+                rows.append({"step": step, "write_s": round(w, 2), "fsync_s": round(f, 2),
+                             "plain_write_s": round(pw, 2), "plain_fsync_s": round(pf, 2),
+                             "write_cores": round(wcores, 2), "fsync_cores": round(fcores, 2),
+                             "kind": i["kind"], "logical": i["logical_bytes"],
+                             "stored": i["stored_bytes"]})
                 print(json.dumps(rows[-1]), flush=True)
                 del obj
             rss = peak_rss(proc.pid)
