@@ -5,6 +5,7 @@
 #include <tbb/parallel_for.h>
 
 #include <array>
+#include <atomic>
 #include <string>
 
 #include "codec/error.hpp"
@@ -38,11 +39,27 @@ void check_pair(const delta_input& in) {
   if (in.cur.size() % element_size(in.type)) throw invalid_argument("codec: partial element");
 }
 
+// nonnegative() over a large slab in pieces on every core: Adam's v is positive throughout, so
+// its scan is a full pass over the slab and its base, which sat between the parallel parts.
+bool nonnegative_parallel(dtype t, std::span<const std::byte> d) {
+  constexpr std::size_t piece = std::size_t(256) << 10;  // a multiple of every element size
+  if (d.size() <= 4 * piece) return nonnegative(t, d);
+  std::atomic<bool> ok{true};
+  tbb::parallel_for(std::size_t(0), (d.size() + piece - 1) / piece, [&](std::size_t i) {
+    if (!ok.load(std::memory_order_relaxed)) return;
+    const std::size_t at = i * piece;
+    if (!nonnegative(t, d.subspan(at, std::min(piece, d.size() - at))))
+      ok.store(false, std::memory_order_relaxed);
+  });
+  return ok.load();
+}
+
 }  // namespace
 
 delta_kind choose_kind(const delta_input& in, bool relative) {
   check_pair(in);
-  return relative && nonnegative(in.type, in.cur) && nonnegative(in.type, in.base)
+  return relative && nonnegative_parallel(in.type, in.cur) &&
+                 nonnegative_parallel(in.type, in.base)
              ? delta_kind::ratio
              : delta_kind::difference;
 }
