@@ -58,8 +58,7 @@ bool nonnegative_parallel(dtype t, std::span<const std::byte> d) {
 
 delta_kind choose_kind(const delta_input& in, bool relative) {
   check_pair(in);
-  return relative && nonnegative_parallel(in.type, in.cur) &&
-                 nonnegative_parallel(in.type, in.base)
+  return relative && nonnegative_parallel(in.type, in.cur) && nonnegative_parallel(in.type, in.base)
              ? delta_kind::ratio
              : delta_kind::difference;
 }

@@ -89,7 +89,8 @@ TEST_CASE("ratio: chosen only for tensors nonnegative in both versions", "[ratio
   }
 }
 
-TEST_CASE("ratio: decode equals the encoder's reconstruction, and the error bound holds", "[ratio]") {
+TEST_CASE("ratio: decode equals the encoder's reconstruction, and the error bound holds",
+          "[ratio]") {
   const std::size_t n = 100000;
   for (dtype t : {dtype::f32, dtype::f16, dtype::bf16}) {
     const auto p = second_moments(t, n, 3);
@@ -198,4 +199,24 @@ TEST_CASE("ratio: damaged blocks and missing bases are refused", "[ratio]") {
   unknown[5] = std::byte{5};  // codec id past lc_ratio
   CHECK_THROWS_AS(read_block_header(unknown), ckpt::corrupt_error);
   CHECK(inspect(c.frame).needs_base);
+}
+
+TEST_CASE("ratio: the sign scan of a large slab (in pieces on every core) sees every element",
+          "[ratio]") {
+  const std::size_t n = (std::size_t(4) << 20) / 4 + 3;  // 4 MiB and a partial last piece
+  for (dtype t : {dtype::f32, dtype::bf16}) {
+    auto p = second_moments(t, n, 3);
+    const delta_input in{t, p.cur, p.base};
+    REQUIRE(choose_kind(in, true) == delta_kind::ratio);
+    for (std::size_t at : {std::size_t(0), n / 2 + 1, n - 1}) {
+      INFO("negative element at " << at);
+      set_f32(p.cur, t, at, -1.0f);
+      CHECK(choose_kind(in, true) == delta_kind::difference);
+      set_f32(p.cur, t, at, 1.0f);
+      set_f32(p.base, t, at, std::numeric_limits<float>::quiet_NaN());
+      CHECK(choose_kind(in, true) == delta_kind::difference);
+      set_f32(p.base, t, at, 1.0f);
+      CHECK(choose_kind(in, true) == delta_kind::ratio);
+    }
+  }
 }
