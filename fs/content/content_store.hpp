@@ -230,7 +230,7 @@ class content_store {
   // Rewrites a delta version as a keyframe holding exactly what it reads as, so that its base
   // chain can be reclaimed. Like put(): the record is appended without sync, and the objects it
   // made unnecessary (its old object, bases nothing else needs) go to take_unneeded_objects().
-  // Returns the new object's disk bytes, or 0 if the version was not a delta (nothing done).
+  // Returns the new object's disk bytes, or 0 if the version was not a delta or no longer exists (nothing done).
   std::uint64_t rekey(std::uint64_t version);
   // Hidden chains worth freeing (docs/filesystem.md, "Rotation"): for each lineage that lost a
   // name since the last call (every lineage after replay), its oldest named version when that

@@ -72,6 +72,8 @@ void content_store::impl::apply_version(const json& j) {
   r.created_ns = j.value("ct", std::int64_t(0));
   r.donors = j.value("d", std::vector<std::uint64_t>{});
   r.donors_released = j.value("dr", false);
+  // Stores from before the feature record: their donors need it in the next snapshot too.
+  if (!r.donors.empty() || r.donors_released) shared_extents = true;
   next_version = std::max(next_version, r.id + 1);
   max_object = std::max(max_object, r.obj.id);
   if (r.lineage) {
@@ -103,6 +105,7 @@ std::uint64_t content_store::impl::join_lineage(std::uint64_t from, std::uint64_
     if (r.lineage == from) r.lineage = into;
   for (auto& [id, r] : graveyard)
     if (r.lineage == from) r.lineage = into;
+  if (chain_hints.erase(from)) chain_hints.insert(into);
   lineages.erase(f);
   return superseded;
 }

@@ -14,18 +14,34 @@ using bytes = std::vector<std::byte>;
 
 std::uint64_t content_store::rekey(std::uint64_t v) {
   auto& m = *impl_;
-  version_rec r = m.get(v);
-  if (r.kind != version_kind::delta) return 0;
   // No put into this lineage meanwhile (it would read the chain we are changing), and one
-  // rekey of a version at a time.
+  // rekey of a version at a time. The lineage may be joined into another (renamed()) before
+  // its lock is ours: then the version's lineage is looked up again.
+  version_rec r;
   std::shared_ptr<std::mutex> encode_mu;
-  {
-    std::lock_guard lock(m.mu);
-    if (auto l = m.lineages.find(r.lineage); l != m.lineages.end()) encode_mu = l->second.encode_mu;
-  }
   std::unique_lock<std::mutex> lineage_lock;
-  if (encode_mu) lineage_lock = std::unique_lock(*encode_mu);
-  r = m.get(v);
+  for (;;) {
+    {
+      std::lock_guard lock(m.mu);
+      auto it = m.versions.find(v);
+      if (it == m.versions.end()) return 0;  // reclaimed meanwhile: nothing to rewrite
+      r = it->second;
+      if (r.kind != version_kind::delta) return 0;
+      auto l = m.lineages.find(r.lineage);
+      encode_mu = l != m.lineages.end() ? l->second.encode_mu : nullptr;
+    }
+    if (!encode_mu) break;
+    lineage_lock = std::unique_lock(*encode_mu);
+    std::lock_guard lock(m.mu);
+    auto it = m.versions.find(v);
+    if (it == m.versions.end()) return 0;
+    auto l = m.lineages.find(it->second.lineage);
+    if (l != m.lineages.end() && l->second.encode_mu == encode_mu) {
+      r = it->second;
+      break;
+    }
+    lineage_lock.unlock();
+  }
   if (r.kind != version_kind::delta) return 0;
 
   impl::read_guard guard(m);  // the old object is read until the new one is written

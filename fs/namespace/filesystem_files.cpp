@@ -189,7 +189,8 @@ void filesystem::fallocate(std::uint64_t fh, int mode, std::uint64_t offset, std
   // filesystem could never hold is refused as a preallocation would be: the part of the range
   // past the file's end (inside it, everything is allocated already, as ext4 sees it).
   struct statvfs sv {};
-  const bool have_free = !zero && ::statvfs(cfg_.store_dir.c_str(), &sv) == 0;
+  const bool have_free =
+      !(mode & FALLOC_FL_PUNCH_HOLE) && ::statvfs(cfg_.store_dir.c_str(), &sv) == 0;
   lock_t lk(mu_);
   ino_t ino = handle_at(fh).ino;
   if (!handle_at(fh).writable) fail(EBADF, "handle not open for writing");
@@ -261,6 +262,11 @@ int filesystem::commit(ino_t ino, const std::shared_ptr<write_buffer>& buf, cons
       named = true;
       release_content(old);
       append(rec);
+      // Renamed while it was being stored (torch.save into tmpXXXX/, rename, no fsync): the
+      // version joins the lineage of its new name now (content_store::renamed).
+      if (auto it = rt_.find(ino);
+          fresh.version && it != rt_.end() && !it->second.path.empty() && it->second.path != path)
+        content_.renamed(fresh, it->second.path);
     }
   } catch (const std::exception& e) {
     int err = errno_of(e);

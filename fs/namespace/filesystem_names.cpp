@@ -195,6 +195,7 @@ void filesystem::rename(ino_t parent, std::string_view name, ino_t new_parent,
 
 // Files moved by a rename tell the content store their new names: a step directory written under
 // a temporary name and renamed joins its shards to their ranks' lineages (content_store::renamed).
+// A file still being stored under its old name is told by its commit (filesystem_files.cpp).
 // Bounded: a rename of a large tree walks at most kRejoinMax files.
 void filesystem::rejoin_lineages(ino_t ino, const std::string& path) {
   constexpr std::size_t kRejoinMax = 4096;
@@ -204,8 +205,10 @@ void filesystem::rejoin_lineages(ino_t ino, const std::string& path) {
     work.pop_back();
     const inode* n = tree_.find(cur);
     if (!n) continue;
-    if (n->is_reg() && n->content.version) {
-      content_.renamed(n->content, p);
+    if (n->is_reg()) {
+      // A file below a renamed directory: its next commit goes under its new name.
+      if (auto it = rt_.find(cur); it != rt_.end()) it->second.path = p;
+      if (n->content.version) content_.renamed(n->content, p);
     } else if (n->is_dir()) {
       for (const auto& [name, c] : n->entries) work.emplace_back(c, p + "/" + name);
     }

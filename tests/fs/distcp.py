@@ -12,8 +12,9 @@ rows. Reading is DCP's: slice the shard by the metadata and torch.load each slic
 Checks:
   - every slice loads; byte items and .metadata read back exact; shapes and dtypes equal;
   - step 1 is a keyframe per rank, steps 2-6 deltas, one lineage per rank (stable over the
-    steps, different between ranks; steps 4-5 are written under a random temporary directory
-    name and renamed, and still continue their ranks' lineages), format "distcp";
+    steps, different between ranks; steps 4-6 are written under a random temporary directory
+    name and renamed, step 6 without fsync so that the rename overtakes the storing, and still
+    continue their ranks' lineages), format "distcp";
   - every float element within the closed-loop bound of its delta (|read - saved| <= |saved -
     previous read|, docs/codec.md), exp_avg_sq within 2x; small tensors and integers exact;
   - the shards compress within 10% of the same tensors saved as one torch.save per rank;
@@ -41,7 +42,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ckptfs_testlib import daemon_log, mounted, require_fuse  # noqa: E402
 
 RANKS, STEPS = 4, 6
-TEMP_STEPS = (4, 5)  # written under a random temporary directory name, then renamed
+TEMP_STEPS = (4, 5, 6)  # written under a random temporary directory name, then renamed
+UNSYNCED = (6,)  # ...without fsync: renamed while the shards are still being stored
 
 
 def info(path):
@@ -79,8 +81,9 @@ def shard(state, rank):
     return {k: v.chunk(RANKS, dim=0)[rank].clone() for k, v in state.items()}
 
 
-def write_shard(path, byte_items, tensors):
-    """FileSystemWriter's layout: byte items raw, then torch.save per tensor, largest first."""
+def write_shard(path, byte_items, tensors, sync=True):
+    """FileSystemWriter's layout: byte items raw, then torch.save per tensor, largest first.
+    sync=False: closed without fsync (DCP's sync_files=False), so it is stored in the background."""
     meta = {}
     with open(path, "wb") as f:
         for name, data in byte_items:
@@ -91,13 +94,15 @@ def write_shard(path, byte_items, tensors):
             torch.save(t, f)
             meta[name] = (off, f.tell() - off)
         f.flush()
-        os.fsync(f.fileno())
+        if sync:
+            os.fsync(f.fileno())
     return meta
 
 
-def write_step(root, step, state, temp=False):
+def write_step(root, step, state, temp=False, sync=True):
     """temp: written under a random temporary directory name and renamed to step_N at the end
-    (as checkpoint managers that publish a step atomically do)."""
+    (as checkpoint managers that publish a step atomically do); sync=False: the shards are not
+    fsync'ed, so the rename usually overtakes their storing."""
     final = d = f"{root}/step_{step}"
     if temp:
         d = f"{root}/.tmp{os.urandom(4).hex()}"
@@ -109,7 +114,7 @@ def write_step(root, step, state, temp=False):
             barrier.wait()
             rng = random.Random(step * RANKS + r).randbytes(700)  # as a dataloader's state
             items = [(f"rank{r}.train_state", pickle.dumps({"step": step, "rank": r, "rng": rng}))]
-            metas[r] = write_shard(f"{d}/__{r}_0.distcp", items, shard(state, r))
+            metas[r] = write_shard(f"{d}/__{r}_0.distcp", items, shard(state, r), sync)
         except Exception as e:  # noqa: BLE001
             errors.append(e)
 
@@ -128,6 +133,10 @@ def write_step(root, step, state, temp=False):
     os.rename(f"{d}/.metadata.tmp", f"{d}/.metadata")
     if temp:
         os.rename(d, final)
+    if not sync:  # wait for the shards to be stored (under whichever name they have by then)
+        for r in range(RANKS):
+            with open(f"{final}/__{r}_0.distcp", "rb") as f:
+                os.fsync(f.fileno())
     return metadata
 
 
@@ -233,7 +242,7 @@ def main():
         dcp_bytes = single_bytes = 0
         with mounted(binary, store, mnt):
             for step, state in enumerate(train_states(), start=1):
-                write_step(mnt, step, state, temp=step in TEMP_STEPS)
+                write_step(mnt, step, state, temp=step in TEMP_STEPS, sync=step not in UNSYNCED)
                 write_step(plain, step, state)
                 # The same tensors as one torch.save per rank: the compression reference.
                 for r in range(RANKS):
