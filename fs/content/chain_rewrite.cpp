@@ -27,29 +27,26 @@ std::vector<content_store::chain_rewrite> content_store::chains_to_rewrite(doubl
     return out;
   }
   for (const std::uint64_t lid : m.chain_hints) {
-    // The oldest named version of the lineage: everything below it in its chain is there only
-    // for it (unless something else needs it, which ends the walk).
-    const version_rec* oldest = nullptr;
-    for (const auto& [id, r] : m.versions)
-      if (r.lineage == lid && r.refs) {
-        oldest = &r;
-        break;
+    // Every named delta of the lineage with a run of hidden versions below it that only it needs
+    // (the oldest named version's whole chain, or the versions between a kept "best" checkpoint
+    // and the newer ones kept above it): rewriting it frees that run.
+    for (const auto& [id, named] : m.versions) {
+      if (named.lineage != lid || !named.refs || named.kind != version_kind::delta) continue;
+      std::uint64_t hidden = 0, keyframe = 0;
+      bool freeable = true;  // the walk has only met versions the rewrite frees
+      for (auto b = m.versions.find(named.base); b != m.versions.end();
+           b = m.versions.find(b->second.base)) {
+        const version_rec& r = b->second;
+        freeable = freeable && !r.refs && r.dependents == 1 && r.donors.empty() && !m.is_head(r);
+        if (freeable) hidden += r.obj.size;
+        if (r.kind != version_kind::delta) {
+          keyframe = r.obj.size;  // what the rewrite will cost: a keyframe of this lineage
+          break;
+        }
       }
-    if (!oldest || oldest->kind != version_kind::delta) continue;
-    std::uint64_t hidden = 0, keyframe = 0;
-    bool freeable = true;  // the walk has only met versions the rewrite frees
-    for (auto b = m.versions.find(oldest->base); b != m.versions.end();
-         b = m.versions.find(b->second.base)) {
-      const version_rec& r = b->second;
-      freeable = freeable && !r.refs && r.dependents == 1 && r.donors.empty() && !m.is_head(r);
-      if (freeable) hidden += r.obj.size;
-      if (r.kind != version_kind::delta) {
-        keyframe = r.obj.size;  // what the rewrite will cost: a keyframe of this lineage
-        break;
-      }
+      if (keyframe && hidden >= factor * double(keyframe))
+        out.push_back({named.id, hidden, keyframe});
     }
-    if (keyframe && hidden >= factor * double(keyframe))
-      out.push_back({oldest->id, hidden, keyframe});
   }
   // A lineage not worth it now is looked at again after its next deletion.
   m.chain_hints.clear();

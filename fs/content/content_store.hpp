@@ -233,9 +233,10 @@ class content_store {
   // Returns the new object's disk bytes, or 0 if the version was not a delta or no longer exists (nothing done).
   std::uint64_t rekey(std::uint64_t version);
   // Hidden chains worth freeing (docs/filesystem.md, "Rotation"): for each lineage that lost a
-  // name since the last call (every lineage after replay), its oldest named version when that
-  // is a delta whose base chain holds, in versions nothing else needs, at least `factor` times
-  // the bytes of the chain's keyframe (the cost of rewriting it as one, rekey). Rewriting it
+  // name since the last call (every lineage after replay), its named deltas whose base chains
+  // hold, in versions nothing else needs (up to the next named version or the keyframe), at
+  // least `factor` times the bytes of the chain's keyframe (the cost of rewriting it as one,
+  // rekey). Rewriting it
   // frees them; each rewrite thus writes at most 1/factor of what it frees. Cheap: no I/O.
   // factor <= 0: none (and the hints are dropped).
   struct chain_rewrite {

@@ -566,3 +566,29 @@ TEST_CASE("rotation: a hidden chain is worth rewriting once it holds factor x a 
   CHECK(s.content.info(refs[first_named + 1]).kind == "keyframe");
   for (const auto& v : s.content.versions()) CHECK(v.version >= target);
 }
+
+TEST_CASE("rotation: hidden versions between a kept best checkpoint and newer ones are freed too",
+          "[content]") {
+  temp_dir d;
+  opened s(d.path, {});
+  std::mt19937 rng(6);
+  std::normal_distribution<float> n(0, 1);
+  std::vector<float> w(200000);
+  for (auto& x : w) x = n(rng);
+  std::vector<fs::content_ref> refs;
+  for (int i = 0; i < 18; ++i) {
+    for (auto& x : w) x += 0.01f * n(rng);
+    refs.push_back(s.content.put("run/step_" + std::to_string(i) + ".safetensors",
+                                 format::memory_source(safetensors({{"w", w}}))));
+  }
+  REQUIRE(s.content.info(refs[0]).kind == "keyframe");
+  // Kept: the keyframe (a "best" checkpoint) and the two newest; the run between goes. Its
+  // deltas (not a keyframe: that stays) must outweigh the keyframe the rewrite costs.
+  for (int i = 1; i < 16; ++i) s.content.unref(refs[i]);
+  const auto todo = s.content.chains_to_rewrite(1.25);
+  REQUIRE(todo.size() == 1);
+  CHECK(todo[0].version == refs[16].version);  // the oldest named delta above the hidden run
+  REQUIRE(s.content.rekey(todo[0].version) > 0);
+  for (const auto& v : s.content.versions()) CHECK(v.refs > 0);  // the run is gone
+  CHECK(s.content.versions().size() == 3);
+}
