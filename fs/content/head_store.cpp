@@ -260,6 +260,8 @@ void head_store::run_rebuild(rebuild_job& job) {
 
 void head_store::rechecksum(std::uint64_t version, std::uint64_t checksum) {
   std::lock_guard lock(mu_);
+  for (auto& job : to_rebuild_)  // not started yet: built under the new name
+    if (job.version == version) job.checksum = checksum;
   auto it = images_.find(version);
   if (it == images_.end()) return;
   head_image& image = *it->second;

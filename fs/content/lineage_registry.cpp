@@ -132,18 +132,19 @@ void content_store::renamed(const content_ref& ref, std::string_view new_path) {
     if (key == l->second.path_key ||
         lineage_rank_tokens(key) != lineage_rank_tokens(l->second.path_key))
       return;
-    std::uint64_t oldest = ref.version;
-    for (const auto& [id, r] : m.versions)
-      if (r.lineage == l->first) oldest = std::min(oldest, id);
     // The lineage the new name keys; with several (an older fork), the most recently extended.
     lineage_rec* into = nullptr;
     for (auto& [lid, o] : m.lineages)
       if (lid != l->first && o.journaled && o.path_key == key &&
           o.signature == l->second.signature && (!into || o.head > into->head))
         into = &o;
+    if (!into) return;
+    std::uint64_t oldest = ref.version;
+    for (const auto& [id, r] : m.versions)
+      if (r.lineage == l->first) oldest = std::min(oldest, id);
     // Joined only when it stays a chain in completion order: every version of the fork is newer
     // than the other lineage's head.
-    if (!into || into->head >= oldest) return;
+    if (into->head >= oldest) return;
     // Not while either encodes: a put holds its lineage's encode lock and reads its head (and a
     // put that chose the fork before it went looks again once it has the lock, ingest.cpp).
     const std::shared_ptr<std::mutex> mu_from = l->second.encode_mu, mu_into = into->encode_mu;
