@@ -55,10 +55,18 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ckptfs_testlib import _live, du, mounted, require_fuse, sha256  # noqa: E402
+from ckptfs_testlib import _live, du, require_fuse, sha256  # noqa: E402
+from ckptfs_testlib import mounted as mounted_with_rotation  # noqa: E402
 from retention_lib import (LINEAGES, Ctl, Trainer, all_versions, check_prune,  # noqa: E402
                            copy_store, expected_kept, generate, lineage_of, live_versions,
                            mount_files, save_version)
+
+
+def mounted(binary, store, mnt, *opts, **kw):
+    """The daemon without its rotation rewriter (-o reclaim=0): these scenarios check what the
+    management commands do, to the byte, and a background rewrite after their deletions would
+    be counted as theirs. Rotation has its own test (rotation.py)."""
+    return mounted_with_rotation(binary, store, mnt, "reclaim=0", *opts, **kw)
 
 
 def kill9(proc, mnt):
