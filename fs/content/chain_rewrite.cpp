@@ -1,6 +1,6 @@
 // Rotation that frees space by itself (DESIGN.md §9, docs/filesystem.md "Rotation"): which
-// hidden base chains are worth freeing by rewriting the oldest named delta above them as a
-// keyframe (rekey, retention.cpp). The filesystem's rewriter thread asks after deletions.
+// hidden base chains are worth freeing by rewriting the named delta above them as a keyframe
+// (rekey, retention.cpp). The filesystem's rewriter thread asks after deletions.
 #include <algorithm>
 
 #include "fs/content/content_impl.hpp"

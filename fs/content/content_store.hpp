@@ -179,9 +179,9 @@ class content_store {
   // A name of `ref` moved to `new_path` (a rename of the file or of a directory above it). A
   // lineage forked by a file written under a temporary name (a step directory written as
   // tmpXXXX/ and renamed, DESIGN.md §4) is joined to the lineage it forked from when the new
-  // name is that lineage's: the steps of one rank stay one lineage. Joins only the newest
-  // version of a lineage whose first version was coded against the other lineage's current
-  // head; otherwise, and when either lineage is busy encoding, nothing changes. Appends a
+  // name is that lineage's: the steps of one rank stay one lineage. Joins only when `ref` is
+  // its lineage's newest version, every version of that lineage is newer than the other
+  // lineage's head, and neither lineage is encoding; otherwise nothing changes. Appends a
   // journal record without sync (a lost join only leaves the fork).
   void renamed(const content_ref& ref, std::string_view new_path);
   void ref(const content_ref& ref);
@@ -230,14 +230,15 @@ class content_store {
   // Rewrites a delta version as a keyframe holding exactly what it reads as, so that its base
   // chain can be reclaimed. Like put(): the record is appended without sync, and the objects it
   // made unnecessary (its old object, bases nothing else needs) go to take_unneeded_objects().
-  // Returns the new object's disk bytes, or 0 if the version was not a delta or no longer exists (nothing done).
+  // Returns the new object's disk bytes, or 0 if the version was not a delta or no longer
+  // exists (nothing done).
   std::uint64_t rekey(std::uint64_t version);
   // Hidden chains worth freeing (docs/filesystem.md, "Rotation"): for each lineage that lost a
   // name since the last call (every lineage after replay), its named deltas whose base chains
   // hold, in versions nothing else needs (up to the next named version or the keyframe), at
   // least `factor` times the bytes of the chain's keyframe (the cost of rewriting it as one,
-  // rekey). Rewriting it
-  // frees them; each rewrite thus writes at most 1/factor of what it frees. Cheap: no I/O.
+  // rekey). Rewriting it frees them; each rewrite thus writes at most 1/factor of what it
+  // frees. Cheap: no I/O.
   // factor <= 0: none (and the hints are dropped).
   struct chain_rewrite {
     std::uint64_t version = 0;

@@ -290,7 +290,7 @@ std::string usage_text(std::string_view program) {
          "                         straight to its file (FUSE passthrough, kernel 6.9+, needs\n"
          "                         root), at the speed of a plain file; off: through the daemon\n"
          "  -o reclaim=F           rotation: when deleted versions kept only as bases below a\n"
-         "                         checkpoint's oldest kept delta hold F times a keyframe's\n"
+         "                         kept delta of a checkpoint hold F times a keyframe's\n"
          "                         bytes, that delta is rewritten as a keyframe in the\n"
          "                         background and they are freed (default 1.25; a rewrite\n"
          "                         writes at most 1/F of what it frees); 0: only ckptctl prune\n"

@@ -517,20 +517,31 @@ TEST_CASE("journal feature records: known ones are taken, unknown ones refuse th
   CHECK_THROWS_AS(s.content.apply(record({{"t", "c.j"}, {"l", 77}, {"into", 78}})), corrupt_error);
 }
 
-TEST_CASE("rotation: a hidden chain is worth rewriting once it holds factor x a keyframe",
-          "[content]") {
-  temp_dir d;
-  opened s(d.path, {});
-  std::mt19937 rng(5);
+namespace {
+
+// `saves` versions of one checkpoint (200k floats, every element moving a little each time, as
+// weights do), stored as run/step_<i>.safetensors: a keyframe and deltas much smaller than it.
+std::vector<fs::content_ref> training_run(fs::content_store& content, int saves, unsigned seed) {
+  std::mt19937 rng(seed);
   std::normal_distribution<float> n(0, 1);
   std::vector<float> w(200000);
   for (auto& x : w) x = n(rng);
   std::vector<fs::content_ref> refs;
-  for (int i = 0; i < 8; ++i) {
+  for (int i = 0; i < saves; ++i) {
     for (auto& x : w) x += 0.01f * n(rng);
-    refs.push_back(s.content.put("run/step_" + std::to_string(i) + ".safetensors",
-                                 format::memory_source(safetensors({{"w", w}}))));
+    refs.push_back(content.put("run/step_" + std::to_string(i) + ".safetensors",
+                               format::memory_source(safetensors({{"w", w}}))));
   }
+  return refs;
+}
+
+}  // namespace
+
+TEST_CASE("rotation: a hidden chain is worth rewriting once it holds factor x a keyframe",
+          "[content]") {
+  temp_dir d;
+  opened s(d.path, {});
+  const auto refs = training_run(s.content, 8, 5);
   REQUIRE(s.content.info(refs[0]).kind == "keyframe");
   const std::uint64_t key = s.content.info(refs[0]).stored_bytes;
   const std::uint64_t delta = s.content.info(refs[1]).stored_bytes;
@@ -571,16 +582,7 @@ TEST_CASE("rotation: hidden versions between a kept best checkpoint and newer on
           "[content]") {
   temp_dir d;
   opened s(d.path, {});
-  std::mt19937 rng(6);
-  std::normal_distribution<float> n(0, 1);
-  std::vector<float> w(200000);
-  for (auto& x : w) x = n(rng);
-  std::vector<fs::content_ref> refs;
-  for (int i = 0; i < 18; ++i) {
-    for (auto& x : w) x += 0.01f * n(rng);
-    refs.push_back(s.content.put("run/step_" + std::to_string(i) + ".safetensors",
-                                 format::memory_source(safetensors({{"w", w}}))));
-  }
+  const auto refs = training_run(s.content, 18, 6);
   REQUIRE(s.content.info(refs[0]).kind == "keyframe");
   // Kept: the keyframe (a "best" checkpoint) and the two newest; the run between goes. Its
   // deltas (not a keyframe: that stays) must outweigh the keyframe the rewrite costs.

@@ -4,6 +4,7 @@ Run under Debian's /usr/bin/python3 (torch, numpy)."""
 import atexit
 import contextlib
 import hashlib
+import json
 import os
 import signal
 import subprocess
@@ -152,6 +153,11 @@ def sha256(path):
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def info(path):
+    """The daemon's view of a file (user.ckptfs.info): version, kind, lineage, stored bytes..."""
+    return json.loads(os.getxattr(path, "user.ckptfs.info"))
 
 
 def du(path):

@@ -26,7 +26,6 @@ Checks:
 Usage: distcp.py CKPTFS_BINARY    (as root; Debian's /usr/bin/python3)
 """
 import io
-import json
 import os
 import pickle
 import random
@@ -39,15 +38,11 @@ import torch
 from sklearn.datasets import load_digits
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ckptfs_testlib import daemon_log, mounted, require_fuse  # noqa: E402
+from ckptfs_testlib import daemon_log, info, mounted, require_fuse  # noqa: E402
 
 RANKS, STEPS = 4, 6
 TEMP_STEPS = (4, 5, 6)  # written under a random temporary directory name, then renamed
 UNSYNCED = (6,)  # ...without fsync: renamed while the shards are still being stored
-
-
-def info(path):
-    return json.loads(os.getxattr(path, "user.ckptfs.info"))
 
 
 def train_states():

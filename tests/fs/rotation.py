@@ -18,7 +18,9 @@ ends by itself):
   - with -o reclaim=0 the hidden chain is kept (the store grows past the bound): the saving above
     is the rewrites' doing.
 
-Usage: rotation.py CKPTFS_BINARY    (as root; Debian's /usr/bin/python3)
+Usage: rotation.py CKPTFS_BINARY [--with-heads]    (as root; Debian's /usr/bin/python3)
+--with-heads: only measure (no bounds asserted) the run with head images (-o head_min=256K, so
+that these small files get one as checkpoints over 64M do), counting STORE/heads as store bytes.
 """
 import json
 import os
@@ -32,13 +34,9 @@ import torch
 from sklearn.datasets import load_digits
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ckptfs_testlib import daemon_log, du, mounted, require_fuse  # noqa: E402
+from ckptfs_testlib import daemon_log, du, info, mounted, require_fuse  # noqa: E402
 
 SAVES, KEEP, FACTOR = 12, 3, 1.25
-
-
-def info(path):
-    return json.loads(os.getxattr(path, "user.ckptfs.info"))
 
 
 def training():
@@ -131,7 +129,7 @@ def load_kept(mnt, kept):
     return got
 
 
-def run(binary, work, label, opts):
+def run(binary, work, label, opts, heads=False):
     store, mnt, plain = f"{work}/{label}-store", f"{work}/{label}-mnt", f"{work}/{label}-plain"
     os.makedirs(mnt)
     os.makedirs(plain)
@@ -149,7 +147,7 @@ def run(binary, work, label, opts):
             s = settle(ctl, mnt, store)
             live = sum(info(f"{mnt}/{d}/{n}")["stored_bytes"] for d in kept
                        for n in ("model.pt", "optimizer.pt"))
-            objects = du(f"{store}/objects")
+            objects = du(f"{store}/objects") + (du(f"{store}/heads") if heads else 0)
             plain_bytes = du(plain)
             bound = live + FACTOR * sum(keyframe.values()) + 64 * 1024 * len(kept)
             ratios.append(plain_bytes / objects)
@@ -183,6 +181,12 @@ def main():
     require_fuse()
     binary = sys.argv[1]
     with tempfile.TemporaryDirectory(prefix="ckptfs-rotation-", dir="/var/tmp") as work:
+        if "--with-heads" in sys.argv[2:]:
+            FACTOR = 0
+            _, ratios = run(binary, work, "heads", ("head_min=256K",), heads=True)
+            print(f"rotation: with head images: rotated plain / (objects + heads) per save: "
+                  f"{', '.join(f'{r:.2f}' for r in ratios)}")
+            return
         on, ratios = run(binary, work, "default", ())
         print(f"rotation: defaults: rotated plain / store per save: "
               f"{', '.join(f'{r:.2f}' for r in ratios)}")

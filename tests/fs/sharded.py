@@ -29,14 +29,10 @@ from sklearn.datasets import load_digits
 here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, here)
 sys.path.insert(0, os.path.join(here, "..", "formats"))
-from ckptfs_testlib import daemon_log, mounted, require_fuse  # noqa: E402
+from ckptfs_testlib import daemon_log, info, mounted, require_fuse  # noqa: E402
 from real_files import read_safetensors, write_safetensors  # noqa: E402
 
 RANKS, STEPS = 4, 4
-
-
-def info(path):
-    return json.loads(os.getxattr(path, "user.ckptfs.info"))
 
 
 def training():
