@@ -17,32 +17,15 @@
 
 #include "codec/error.hpp"
 #include "codec/format/recognise.hpp"
+#include "codec/format/zip_records.hpp"
 
 namespace ckpt::format {
 namespace {
 
-constexpr std::uint32_t sig_local = 0x04034b50;
-constexpr std::uint32_t sig_central = 0x02014b50;
-constexpr std::uint32_t sig_eocd = 0x06054b50;
-constexpr std::uint32_t sig_zip64_eocd = 0x06064b50;
-constexpr std::uint32_t sig_zip64_locator = 0x07064b50;
-constexpr std::uint32_t sig_descriptor = 0x08074b50;
+using namespace zip_records;
 constexpr std::uint64_t scan_bytes = 1u << 20;  // searched for an archive's start
 constexpr std::size_t max_archives = 1u << 20;
 constexpr std::string_view pkl_suffix = "/data.pkl";
-
-template <class T>
-T load(const std::byte* p) {
-  T v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-
-// Reads what fits of [at, at + n) (less near the end of the file).
-std::vector<std::byte> read_some(const source& src, std::uint64_t at, std::uint64_t n) {
-  if (at >= src.size()) return {};
-  return src.read(at, std::min(n, src.size() - at));
-}
 
 // Whether a torch archive starts at `at`: a local header (no data descriptor) whose name is
 // "<prefix>/data.pkl" with a prefix without slashes.
@@ -89,33 +72,11 @@ std::uint64_t archive_end(const source& src, std::uint64_t at, const recognise_o
     if (h.size() < 4) throw corrupt_error("distcp: archive cut short");
     return h;
   };
-  // The descriptor right after `size` bytes of data at `data`: its length, or 0 if none fits.
-  auto descriptor_at = [&](std::uint64_t data, std::uint64_t size) -> std::uint64_t {
-    const auto d = read_some(src, data + size, 24);
-    if (d.size() < 16 || load<std::uint32_t>(d.data()) != sig_descriptor) return 0;
-    if (d.size() >= 24 && load<std::uint64_t>(d.data() + 8) == size &&
-        load<std::uint64_t>(d.data() + 16) == size)
-      return 24;
-    if (load<std::uint32_t>(d.data() + 8) == size && load<std::uint32_t>(d.data() + 12) == size)
-      return 16;
-    return 0;
+  auto descriptor_at = [&](std::uint64_t data, std::uint64_t size) {
+    return zip_records::descriptor_at(src, data, size);
   };
-  // The first descriptor within `window` bytes after `data` whose sizes name that distance.
-  // Windows grow 4x from 4 KiB: a small record costs a small read.
   auto search_descriptor = [&](std::uint64_t data, std::uint64_t max_window) {
-    std::size_t from = 0;
-    for (std::uint64_t window = 4096;; window *= 4) {
-      window = std::min(window, max_window);
-      const auto b = read_some(src, data, window + 24);
-      for (std::size_t i = from; i + 16 <= b.size(); ++i) {
-        if (load<std::uint32_t>(b.data() + i) != sig_descriptor) continue;
-        if (const auto n = descriptor_at(data, i))
-          return std::pair<std::uint64_t, std::uint64_t>{i, n};
-      }
-      if (window >= max_window || b.size() < window + 24)
-        throw corrupt_error("distcp: no data descriptor after a record");
-      from = b.size() >= 16 ? b.size() - 15 : 0;
-    }
+    return zip_records::search_descriptor(src, data, max_window);
   };
   std::string prefix;
   for (;;) {

@@ -80,6 +80,7 @@ store_session::store_session(const bf::path& store_dir, const store_session_opti
   cfg.buffer_bytes = opt.buffer_bytes;
   cfg.direct_checkpoint_reads = opt.direct_checkpoint_reads;
   cfg.rewrite_factor = opt.rewrite_factor;
+  cfg.stream_after = opt.stream_after;
   if (opt.compact_bytes) cfg.compact_bytes = *opt.compact_bytes;
   fs_.emplace(*journal_, *content_, cfg);
 

@@ -29,6 +29,8 @@ struct store_session_options {
   bool direct_checkpoint_reads = true;                  // fs_config::direct_checkpoint_reads
   // fs_config::rewrite_factor: the daemon's (-o reclaim); tools leave chains to ckptctl prune.
   double rewrite_factor = 0;
+  // fs_config::stream_after: the daemon's (-o stream); 0 for tools (they write no files).
+  std::uint64_t stream_after = 0;
   // Staging files and head images go to SCRATCH/staging and SCRATCH/heads (empty: the store).
   std::string scratch;
   // Head images (content_options::heads_dir). The daemon's choice; ckptctl's offline mode

@@ -4,6 +4,7 @@
 // (content_store::impl); its work is split along the path data takes:
 //
 //   ingest.cpp            put(): recognise, pick the base, encode, write the object, record it
+//   stream_ingest.cpp     streams: put()'s work done while the file is still being written
 //   read_path.cpp         open() and the reader: metadata, exact blocks, chunked chain decoding,
 //                         read-ahead workers
 //   lineage_registry.cpp  versions and lineages: journal records, replay, references, info
@@ -15,6 +16,8 @@
 //   content_store.cpp     construction and the small public helpers
 #include <algorithm>
 #include <array>
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -29,6 +32,7 @@
 #include <stop_token>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "cache/lru_cache.hpp"
@@ -131,6 +135,17 @@ inline void index_slab(tensor_frame& f, std::span<const std::byte> enc, std::uin
   if (fi.block_elements != f.block_elements)
     throw corrupt_error("content: a slab's blocks differ in size from the frame's");
   for (auto o : fi.offsets) f.blocks.push_back(frame_at + o);
+}
+
+// A replaced tensor that straddles a zip member's boundary would change bytes the member's CRC
+// covers without the member being rewritten whole: such a tensor is stored exact. Recognised
+// files never have one; a hostile file might.
+void keep_straddling_tensors_exact(format::layout& l);
+
+inline std::int64_t now_ns() {  // CLOCK_REALTIME, as version records keep it
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
 }
 
 inline std::vector<std::byte> to_bytes(const nlohmann::json& j) {
@@ -316,6 +331,49 @@ struct content_store::impl {
   // content_store::put; `staged` (may be null) may become the version's head image.
   content_ref put(std::string_view path, const format::source& src,
                   std::shared_ptr<staged_file> staged);
+  // The lineage of a checkpoint with signature `sig` at `path` (made, in memory, if there is
+  // none), with its encode lock held.
+  std::unique_lock<std::mutex> lock_lineage(std::string_view path, std::uint64_t sig,
+                                            std::uint64_t& lineage_id);
+  // What the next version of a lineage is coded against: its head, or for a lineage's first
+  // version another lineage's (a fork); none for a keyframe. The base is pinned (a dependent)
+  // until a base_pin lets go of it or the version's record takes it over.
+  struct base_choice {
+    std::uint64_t base = 0;
+    std::uint64_t since = 0;  // deltas since the keyframe, up to the base
+    bool keyframe = false;
+  };
+  base_choice choose_base(std::uint64_t lineage_id);
+  struct base_pin {
+    impl& m;
+    std::uint64_t base;
+    bool armed = true;
+    ~base_pin();
+  };
+  // Coding parameters of a new checkpoint version (meta.kind, bits, coding).
+  void start_coding(version_meta& meta, bool keyframe) const;
+  codec::lossy_params coding_params_of(const version_meta& meta) const;
+  static std::unordered_map<std::string, std::size_t> tensors_by_name(const cache_item& meta);
+  // The base tensor `t` is coded against: the base's tensor of the same name, type and size.
+  std::optional<std::size_t> base_tensor_for(
+      const format::tensor_info& t, const cache_item* base_meta,
+      const std::unordered_map<std::string, std::size_t>& base_by_name) const;
+  // Writes every run of the layout that is not a compressed tensor as exact regions.
+  void write_exact_regions(const format::source& src, const format::layout& layout,
+                           version_meta& meta, content_object_writer& out,
+                           std::vector<std::byte>& enc) const;
+  // meta.member_crcs: the served CRC of each zip member with a rewritten payload; with `head`,
+  // also written into its CRC fields (the staged bytes becoming the head image).
+  void member_crcs(version_meta& meta, const format::layout& layout,
+                   const std::vector<std::uint32_t>& tensor_crc, const std::vector<bool>& replaced,
+                   const format::source& src, std::span<std::byte> scratch,
+                   staged_file* head) const;
+  // Finishes the object and appends the version's record; the lineage's head moves to it and
+  // `head` (if any) becomes its head image. id 0: taken now.
+  content_ref record_version(std::string_view path, version_meta meta, content_object_writer& out,
+                             std::uint64_t id, std::uint64_t lineage_id, const base_choice& bc,
+                             base_pin& pin, std::vector<std::uint64_t> donors,
+                             std::shared_ptr<staged_file> head);
   // One compressed tensor of a put: what to code it against.
   struct tensor_job {
     std::size_t tensor;
@@ -326,6 +384,12 @@ struct content_store::impl {
     tensor_frame frame;
     std::uint32_t crc = 0;  // CRC-32 of the reconstruction (zip members are rewritten with it)
     bool any_ratio = false;
+  };
+  // Where encode_tensor's working memory comes from: a put's one set, or (a stream) a set per
+  // slab, taken once wait() says the slab's bytes are written (false: stop, io_error ECANCELED).
+  struct slab_source {
+    encode_slots::slabs* fixed = nullptr;
+    std::function<bool(std::uint64_t end)> wait;
   };
   exact_region write_exact_region(const format::source& src, std::uint64_t offset,
                                   std::uint64_t length, content_object_writer& out,
@@ -343,7 +407,7 @@ struct content_store::impl {
   tensor_result encode_tensor(
       const format::source& src, const format::tensor_info& t, const tensor_job& j,
       std::uint64_t base_id, const std::array<codec::quant_table, 2>* shared_tables,
-      const codec::lossy_params& params, encode_slots::slabs& slab, content_object_writer& out,
+      const codec::lossy_params& params, const slab_source& slabs, content_object_writer& out,
       const std::function<void(std::uint64_t, std::span<const std::byte>)>& recon_sink);
   // Bytes [offset, offset + out.size()) of the reconstruction of tensor t of version v: from the
   // cached whole tensor, else decoded through its chain a chunk at a time (offset a multiple of
@@ -351,6 +415,15 @@ struct content_store::impl {
   // carries a whole tensor from one call to the next.
   void read_recon_slab(std::uint64_t v, std::size_t t, std::uint64_t offset,
                        std::span<std::byte> out, std::shared_ptr<const cache_item>& whole);
+
+  // ---- stream_ingest.cpp ----
+  void run_stream(content_store::stream& s);  // the stream's thread
+  // The commit of a stream whose work is good: exact regions, CRCs, the record. Nothing (and
+  // `why`) when the finished file is not what the stream walked.
+  std::optional<content_ref> finish_stream(content_store::stream& s, std::string_view path,
+                                           std::string& why);
+  std::atomic<std::uint64_t> streams_running{0}, streamed_puts{0}, streams_dropped{0};
+  std::function<void(const std::string&)> log;  // set_logger's
 
   // ---- retention.cpp ----
   // Appends `len` encoded bytes at data-area offset `at` of the version `from` (a metadata

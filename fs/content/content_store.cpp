@@ -84,6 +84,7 @@ void content_store::discard_head(std::uint64_t version) {
 void content_store::set_logger(std::function<void(const std::string&)> log) {
   if (!impl_->heads_error.empty())
     log("head images are off: " + impl_->heads_error + "; restores decode the chains");
+  impl_->log = log;
   if (impl_->heads) impl_->heads->set_log(std::move(log));
 }
 
@@ -103,6 +104,9 @@ content_store::resources content_store::usage() const {
     r.head_memory = h.memory_bytes;
     r.head_disk_bytes = h.disk_bytes;
   }
+  r.streams_running = impl_->streams_running.load();
+  r.streamed_puts = impl_->streamed_puts.load();
+  r.streams_dropped = impl_->streams_dropped.load();
   return r;
 }
 

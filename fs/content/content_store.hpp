@@ -160,6 +160,27 @@ class content_store {
   // head image (head_store.hpp): afterwards staged->modified() is true, also when put throws.
   content_ref put(std::string_view path, std::shared_ptr<staged_file> staged);
 
+  // Streaming writes (docs/filesystem.md, "Streaming writes"): a large torch.save file is
+  // encoded while it is written. The filesystem starts a stream over a file being written from
+  // its start once its first bytes are there (staged->begin_stream() done by the caller); a
+  // thread of the stream's own then reads the archive's records as they arrive (waiting with
+  // staged_file::await), picks the base, and codes each tensor against it the moment its bytes
+  // are in, writing the frames into the version's object and the reconstruction over the
+  // staged bytes (the head image to be). The lineage is not locked meanwhile, and no working
+  // memory is held while it waits: an encode slot is taken per slab.
+  //
+  // put(path, staged, stream) finishes it (it calls staged->complete_stream()): when the finished
+  // file is the archive the stream predicted and nothing it read was rewritten (staged->stale()),
+  // only the rest (the last tensors, the exact regions, the record) is left to do; otherwise the
+  // stream's work is dropped and the file is stored as put() stores it. A stream that declines
+  // (not a torch.save archive, smaller than head_min, heads off) ends without doing anything.
+  // Destroying an unfinished stream cancels it and waits for its thread; its partial object is
+  // removed.
+  class stream;
+  std::shared_ptr<stream> start_stream(std::string path, std::shared_ptr<staged_file> staged);
+  content_ref put(std::string_view path, std::shared_ptr<staged_file> staged,
+                  std::shared_ptr<stream> s);
+
   std::shared_ptr<const content_reader> open(const content_ref& ref);
   // A reader of the version's published head image (its backing_fd() a complete file of the
   // served bytes), or null when the version has none on disk. Cheap: no I/O.
@@ -220,6 +241,10 @@ class content_store {
     std::uint64_t chunk_bytes = 0, chunk_budget = 0;  // decoded chunks of cold reads
     std::uint64_t encode_slots = 0, encodes_running = 0, encode_memory = 0;
     std::uint64_t heads = 0, heads_on_disk = 0, head_memory = 0, head_disk_bytes = 0;
+    // Streaming writes: streams running now; since the start, puts that used a stream's work
+    // and streams whose work was dropped (the file changed after it was read, or was not what
+    // the stream predicted).
+    std::uint64_t streams_running = 0, streamed_puts = 0, streams_dropped = 0;
   };
   resources usage() const;
 

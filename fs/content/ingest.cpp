@@ -6,6 +6,7 @@
 // record is appended last.
 #include <array>
 #include <chrono>
+#include <cerrno>
 #include <cstring>
 #include <optional>
 #include <unordered_map>
@@ -21,11 +22,6 @@ namespace ckpt::fs {
 
 using bytes = std::vector<std::byte>;
 
-namespace {
-
-// A replaced tensor that straddles a zip member's boundary would change bytes the member's CRC
-// covers without the member being rewritten whole: such a tensor is stored exact. Recognised
-// files never have one; a hostile file might.
 void keep_straddling_tensors_exact(format::layout& l) {
   for (auto& t : l.tensors) {
     if (!t.compress) continue;
@@ -37,8 +33,6 @@ void keep_straddling_tensors_exact(format::layout& l) {
     }
   }
 }
-
-}  // namespace
 
 exact_region content_store::impl::write_exact_region(const format::source& src,
                                                      std::uint64_t offset, std::uint64_t length,
@@ -96,7 +90,7 @@ void content_store::impl::read_recon_slab(std::uint64_t base, std::size_t tensor
 content_store::impl::tensor_result content_store::impl::encode_tensor(
     const format::source& src, const format::tensor_info& t, const tensor_job& j,
     std::uint64_t base_id, const std::array<codec::quant_table, 2>* shared_tables,
-    const codec::lossy_params& params, encode_slots::slabs& slab, content_object_writer& out,
+    const codec::lossy_params& params, const slab_source& slabs, content_object_writer& out,
     const std::function<void(std::uint64_t, std::span<const std::byte>)>& recon_sink) {
   tensor_result res;
   tensor_frame& f = res.frame;
@@ -112,6 +106,12 @@ content_store::impl::tensor_result content_store::impl::encode_tensor(
   std::uint64_t frame_at = 0;
   for (std::uint64_t s = 0; s < t.length; s += kSlabBytes) {
     const std::size_t n = std::size_t(std::min<std::uint64_t>(kSlabBytes, t.length - s));
+    // A stream waits for the slab's bytes before it takes working memory.
+    if (slabs.wait && !slabs.wait(t.offset + s + n))
+      throw io_error(ECANCELED, "content: the streamed file changed or went");
+    std::optional<encode_slots::lease> lease;
+    if (!slabs.fixed) lease.emplace(slots.acquire());
+    encode_slots::slabs& slab = slabs.fixed ? *slabs.fixed : lease->get();
     const std::span<std::byte> cur(slab.cur.data(), n);
     src.read(t.offset + s, cur);
     std::span<const std::byte> recon = cur;
@@ -160,28 +160,18 @@ content_ref content_store::put(std::string_view path, std::shared_ptr<staged_fil
   return impl_->put(path, src, std::move(staged));
 }
 
-content_ref content_store::impl::put(std::string_view path, const format::source& src,
-                                     std::shared_ptr<staged_file> staged) {
+std::unique_lock<std::mutex> content_store::impl::lock_lineage(std::string_view path,
+                                                               std::uint64_t sig,
+                                                               std::uint64_t& lineage_id) {
   auto& m = *this;
-  const std::uint64_t size = src.size();
-  if (size == 0) return {};
-  format::layout layout = format::recognise(src);
-  keep_straddling_tensors_exact(layout);
-  bool checkpoint = false;
-  for (const auto& t : layout.tensors) checkpoint |= t.compress;
-
-  std::uint64_t id = 0, lineage_id = 0, base_id = 0, since = 0;
-  bool make_head = false;
-  std::shared_ptr<std::mutex> encode_mu;
-  std::unique_lock<std::mutex> lineage_lock;
   // One encode at a time per lineage: the next version's base is this one's reconstruction. A
   // lineage chosen here may be joined into another (renamed()) before its lock is ours: then
   // the choice is made again.
-  while (checkpoint) {
+  for (;;) {
+    std::shared_ptr<std::mutex> encode_mu;
     {
       std::lock_guard lock(m.mu);
       lineage_id = 0;
-      const std::uint64_t sig = lineage_signature(layout);
       const std::string key = lineage_path_key(path);
       // A path key that has a lineage continues it; a new one gets its lineage at once (in memory;
       // its record goes with its first version), so that two first puts of one path key meet in
@@ -198,67 +188,191 @@ content_ref content_store::impl::put(std::string_view path, const format::source
       }
       encode_mu = m.lineages.at(lineage_id).encode_mu;
     }
-    lineage_lock = std::unique_lock(*encode_mu);
+    std::unique_lock lineage_lock(*encode_mu);
     std::lock_guard lock(m.mu);
-    if (m.lineages.count(lineage_id)) break;
-    lineage_lock.unlock();
+    if (m.lineages.count(lineage_id)) return lineage_lock;
   }
-  if (checkpoint) {
-    std::lock_guard lock(m.mu);
-    // The id is taken under the lineage's encode lock: within a lineage, ids follow completion
-    // order, which is what replay (and a compacted snapshot) takes the head from. Taken now, so
-    // that reconstructions can go into the cache under it while they are made (the id is not
-    // visible to any reader before the record is appended).
-    id = m.next_version++;
-    const auto& l = m.lineages.at(lineage_id);
-    base_id = l.head;
-    if (base_id && !m.versions.count(base_id)) base_id = 0;
-    since = m.deltas_since_keyframe(base_id);
-    if (!l.head) {
-      // A lineage's first version: content matching another lineage (a renamed run, temp files
-      // with random names, a step directory written under a temporary name) starts from the most
-      // recently extended matching head instead of a keyframe; never from another rank's or
-      // shard's (their rows differ: a delta against them would be a lossy first version).
-      const std::string ranks = lineage_rank_tokens(l.path_key);
-      const lineage_rec* donor = nullptr;
-      for (const auto& [lid, o] : m.lineages)
-        if (lid != lineage_id && o.signature == l.signature && o.head && m.versions.count(o.head) &&
-            lineage_rank_tokens(o.path_key) == ranks && (!donor || o.head > donor->head))
-          donor = &o;
-      if (donor) {
-        base_id = donor->head;
-        since = m.deltas_since_keyframe(base_id);
-      }
+}
+
+content_store::impl::base_choice content_store::impl::choose_base(std::uint64_t lineage_id) {
+  auto& m = *this;
+  std::lock_guard lock(m.mu);
+  base_choice c;
+  const auto& l = m.lineages.at(lineage_id);
+  c.base = l.head;
+  if (c.base && !m.versions.count(c.base)) c.base = 0;
+  c.since = m.deltas_since_keyframe(c.base);
+  if (!l.head) {
+    // A lineage's first version: content matching another lineage (a renamed run, temp files
+    // with random names, a step directory written under a temporary name) starts from the most
+    // recently extended matching head instead of a keyframe; never from another rank's or
+    // shard's (their rows differ: a delta against them would be a lossy first version).
+    const std::string ranks = lineage_rank_tokens(l.path_key);
+    const lineage_rec* donor = nullptr;
+    for (const auto& [lid, o] : m.lineages)
+      if (lid != lineage_id && o.signature == l.signature && o.head && m.versions.count(o.head) &&
+          lineage_rank_tokens(o.path_key) == ranks && (!donor || o.head > donor->head))
+        donor = &o;
+    if (donor) {
+      c.base = donor->head;
+      c.since = m.deltas_since_keyframe(c.base);
     }
   }
-  const bool keyframe = checkpoint && (m.opt.lossless || !base_id ||
-                                       since + 1 >= std::uint64_t(m.opt.keyframe_interval));
-  if (keyframe) base_id = 0;
-  // Pin the base as a dependent from now on: another lineage's head (a forked lineage's base)
-  // may move on meanwhile and must not be reclaimed under us. Released if this put fails.
-  if (base_id) {
-    std::lock_guard lock(m.mu);
-    auto it = m.versions.find(base_id);
-    if (it == m.versions.end()) {
-      base_id = 0;
+  c.keyframe = m.opt.lossless || !c.base || c.since + 1 >= std::uint64_t(m.opt.keyframe_interval);
+  if (c.keyframe) c.base = 0;
+  // Pinned as a dependent from now on: another lineage's head (a forked lineage's base), or with
+  // a stream this lineage's own, may move on meanwhile and must not be reclaimed under us.
+  if (c.base) ++m.versions.at(c.base).dependents;
+  return c;
+}
+
+content_store::impl::base_pin::~base_pin() {
+  if (!armed || !base) return;
+  std::lock_guard lock(m.mu);
+  auto it = m.versions.find(base);
+  if (it == m.versions.end()) return;
+  --it->second.dependents;
+  // Into `unneeded`: what made the base unnecessary (a newer head) may not be durable yet.
+  m.collect(base, m.unneeded);
+}
+
+void content_store::impl::start_coding(version_meta& meta, bool keyframe) const {
+  meta.kind = keyframe ? version_kind::keyframe : version_kind::delta;
+  meta.bits = keyframe ? 0 : opt.bits;
+  if (keyframe) return;
+  meta.coding.bits = opt.bits;
+  meta.coding.group = opt.paper_coding ? 1 : codec::default_group(opt.bits);
+  meta.coding.rep = std::string(codec::name(opt.rep));
+  meta.coding.scope = opt.scope == codec::bucket_scope::tensor ? "tensor" : "checkpoint";
+  meta.coding.coder = opt.paper_coding ? "paper" : "grouped";
+  meta.coding.exact_optimizer = opt.exact_optimizer;
+  meta.coding.relative = opt.relative;
+}
+
+codec::lossy_params content_store::impl::coding_params_of(const version_meta& meta) const {
+  return {opt.bits, meta.coding.group ? meta.coding.group : codec::default_group(opt.bits),
+          opt.rep,
+          opt.paper_coding ? codec::entropy_policy::huffman_only : codec::entropy_policy::best};
+}
+
+std::optional<std::size_t> content_store::impl::base_tensor_for(
+    const format::tensor_info& t, const cache_item* base_meta,
+    const std::unordered_map<std::string, std::size_t>& base_by_name) const {
+  if (!base_meta || (opt.exact_optimizer && is_optimizer_state(t.name))) return std::nullopt;
+  const auto b = base_by_name.find(t.name);
+  if (b == base_by_name.end()) return std::nullopt;
+  const auto& bt = base_meta->meta->layout.tensors[b->second];
+  if (bt.type != t.type || bt.length != t.length) return std::nullopt;
+  return b->second;
+}
+
+std::unordered_map<std::string, std::size_t> content_store::impl::tensors_by_name(
+    const cache_item& meta) {
+  std::unordered_map<std::string, std::size_t> by_name;
+  const auto& l = meta.meta->layout;
+  for (const auto& f : meta.meta->tensors) by_name[l.tensors[f.tensor].name] = f.tensor;
+  return by_name;
+}
+
+void content_store::impl::write_exact_regions(const format::source& src,
+                                              const format::layout& layout, version_meta& meta,
+                                              content_object_writer& out,
+                                              std::vector<std::byte>& enc) const {
+  // Maximal runs of segments that are not compressed tensors.
+  std::uint64_t run_start = 0, run_len = 0;
+  for (const auto& s : layout.segments) {
+    const bool lossy = s.tensor && layout.tensors[*s.tensor].compress;
+    if (lossy) {
+      if (run_len) meta.exact.push_back(write_exact_region(src, run_start, run_len, out, enc));
+      run_start = s.offset + s.length;
+      run_len = 0;
     } else {
-      ++it->second.dependents;
+      if (!run_len) run_start = s.offset;
+      run_len += s.length;
     }
   }
-  struct unpin {
-    impl& m;
-    std::uint64_t base;
-    bool armed = true;
-    ~unpin() {
-      if (!armed || !base) return;
-      std::lock_guard lock(m.mu);
-      auto it = m.versions.find(base);
-      if (it == m.versions.end()) return;
-      --it->second.dependents;
-      // Into `unneeded`: what made the base unnecessary (a newer head) may not be durable yet.
-      m.collect(base, m.unneeded);
+  if (run_len) meta.exact.push_back(write_exact_region(src, run_start, run_len, out, enc));
+}
+
+void content_store::impl::member_crcs(version_meta& meta, const format::layout& layout,
+                                      const std::vector<std::uint32_t>& tensor_crc,
+                                      const std::vector<bool>& replaced,
+                                      const format::source& src, std::span<std::byte> scratch,
+                                      staged_file* head) const {
+  // The served CRC of every zip member holding a rewritten payload: the member's bytes in
+  // order, opaque ones read from the file, each reconstructed tensor's CRC folded in whole.
+  std::vector<bool> done(layout.members.size());
+  for (const auto& fx : layout.fixups) {
+    if (done[fx.member]) continue;
+    done[fx.member] = true;
+    const auto& mem = layout.members[fx.member];
+    const std::uint64_t end = mem.data_offset + mem.data_length;
+    std::uint32_t crc = 0;
+    bool dirty = false;
+    auto it =
+        std::upper_bound(layout.segments.begin(), layout.segments.end(), mem.data_offset,
+                         [](std::uint64_t v, const format::segment& s) { return v < s.offset; });
+    if (it != layout.segments.begin()) --it;
+    for (std::uint64_t at = mem.data_offset; at < end; ++it) {
+      const std::uint64_t seg_end = it->offset + it->length;
+      const std::uint64_t n = std::min(seg_end, end) - at;
+      if (it->tensor && replaced[*it->tensor]) {  // whole: straddlers were kept exact
+        crc = format::crc32_combine(crc, tensor_crc[*it->tensor], n);
+        dirty = true;
+      } else {
+        for (std::uint64_t done_bytes = 0; done_bytes < n;) {
+          const std::size_t k = std::size_t(std::min<std::uint64_t>(scratch.size(), n - done_bytes));
+          const std::span<std::byte> buf = scratch.first(k);
+          src.read(at + done_bytes, buf);
+          crc = format::crc32(crc, buf);
+          done_bytes += k;
+        }
+      }
+      at += n;
     }
-  } base_pin{*this, base_id};
+    if (dirty) meta.member_crcs.push_back({fx.member, crc});
+  }
+  if (!head) return;
+  // The CRC fields the served file rewrites (a field written as 0 stays 0).
+  for (const auto& fx : layout.fixups) {
+    if (fx.original == 0) continue;
+    for (const auto& [member, crc] : meta.member_crcs) {
+      if (member != fx.member || crc == fx.original) continue;  // lossless: unchanged
+      std::byte field[4];
+      std::memcpy(field, &crc, 4);  // little-endian
+      head->overwrite(fx.field_offset, field);
+    }
+  }
+}
+
+content_ref content_store::impl::put(std::string_view path, const format::source& src,
+                                     std::shared_ptr<staged_file> staged) {
+  auto& m = *this;
+  const std::uint64_t size = src.size();
+  if (size == 0) return {};
+  format::layout layout = format::recognise(src);
+  keep_straddling_tensors_exact(layout);
+  bool checkpoint = false;
+  for (const auto& t : layout.tensors) checkpoint |= t.compress;
+
+  std::uint64_t id = 0, lineage_id = 0;
+  base_choice bc;
+  bool make_head = false;
+  std::unique_lock<std::mutex> lineage_lock;
+  if (checkpoint) {
+    lineage_lock = m.lock_lineage(path, lineage_signature(layout), lineage_id);
+    {
+      // The id is taken under the lineage's encode lock: within a lineage, ids follow
+      // completion order, which is what replay (and a compacted snapshot) takes the head from.
+      // Taken now, so that reconstructions can go into the cache under it while they are made
+      // (the id is not visible to any reader before the record is appended).
+      std::lock_guard lock(m.mu);
+      id = m.next_version++;
+    }
+    bc = m.choose_base(lineage_id);
+  }
+  base_pin pin{*this, bc.base};  // released if this put fails
+  const std::uint64_t base_id = bc.base;
 
   // The working memory: taken after the lineage lock (a put waiting for its lineage holds none).
   const encode_slots::lease slot = m.slots.acquire();
@@ -266,9 +380,7 @@ content_ref content_store::impl::put(std::string_view path, const format::source
 
   version_meta meta;
   meta.size = size;
-  meta.created_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                        std::chrono::system_clock::now().time_since_epoch())
-                        .count();
+  meta.created_ns = now_ns();
   content_object_writer out(m.objects, m.opt.object_format);
   std::vector<std::uint64_t> donors;  // exact files: versions holding reused blocks
   if (!checkpoint) {
@@ -276,54 +388,22 @@ content_ref content_store::impl::put(std::string_view path, const format::source
     meta.layout = format::opaque_layout(size, layout.note);
     donors = m.write_exact_file(src, staged.get(), meta, out, slab.enc);
   } else {
-    meta.kind = keyframe ? version_kind::keyframe : version_kind::delta;
-    meta.bits = keyframe ? 0 : m.opt.bits;
-    if (!keyframe) {
-      meta.coding.bits = m.opt.bits;
-      meta.coding.group = m.opt.paper_coding ? 1 : codec::default_group(m.opt.bits);
-      meta.coding.rep = std::string(codec::name(m.opt.rep));
-      meta.coding.scope = m.opt.scope == codec::bucket_scope::tensor ? "tensor" : "checkpoint";
-      meta.coding.coder = m.opt.paper_coding ? "paper" : "grouped";
-      meta.coding.exact_optimizer = m.opt.exact_optimizer;
-      meta.coding.relative = m.opt.relative;
-    }
-    // Exact regions: maximal runs of segments that are not compressed tensors.
-    std::uint64_t run_start = 0, run_len = 0;
-    for (const auto& s : layout.segments) {
-      const bool lossy = s.tensor && layout.tensors[*s.tensor].compress;
-      if (lossy) {
-        if (run_len)
-          meta.exact.push_back(m.write_exact_region(src, run_start, run_len, out, slab.enc));
-        run_start = s.offset + s.length;
-        run_len = 0;
-      } else {
-        if (!run_len) run_start = s.offset;
-        run_len += s.length;
-      }
-    }
-    if (run_len) meta.exact.push_back(m.write_exact_region(src, run_start, run_len, out, slab.enc));
+    m.start_coding(meta, bc.keyframe);
+    m.write_exact_regions(src, layout, meta, out, slab.enc);
 
     std::shared_ptr<const cache_item> base_meta;
     std::unordered_map<std::string, std::size_t> base_by_name;
     if (base_id) {
       base_meta = m.meta_of(base_id);
-      const auto& bl = base_meta->meta->layout;
-      for (const auto& f : base_meta->meta->tensors)
-        base_by_name[bl.tensors[f.tensor].name] = f.tensor;
+      base_by_name = tensors_by_name(*base_meta);
     }
     std::vector<tensor_job> jobs;
     std::uint64_t tensor_bytes = 0;
     for (std::size_t i = 0; i < layout.tensors.size(); ++i) {
       const auto& t = layout.tensors[i];
       if (!t.compress) continue;
-      tensor_job j{i, *format::codec_dtype(t.type), std::nullopt};
-      if (base_meta && !(m.opt.exact_optimizer && is_optimizer_state(t.name))) {
-        if (auto b = base_by_name.find(t.name); b != base_by_name.end()) {
-          const auto& bt = base_meta->meta->layout.tensors[b->second];
-          if (bt.type == t.type && bt.length == t.length) j.base_tensor = b->second;
-        }
-      }
-      jobs.push_back(j);
+      jobs.push_back({i, *format::codec_dtype(t.type), base_tensor_for(t, base_meta.get(),
+                                                                        base_by_name)});
       tensor_bytes += t.length;
     }
     // Checkpoint scope: one table per delta kind, shared by the tensors of that kind; one
@@ -350,10 +430,7 @@ content_ref content_store::impl::put(std::string_view path, const format::source
           codec::select_buckets(all[0], m.opt.bits, m.opt.rep, codec::delta_kind::difference),
           codec::select_buckets(all[1], m.opt.bits, m.opt.rep, codec::delta_kind::ratio)};
     }
-    const codec::lossy_params params{
-        m.opt.bits, meta.coding.group ? meta.coding.group : codec::default_group(m.opt.bits),
-        m.opt.rep,
-        m.opt.paper_coding ? codec::entropy_policy::huffman_only : codec::entropy_policy::best};
+    const codec::lossy_params params = m.coding_params_of(meta);
     // A large checkpoint's staged bytes become its head image: each delta tensor's payload is
     // overwritten with its reconstruction as it is made (a lossless one already is its own), the
     // CRC fields below. Small checkpoints instead keep their reconstruction in the cache, a
@@ -376,78 +453,44 @@ content_ref content_store::impl::put(std::string_view path, const format::source
         if (keep) std::memcpy(keep->data.data() + off, recon.data(), recon.size());
         if (make_head && j.base_tensor) staged->overwrite(t.offset + off, recon);
       };
-      tensor_result r = m.encode_tensor(
-          src, t, j, base_id, shared_tables ? &*shared_tables : nullptr, params, slab, out, sink);
-      if (j.base_tensor) {
-        // The superseded base is the likeliest eviction victim; readers of the old version
-        // decode it again from its own chain.
-        m.cache.erase({base_id, k_tensor, *j.base_tensor});
-      }
+      tensor_result r = m.encode_tensor(src, t, j, base_id,
+                                        shared_tables ? &*shared_tables : nullptr, params,
+                                        slab_source{&slab, {}}, out, sink);
+      // The superseded base is the likeliest eviction victim; readers of the old version
+      // decode it again from its own chain.
+      if (j.base_tensor) m.cache.erase({base_id, k_tensor, *j.base_tensor});
       tensor_crc[j.tensor] = r.crc;
       replaced[j.tensor] = true;
       meta.tensors.push_back(r.frame);
     }
-    // The served CRC of every zip member holding a rewritten payload: the member's bytes in
-    // order, opaque ones read from the file, each reconstructed tensor's CRC folded in whole.
-    std::vector<bool> done(layout.members.size());
-    for (const auto& fx : layout.fixups) {
-      if (done[fx.member]) continue;
-      done[fx.member] = true;
-      const auto& mem = layout.members[fx.member];
-      const std::uint64_t end = mem.data_offset + mem.data_length;
-      std::uint32_t crc = 0;
-      bool dirty = false;
-      auto it =
-          std::upper_bound(layout.segments.begin(), layout.segments.end(), mem.data_offset,
-                           [](std::uint64_t v, const format::segment& s) { return v < s.offset; });
-      if (it != layout.segments.begin()) --it;
-      for (std::uint64_t at = mem.data_offset; at < end; ++it) {
-        const std::uint64_t seg_end = it->offset + it->length;
-        const std::uint64_t n = std::min(seg_end, end) - at;
-        if (it->tensor && replaced[*it->tensor]) {  // whole: straddlers were kept exact
-          crc = format::crc32_combine(crc, tensor_crc[*it->tensor], n);
-          dirty = true;
-        } else {
-          for (std::uint64_t done_bytes = 0; done_bytes < n;) {
-            const std::size_t k = std::size_t(std::min<std::uint64_t>(kSlabBytes, n - done_bytes));
-            const std::span<std::byte> buf(slab.cur.data(), k);
-            src.read(at + done_bytes, buf);
-            crc = format::crc32(crc, buf);
-            done_bytes += k;
-          }
-        }
-        at += n;
-      }
-      if (dirty) meta.member_crcs.push_back({fx.member, crc});
-    }
-    if (make_head) {
-      // The CRC fields the served file rewrites (a field written as 0 stays 0).
-      for (const auto& fx : layout.fixups) {
-        if (fx.original == 0) continue;
-        for (const auto& [member, crc] : meta.member_crcs) {
-          if (member != fx.member || crc == fx.original) continue;  // lossless: unchanged
-          std::byte field[4];
-          std::memcpy(field, &crc, 4);  // little-endian
-          staged->overwrite(fx.field_offset, field);
-        }
-      }
-    }
+    m.member_crcs(meta, layout, tensor_crc, replaced, src,
+                  std::span<std::byte>(slab.cur.data(), kSlabBytes),
+                  make_head ? staged.get() : nullptr);
     meta.layout = std::move(layout);
   }
+  return m.record_version(path, std::move(meta), out, id, lineage_id, bc, pin, std::move(donors),
+                          make_head ? std::move(staged) : nullptr);
+}
 
+content_ref content_store::impl::record_version(std::string_view path, version_meta meta,
+                                                content_object_writer& out, std::uint64_t id,
+                                                std::uint64_t lineage_id, const base_choice& bc,
+                                                base_pin& pin, std::vector<std::uint64_t> donors,
+                                                std::shared_ptr<staged_file> head) {
+  auto& m = *this;
   std::shared_lock object_gate(m.object_gate);  // until the record names the object
   const store::object_ref obj = out.finish(meta);
 
   std::uint64_t superseded = 0;
   version_rec r;
   r.obj = obj;
-  r.size = size;
+  r.size = meta.size;
   r.kind = meta.kind;
   r.format = std::string(format::name(meta.layout.format));
   r.lineage = lineage_id;
-  r.base = base_id;
+  r.base = bc.base;
   r.path = std::string(path);
-  r.since_keyframe = keyframe ? 0 : since + 1;
+  r.since_keyframe = bc.keyframe ? 0 : bc.since + 1;
   r.created_ns = meta.created_ns;
   r.refs = 1;
   r.donors = donors;
@@ -471,7 +514,7 @@ content_ref content_store::impl::put(std::string_view path, const format::source
       m.shared_extents = true;
     }
     m.journal.append(to_bytes(version_json(r)));
-    base_pin.armed = false;  // the pin becomes the new version's dependency on its base
+    pin.armed = false;  // the pin becomes the new version's dependency on its base
     std::uint64_t old_head = 0;
     if (lineage_id) {
       auto& l = m.lineages.at(lineage_id);
@@ -485,7 +528,7 @@ content_ref content_store::impl::put(std::string_view path, const format::source
     if (old_head) m.collect(old_head, m.unneeded);
     superseded = old_head;
   }
-  if (make_head) m.heads->adopt(id, obj.checksum, std::move(staged));
+  if (head) m.heads->adopt(id, obj.checksum, std::move(head));
   // The previous head's image goes: its version now decodes through its chain like any other.
   if (superseded && m.heads) m.heads->drop(superseded);
   // Its reconstruction leaves the cache too. A delta dropped its base's tensor by tensor above;
@@ -496,7 +539,7 @@ content_ref content_store::impl::put(std::string_view path, const format::source
   if (superseded)
     for (std::size_t i = 0; i < meta.layout.tensors.size(); ++i)
       m.cache.erase({superseded, k_tensor, i});
-  return {id, size};
+  return {id, meta.size};
 }
 
 }  // namespace ckpt::fs

@@ -8,7 +8,16 @@
 // fs/namespace's write_buffer: the content store never sees how the bytes are held.
 //
 // Thread safety: read_fully() and copy_memory_to_file() may run concurrently with each other; the
-// other calls need exclusive access (the head image's lock provides it).
+// other calls need exclusive access (the head image's lock provides it). While a stream is open
+// (below), the writer's writes may run concurrently with every call.
+//
+// Streaming writes: the content store may encode a file while it is still being written
+// (content_store::stream). From the filesystem's begin_stream() until complete_stream() (the
+// file is finished) or cancel_stream(), the stream waits for bytes with await() before it
+// reads them, and read_fully() remembers how far it read: a later write that changes bytes it
+// read makes the stream stale (its encoding of them is out of date), and the store then stores
+// the finished file the ordinary way. overwrite() does nothing while the stream is stale, so
+// that it never replaces a byte the writer wrote after the store read it.
 #include <cstdint>
 #include <span>
 #include <utility>
@@ -44,6 +53,20 @@ class staged_file {
   virtual std::vector<std::pair<std::uint64_t, std::uint64_t>> data_runs() const {
     return {{0, size()}};
   }
+
+  // Streaming (see above). await(): waits until [0, end) is written, the file is complete, or
+  // the stream is cancelled or stale; true if [0, end) can be read and the stream is still good.
+  virtual bool await(std::uint64_t end) { return end <= size(); }
+  virtual bool stale() const { return false; }
+  // Waits until the file is complete (true) or the stream cancelled (false).
+  virtual bool await_complete() { return true; }
+  // The file is finished: await() waits no more. Idempotent.
+  virtual void complete_stream() {}
+  // Stops the stream: waiting await()s return false. Idempotent.
+  virtual void cancel_stream() {}
+  // After the stream's reader is gone (joined): the buffer is an ordinary staged file again, and
+  // overwrite() works even if the stream went stale (a put of the finished file follows).
+  virtual void end_stream() {}
 
   // A file opened over a stored version and changed in part: that version, and the [offset,
   // end) ranges (ascending, each starting on a 1 MiB boundary) whose bytes are still exactly that

@@ -131,6 +131,9 @@ void take_option(daemon_options& d, const std::string& o) {
   } else if (key == "reclaim") {
     need_value();
     d.reclaim = parse_factor(val, key);
+  } else if (key == "stream") {
+    need_value();
+    d.stream = choose(val, key, {"on", "off"}) == 0;
   } else if (key == "reads") {
     need_value();
     d.direct_checkpoint_reads = choose(val, key, {"direct", "cached"}) == 0;
@@ -294,6 +297,9 @@ std::string usage_text(std::string_view program) {
          "                         bytes, that delta is rewritten as a keyframe in the\n"
          "                         background and they are freed (default 1.25; a rewrite\n"
          "                         writes at most 1/F of what it frees); 0: only ckptctl prune\n"
+         "  -o stream=on|off       on (default): a large torch.save file is delta-coded while\n"
+         "                         it is written, so that little is left for the close or\n"
+         "                         fsync; off: coded after its last byte\n"
          "  -o reads=MODE          direct (default): torch checkpoints are read past the kernel\n"
          "                         page cache, from the daemon's caches into the reader's buffer\n"
          "                         (shared mmap works on kernel 6.6+, else fails: ENODEV);\n"

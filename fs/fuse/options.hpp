@@ -25,6 +25,11 @@ struct usage_error : std::runtime_error {
 std::uint64_t default_cache_bytes();
 std::uint64_t default_buffer_bytes();
 
+// -o stream=on: a file is streamed once this much of it is written (fs_config::stream_after):
+// past data.pkl of any checkpoint large enough to stream (head_min), and no thread for the
+// small files a stream would decline.
+inline constexpr std::uint64_t kStreamAfter = std::uint64_t(8) << 20;
+
 struct daemon_options {
   std::string store;
   std::string mountpoint;
@@ -39,6 +44,7 @@ struct daemon_options {
   std::string scratch;                    // -o scratch=DIR: staging and heads (default STORE)
   bool passthrough = true;                // -o passthrough=on|off
   double reclaim = 1.25;                  // -o reclaim=F (fs_config::rewrite_factor), 0: off
+  bool stream = true;                     // -o stream=on|off (fs_config::stream_after)
   std::vector<std::string> fuse_options;  // passed to libfuse as -o
 };
 

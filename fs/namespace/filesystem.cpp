@@ -191,8 +191,11 @@ void filesystem::maybe_drop(ino_t ino) {
       // stays until the kernel's FORGET: an O_PATH descriptor can still reopen the file through
       // /proc/self/fd, and must read what it did.
       it->second.buf.reset();
+      retire_stream(it->second);
       return;
     }
+    it->second.buf.reset();
+    retire_stream(it->second);
   }
   if (n->is_reg()) release_content(n->content);
   tree_.erase(ino);
@@ -356,23 +359,38 @@ void filesystem::shutdown() {
     }
   }
   for (ino_t ino : dirty) {
+    std::shared_ptr<content_store::stream> stream;
     std::shared_ptr<write_buffer> buf;
     std::string path;
     timespec mtime{};
     {
       std::lock_guard lk(mu_);
       runtime& r = rt(ino);
+      stream = take_stream(r, r.buf);
       buf = std::move(r.buf);
       r.loaded = r.dirty = false;
       path = r.path;
       mtime = r.mtime;
     }
     const running_commit running(commits_running_);
-    if (int err = commit(ino, buf, path, mtime))
+    if (int err = commit(ino, buf, path, mtime, std::move(stream)))
       log_error("at unmount, " + path + " could not be stored: " + std::strerror(err));
     else
       log_info("at unmount, stored " + path + " (still open for writing)");
   }
+  // Streams of files that were not stored (open, nothing written since their last commit):
+  // cancelled and joined before the content store goes.
+  std::vector<std::shared_ptr<content_store::stream>> streams;
+  {
+    std::lock_guard lk(mu_);
+    for (auto& [ino, r] : rt_) {
+      if (!r.stream) continue;
+      r.stream_buf->cancel_stream();
+      r.stream_buf.reset();
+      streams.push_back(std::move(r.stream));
+    }
+  }
+  streams.clear();
   {
     std::lock_guard lk(flusher_mu_);
     stopping_ = true;

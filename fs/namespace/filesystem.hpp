@@ -68,6 +68,10 @@ struct fs_config {
   // keyframe in the background (as `ckptctl prune` does) and the chain below it is freed; so a
   // rewrite writes at most 1/factor of what it frees. 0: never (the daemon sets 1.25, -o reclaim).
   double rewrite_factor = 0;
+  // Streaming writes (docs/filesystem.md): a file written from its start that looks like a
+  // torch.save archive is encoded while it is written (content_store::start_stream), once this
+  // many bytes are in. 0: never (files are encoded after their last byte, at the commit).
+  std::uint64_t stream_after = 0;
 };
 
 struct open_result {
@@ -271,6 +275,11 @@ class filesystem {
     bool cache_ok = false;  // the kernel's cached pages match the committed version
     timespec mtime{};       // of the last write into buf
     std::string path;       // last known path (lineage matching)
+    // Streaming writes: the content store's stream following stream_buf (the buf it started
+    // on). It goes with that buffer's commit; a buffer dropped or replaced without one retires
+    // it (retire_stream).
+    std::shared_ptr<content_store::stream> stream;
+    std::shared_ptr<write_buffer> stream_buf;
   };
   struct handle {
     ino_t ino = 0;
@@ -305,7 +314,15 @@ class filesystem {
   // content store may keep `buf` (a head image) and rewrite it in place (buf->modified()).
   // Callers count it in commits_running_ (running_commit) for usage().
   int commit(ino_t ino, const std::shared_ptr<write_buffer>& buf, const std::string& path,
-             timespec mtime);
+             timespec mtime, std::shared_ptr<content_store::stream> stream = nullptr);
+  // mu_ held. Starts a stream over r.buf when it qualifies (fs_config::stream_after).
+  void maybe_stream(runtime& r);
+  // mu_ held. The stream following `buf`, taken out of r for its commit (null if none).
+  static std::shared_ptr<content_store::stream> take_stream(runtime& r,
+                                                            const std::shared_ptr<write_buffer>& buf);
+  // mu_ held. A stream whose buffer is no longer r.buf is cancelled; its thread is joined on a
+  // worker, not under mu_ (it may be waiting for a lineage another put encodes).
+  void retire_stream(runtime& r);
   void sync_journal();
   void rejoin_lineages(ino_t ino, const std::string& path);  // mu_ held
   // Writes a snapshot into a new journal when it grew past compact_bytes (or `force`); false if

@@ -7,6 +7,7 @@
 #include <sys/statvfs.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -163,6 +164,7 @@ void filesystem::write(std::uint64_t fh, std::uint64_t offset, std::span<const s
   r.buf->write(offset, data);
   r.dirty = true;
   r.mtime = now();
+  maybe_stream(r);
   if (kill_priv) {
     // A write by an unprivileged writer drops setuid, and setgid of a group-executable file.
     std::uint32_t mode = tree_.get(ino).mode;
@@ -243,14 +245,56 @@ void filesystem::flush(std::uint64_t fh) {
   report_commit_error(fh);
 }
 
+void filesystem::maybe_stream(runtime& r) {
+  if (!cfg_.stream_after || r.stream || !r.buf || !r.buf->streamable() ||
+      r.buf->contiguous() < cfg_.stream_after)
+    return;
+  // A DCP shard may start with a torch archive but holds more: streamed, its work would be
+  // dropped at the commit after it had rewritten the staged bytes.
+  std::array<std::byte, 4> magic{};
+  if (r.path.ends_with(".distcp") || r.buf->read(0, magic) != magic.size() ||
+      std::memcmp(magic.data(), "PK\x03\x04", 4) != 0) {
+    r.buf->no_stream();
+    return;
+  }
+  r.buf->begin_stream();
+  try {
+    r.stream = content_.start_stream(r.path, r.buf);
+    r.stream_buf = r.buf;
+  } catch (...) {
+    r.buf->end_stream();  // no thread: the file is stored at its commit as before
+    r.buf->no_stream();
+  }
+}
+
+std::shared_ptr<content_store::stream> filesystem::take_stream(
+    runtime& r, const std::shared_ptr<write_buffer>& buf) {
+  if (!r.stream || r.stream_buf != buf) return nullptr;
+  r.stream_buf.reset();
+  return std::move(r.stream);
+}
+
+void filesystem::retire_stream(runtime& r) {
+  if (!r.stream || r.stream_buf == r.buf) return;
+  r.stream_buf->cancel_stream();
+  r.stream_buf.reset();
+  auto s = std::move(r.stream);
+  try {
+    workers_->submit([s = std::move(s)]() mutable { s.reset(); });
+  } catch (...) {
+    // Could not queue it: joined here (cancelled already, so it ends after its current slab).
+  }
+}
+
 int filesystem::commit(ino_t ino, const std::shared_ptr<write_buffer>& buf, const std::string& path,
-                       timespec mtime) {
+                       timespec mtime, std::shared_ptr<content_store::stream> stream) {
   content_ref fresh;
   bool named = false;  // the inode points at `fresh`
   const auto start = std::chrono::steady_clock::now();
   try {
     std::shared_lock gate(put_gate_);
-    if (buf->size() != 0) fresh = content_.put(path, std::shared_ptr<staged_file>(buf));
+    if (buf->size() != 0)
+      fresh = content_.put(path, std::shared_ptr<staged_file>(buf), std::move(stream));
     std::lock_guard lk(mu_);
     const inode* n = tree_.find(ino);
     if (!n || n->nlink == 0) {
@@ -310,7 +354,8 @@ void filesystem::release(std::uint64_t fh) {
       // throw (allocations) happens before `pending` is set, and the job clears it whatever
       // happens inside: a `pending` left set would make every wait for this file hang.
       auto buf = std::shared_ptr<write_buffer>(std::move(r.buf));
-      auto job = [this, ino, buf, path = r.path, mtime = r.mtime]() mutable {
+      auto job = [this, ino, buf, path = r.path, mtime = r.mtime,
+                  stream = take_stream(r, buf)]() mutable {
         // usage() counts the commit as running before it stops counting it as queued, and until
         // the file is idle again (below): never as nothing while the file is pending.
         std::optional<running_commit> running(std::in_place, commits_running_);
@@ -324,7 +369,8 @@ void filesystem::release(std::uint64_t fh) {
             linked = n && n->nlink > 0;
           }
           // Deleted while queued (rmtree of a fresh checkpoint): nothing to store.
-          err = linked ? commit(ino, buf, path, mtime) : 0;
+          err = linked ? commit(ino, buf, path, mtime, std::move(stream)) : 0;
+          stream.reset();  // not used (unlinked): cancelled and joined here
         } catch (...) {
           err = EIO;
         }
@@ -373,6 +419,7 @@ void filesystem::release(std::uint64_t fh) {
     }
   }
   if (r.opens == 0 && r.buf && (!tree_.find(ino) || tree_.find(ino)->nlink == 0)) r.buf.reset();
+  retire_stream(r);
   maybe_drop(ino);
 }
 
@@ -390,9 +437,10 @@ void filesystem::fsync(std::uint64_t fh) {
       std::string path = r.path;
       timespec mtime = r.mtime;
       const std::shared_ptr<write_buffer> buf = r.buf;
+      auto stream = take_stream(r, buf);
       lk.unlock();
       std::optional<running_commit> running(std::in_place, commits_running_);
-      int err = commit(ino, buf, path, mtime);
+      int err = commit(ino, buf, path, mtime, std::move(stream));
       lk.lock();
       runtime& r2 = rt(ino);
       r2.pending = false;

@@ -109,7 +109,9 @@ write_buffer::chunk& write_buffer::place(std::uint64_t index) {
 
 void write_buffer::set_base(std::shared_ptr<const content_reader> base, std::uint64_t version,
                             std::vector<std::pair<std::uint64_t, std::uint64_t>> base_runs) {
+  std::unique_lock lock(mu_);
   if (!chunks_.empty() || size_ != 0) throw io_error(EINVAL, "set_base on a written buffer");
+  unstreamable_ = true;
   size_ = base_limit_ = base->size();
   base_ = std::move(base);
   base_version_ = version;
@@ -149,6 +151,7 @@ void write_buffer::materialize_base() {
 }
 
 write_buffer::unchanged_ranges write_buffer::unchanged() const {
+  std::shared_lock lock(mu_);
   unchanged_ranges u;
   if (!base_ || modified_) return u;
   u.version = base_version_;
@@ -181,6 +184,49 @@ void write_buffer::drop_chunk(chunk& c) {
 }
 
 void write_buffer::write(std::uint64_t offset, std::span<const std::byte> data) {
+  std::unique_lock lock(mu_);
+  if (stream_.load() == stream_state::open) check_stream_overlap(offset, data);
+  try {
+    write_locked(offset, data);
+  } catch (...) {
+    note_written(offset, size_);  // what was written counts
+    throw;
+  }
+  note_written(offset, offset + data.size());
+}
+
+void write_buffer::check_stream_overlap(std::uint64_t offset, std::span<const std::byte> data) {
+  if (stale_ || offset >= consumed_) return;
+  const std::size_t n = std::size_t(std::min<std::uint64_t>(data.size(), consumed_ - offset));
+  std::vector<std::byte> old(n);
+  // The same bytes again (a client that rewrites what it wrote) leave the stream good.
+  if (read_locked(offset, old) != n || std::memcmp(old.data(), data.data(), n) != 0) {
+    stale_ = true;
+    written_cv_.notify_all();
+  }
+}
+
+void write_buffer::note_written(std::uint64_t offset, std::uint64_t end) {
+  if (unstreamable_ || end <= offset) return;
+  if (offset > contiguous_) {
+    auto& e = ahead_[offset];
+    e = std::max(e, end);
+    if (ahead_.size() > kAheadMax) {  // not a sequential writer: give up following it
+      unstreamable_ = true;
+      ahead_.clear();
+    }
+    return;
+  }
+  const std::uint64_t before = contiguous_;
+  contiguous_ = std::max(contiguous_, end);
+  while (!ahead_.empty() && ahead_.begin()->first <= contiguous_) {
+    contiguous_ = std::max(contiguous_, ahead_.begin()->second);
+    ahead_.erase(ahead_.begin());
+  }
+  if (contiguous_ != before && stream_.load() == stream_state::open) written_cv_.notify_all();
+}
+
+void write_buffer::write_locked(std::uint64_t offset, std::span<const std::byte> data) {
   std::size_t pos = 0;
   while (pos < data.size()) {
     std::uint64_t off = offset + pos;
@@ -201,6 +247,11 @@ void write_buffer::write(std::uint64_t offset, std::span<const std::byte> data) 
 }
 
 std::size_t write_buffer::read(std::uint64_t offset, std::span<std::byte> out) const {
+  std::shared_lock lock(mu_);
+  return read_locked(offset, out);
+}
+
+std::size_t write_buffer::read_locked(std::uint64_t offset, std::span<std::byte> out) const {
   if (offset >= size_) return 0;
   std::size_t total = std::size_t(std::min<std::uint64_t>(out.size(), size_ - offset));
   std::size_t pos = 0;
@@ -231,6 +282,15 @@ std::size_t write_buffer::read(std::uint64_t offset, std::span<std::byte> out) c
 }
 
 void write_buffer::truncate(std::uint64_t size) {
+  std::unique_lock lock(mu_);
+  if (size < contiguous_) {
+    contiguous_ = size;
+    ahead_.clear();
+  }
+  if (stream_.load() == stream_state::open && size < consumed_ && !stale_) {
+    stale_ = true;
+    written_cv_.notify_all();
+  }
   if (size < size_) {
     // Drop whole chunks past the end and cut the last one's data at the new end, so that
     // growing the file again reads zeros there.
@@ -251,7 +311,12 @@ void write_buffer::truncate(std::uint64_t size) {
 }
 
 void write_buffer::punch_hole(std::uint64_t offset, std::uint64_t length) {
+  std::unique_lock lock(mu_);
   if (offset >= size_ || length == 0) return;
+  if (stream_.load() == stream_state::open && offset < consumed_ && !stale_) {
+    stale_ = true;
+    written_cv_.notify_all();
+  }
   const std::uint64_t end = std::min(size_, offset + std::min(length, size_ - offset));
   std::uint64_t off = offset;
   while (off < end) {
@@ -304,6 +369,11 @@ void write_buffer::punch_hole(std::uint64_t offset, std::uint64_t length) {
 }
 
 std::vector<std::pair<std::uint64_t, std::uint64_t>> write_buffer::data_runs() const {
+  std::shared_lock lock(mu_);
+  return data_runs_locked();
+}
+
+std::vector<std::pair<std::uint64_t, std::uint64_t>> write_buffer::data_runs_locked() const {
   // Chunk indices that hold data: own chunks with data, and base chunks with data still showing.
   std::vector<std::uint64_t> idx;
   for (const auto& [i, c] : chunks_)
@@ -329,23 +399,104 @@ std::vector<std::pair<std::uint64_t, std::uint64_t>> write_buffer::data_runs() c
 }
 
 std::uint64_t write_buffer::allocated_bytes() const {
+  std::shared_lock lock(mu_);
   std::uint64_t n = 0;
-  for (const auto& [from, to] : data_runs()) n += to - from;
+  for (const auto& [from, to] : data_runs_locked()) n += to - from;
   return n;
 }
 
 void write_buffer::read_fully(std::uint64_t offset, std::span<std::byte> out) const {
+  if (stream_.load() == stream_state::open) {
+    // The stream's reads: remember what was read, under the lock the read took, so that a write
+    // changing it afterwards is noticed (check_stream_overlap). Waiting is await()'s.
+    std::unique_lock lock(mu_);
+    if (read_locked(offset, out) != out.size())
+      throw io_error(EIO, "write buffer shorter than its size");
+    if (stream_.load() == stream_state::open) consumed_ = std::max(consumed_, offset + out.size());
+    return;
+  }
   if (read(offset, out) != out.size()) throw io_error(EIO, "write buffer shorter than its size");
 }
 
 void write_buffer::overwrite(std::uint64_t offset, std::span<const std::byte> data) {
+  std::unique_lock lock(mu_);
+  // A stale stream's reconstruction would replace bytes written after the store read them.
+  if (stale_) return;
   if (offset > size_ || data.size() > size_ - offset)
     throw io_error(EINVAL, "overwrite past the end of a write buffer");
   modified_ = true;
-  write(offset, data);
+  write_locked(offset, data);
+}
+
+std::uint64_t write_buffer::contiguous() const {
+  std::shared_lock lock(mu_);
+  return contiguous_;
+}
+
+bool write_buffer::streamable() const {
+  std::shared_lock lock(mu_);
+  return !unstreamable_ && !base_ && stream_.load() == stream_state::none && contiguous_ > 0;
+}
+
+void write_buffer::no_stream() {
+  std::unique_lock lock(mu_);
+  unstreamable_ = true;
+  ahead_.clear();
+}
+
+void write_buffer::begin_stream() {
+  std::unique_lock lock(mu_);
+  if (stream_.load() != stream_state::none) throw io_error(EINVAL, "a write buffer streams once");
+  stream_ = stream_state::open;
+  consumed_ = 0;
+  stale_ = false;
+}
+
+void write_buffer::complete_stream() {
+  std::unique_lock lock(mu_);
+  if (stream_.load() == stream_state::open) stream_ = stream_state::complete;
+  written_cv_.notify_all();
+}
+
+void write_buffer::cancel_stream() {
+  std::unique_lock lock(mu_);
+  if (stream_.load() == stream_state::open || stream_.load() == stream_state::complete)
+    stream_ = stream_state::cancelled;
+  written_cv_.notify_all();
+}
+
+void write_buffer::end_stream() {
+  std::unique_lock lock(mu_);
+  if (stream_.load() != stream_state::none) stream_ = stream_state::done;
+  stale_ = false;
+  written_cv_.notify_all();
+}
+
+bool write_buffer::await(std::uint64_t end) {
+  std::unique_lock lock(mu_);
+  written_cv_.wait(lock, [&] {
+    return stream_.load() != stream_state::open || stale_ || unstreamable_ || contiguous_ >= end;
+  });
+  switch (stream_.load()) {
+    case stream_state::open: return !stale_ && contiguous_ >= end;
+    case stream_state::complete: return !stale_ && end <= size_;
+    default: return false;  // cancelled, or no stream
+  }
+}
+
+bool write_buffer::await_complete() {
+  std::unique_lock lock(mu_);
+  written_cv_.wait(lock, [&] { return stream_.load() != stream_state::open; });
+  return stream_.load() == stream_state::complete;
+}
+
+bool write_buffer::stale() const {
+  std::shared_lock lock(mu_);
+  return stale_;
 }
 
 int write_buffer::backing_file() {
+  std::unique_lock lock(mu_);
   materialize_base();  // the file must hold every byte: the kernel or the head store reads it
   if (fd_ < 0) open_staging();
   struct stat st;
@@ -356,6 +507,7 @@ int write_buffer::backing_file() {
 }
 
 void write_buffer::copy_memory_to_file() const {
+  std::shared_lock lock(mu_);
   for (const auto& [i, c] : chunks_) {
     if (!c.mem || !c.filled) continue;
     const std::uint64_t off = i * chunk_bytes;
@@ -365,6 +517,7 @@ void write_buffer::copy_memory_to_file() const {
 }
 
 void write_buffer::drop_memory() {
+  std::unique_lock lock(mu_);
   for (auto& [i, c] : chunks_) {
     if (!c.mem) continue;
     budget_->recycle(std::move(c.mem));

@@ -4,8 +4,11 @@
 // none go to an anonymous staging file (O_TMPFILE in STORE/staging, so a crash leaves nothing
 // behind), at their own offsets. Chunks already in memory stay there: a file a little larger than
 // the budget costs a little disk I/O, not a copy of everything. Chunks are kept in a sparse map:
-// holes cost nothing, whatever the file size (a truncate to 1 TiB is one number). Not
-// thread-safe: the owner serialises access.
+// holes cost nothing, whatever the file size (a truncate to 1 TiB is one number).
+//
+// Thread safety: every call locks the buffer (shared for reads), so the content store may read
+// a file it streams (staged_file, "Streaming writes") while the filesystem writes it. The owner
+// still serialises its own modifications.
 //
 // Chunks in the staging file are counted in the budget (memory_budget::spilled, for `ckptctl
 // status`) while this buffer holds them as a write buffer.
@@ -18,8 +21,11 @@
 // memory into the staging file and keep that file.
 #include <cstddef>
 #include <cstdint>
+#include <atomic>
+#include <condition_variable>
 #include <map>
 #include <memory>
+#include <shared_mutex>
 #include <span>
 #include <string>
 #include <utility>
@@ -81,7 +87,28 @@ class write_buffer final : public staged_file {
   std::uint64_t memory_bytes() const override { return taken_; }
   unchanged_ranges unchanged() const override;
 
+  // Streaming (staged_file). Bytes [0, contiguous()) are all written: sequential writes from the
+  // start (out of order too, within a bound); a buffer over a base version never streams.
+  std::uint64_t contiguous() const;
+  bool streamable() const;  // written from its start, no base, nothing odd yet
+  void no_stream();  // never streams (not a checkpoint it could follow)
+  void begin_stream();
+  void complete_stream() override;
+  bool await_complete() override;
+  void cancel_stream() override;
+  void end_stream() override;
+  bool await(std::uint64_t end) override;
+  bool stale() const override;
+
  private:
+  // The unlocked bodies of the public calls (mu_ held by the caller).
+  void write_locked(std::uint64_t offset, std::span<const std::byte> data);
+  std::size_t read_locked(std::uint64_t offset, std::span<std::byte> out) const;
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> data_runs_locked() const;
+  void note_written(std::uint64_t offset, std::uint64_t end);  // the contiguous mark
+  // While streaming: a user write over [offset, offset + data.size()) that changes bytes the
+  // stream read makes it stale.
+  void check_stream_overlap(std::uint64_t offset, std::span<const std::byte> data);
   // A chunk in chunks_ is the buffer's own: in memory, in the staging file, or neither (a hole
   // punched over the base). A chunk not in chunks_ reads from the base below base_limit_, else
   // as zeros.
@@ -112,6 +139,20 @@ class write_buffer final : public staged_file {
   std::uint64_t base_version_ = 0;
   std::vector<std::pair<std::uint64_t, std::uint64_t>> base_runs_;  // data runs of the base
   std::uint64_t base_limit_ = 0;  // base bytes still visible (a truncate below lowers it)
+
+  mutable std::shared_mutex mu_;
+  mutable std::condition_variable_any written_cv_;  // streaming: more bytes, or the stream ended
+  // Streaming. contiguous_: [0, contiguous_) written; ahead_: written runs past it (from, end),
+  // at most kAheadMax of them, else the buffer is no longer streamable.
+  static constexpr std::size_t kAheadMax = 4096;
+  std::uint64_t contiguous_ = 0;
+  std::map<std::uint64_t, std::uint64_t> ahead_;
+  bool unstreamable_ = false;
+  // none -> open -> complete or cancelled -> done (end_stream: the stream's reader is gone).
+  enum class stream_state { none, open, complete, cancelled, done };
+  std::atomic<stream_state> stream_{stream_state::none};  // changed under mu_
+  mutable std::uint64_t consumed_ = 0;  // the stream read everything below this
+  bool stale_ = false;
 };
 
 }  // namespace ckpt::fs

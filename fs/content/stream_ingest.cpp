@@ -1,0 +1,239 @@
+// Streaming writes (content_store.hpp, "Streaming writes"): a torch.save file encoded while it is
+// written. The stream's thread walks the archive's records as they arrive
+// (format::torch_zip_walker), picks the base once data.pkl is in, and codes each tensor the moment
+// its bytes are written: the frames go into the version's object, the reconstruction over the
+// staged bytes. At the commit (put with the stream) the same thread recognises the finished
+// file, checks that it is the archive it walked and that nothing it read was rewritten, and then
+// only writes the exact regions and the record: the object is written by one thread from start to
+// end (its writer's io_uring accepts one submitter). Anything else drops the stream's work: the
+// file is stored as an ordinary put stores it.
+#include <cerrno>
+#include <cstring>
+
+#include "codec/error.hpp"
+#include "codec/format/recognise.hpp"
+#include "codec/format/torch_stream.hpp"
+#include "fs/content/content_impl.hpp"
+#include "fs/content/content_object.hpp"
+#include "fs/content/lineage_key.hpp"
+
+namespace ckpt::fs {
+
+// What a stream has done so far. The thread writes it; the commit reads it after joining.
+class content_store::stream {
+ public:
+  stream(impl& m, std::string path, std::shared_ptr<staged_file> staged)
+      : m_(m), path_(std::move(path)), staged_(std::move(staged)) {}
+  ~stream() { stop(); }
+  stream(const stream&) = delete;
+  stream& operator=(const stream&) = delete;
+
+  void stop() {
+    if (!thread_.joinable()) return;
+    staged_->cancel_stream();
+    thread_.join();
+  }
+
+  impl& m_;
+  const std::string path_;
+  const std::shared_ptr<staged_file> staged_;
+  std::string commit_path_;  // put()'s path, set before it completes the stream
+  // Results, valid once the thread is joined.
+  std::string declined_;  // why the stream did nothing (not a case for streaming)
+  std::string dropped_;   // why its work was dropped
+  std::optional<content_ref> stored_;
+  bool walked_ = false;  // every storage record data.pkl named was found and coded
+  std::uint64_t lineage_id_ = 0;
+  impl::base_choice bc_;
+  std::optional<impl::base_pin> pin_;
+  version_meta meta_;
+  std::optional<content_object_writer> out_;
+  std::vector<format::tensor_info> found_;  // the storage records in file order
+  std::vector<std::optional<impl::tensor_result>> results_;  // per found_: coded tensors
+  std::jthread thread_;  // last: started once the rest exists
+};
+
+namespace {
+
+constexpr std::uint64_t kUnknownSize = std::uint64_t(1) << 62;  // a stream's file is growing
+
+bool same_tensor(const format::tensor_info& a, const format::tensor_info& b) {
+  return a.name == b.name && a.type == b.type && a.shape == b.shape && a.offset == b.offset &&
+         a.length == b.length && a.compress == b.compress;
+}
+
+}  // namespace
+
+void content_store::impl::run_stream(stream& s) {
+  staged_file& staged = *s.staged_;
+  try {
+    const format::source src(kUnknownSize, [&staged](std::uint64_t off, std::span<std::byte> out) {
+      if (!staged.await(off + out.size()))
+        throw io_error(ECANCELED, "content: the streamed file changed or went");
+      staged.read_fully(off, out);
+    });
+    format::torch_zip_walker walk(src, format::recognise_options{});
+    if (!heads || walk.predicted_bytes(true) < opt.head_min) {
+      s.declined_ = "smaller than head_min, or head images off";
+      return;
+    }
+    if (opt.scope != codec::bucket_scope::tensor) {
+      s.declined_ = "checkpoint-scope buckets need every tensor first";
+      return;
+    }
+    format::layout predicted;
+    predicted.tensors = walk.predicted();  // torch's record order: the layout's tensor order
+    const std::uint64_t sig = lineage_signature(predicted);
+    {
+      // The lineage lock only while the base is picked: a stream waits for its writer, and a
+      // put of the same lineage must not wait for that. Its id is taken at the commit.
+      const auto lock = lock_lineage(s.path_, sig, s.lineage_id_);
+      s.bc_ = choose_base(s.lineage_id_);
+    }
+    s.pin_.emplace(*this, s.bc_.base);
+    start_coding(s.meta_, s.bc_.keyframe);
+    s.out_.emplace(objects, opt.object_format);
+    std::shared_ptr<const cache_item> base_meta;
+    std::unordered_map<std::string, std::size_t> base_by_name;
+    if (s.bc_.base) {
+      base_meta = meta_of(s.bc_.base);
+      base_by_name = tensors_by_name(*base_meta);
+    }
+    const codec::lossy_params params = coding_params_of(s.meta_);
+    const slab_source slabs{nullptr, [&staged](std::uint64_t end) { return staged.await(end); }};
+    while (const auto k = walk.next()) {
+      const format::tensor_info t = walk.predicted()[*k];
+      const std::size_t index = s.found_.size();
+      s.found_.push_back(t);
+      s.results_.emplace_back();
+      if (!t.compress) continue;
+      const tensor_job j{index, *format::codec_dtype(t.type),
+                         base_tensor_for(t, base_meta.get(), base_by_name)};
+      const auto sink = [&](std::uint64_t off, std::span<const std::byte> recon) {
+        if (j.base_tensor) staged.overwrite(t.offset + off, recon);
+      };
+      s.results_.back() = encode_tensor(src, t, j, s.bc_.base, nullptr, params, slabs, *s.out_, sink);
+      if (j.base_tensor) cache.erase({s.bc_.base, k_tensor, *j.base_tensor});
+    }
+    s.walked_ = s.found_.size() == walk.predicted().size();
+    // The rest waits for the commit.
+    if (!staged.await_complete()) {
+      s.dropped_ = "the file was not stored";
+    } else if (staged.stale()) {
+      s.dropped_ = "bytes it had read were rewritten";
+    } else if (!s.walked_) {
+      s.dropped_ = "records data.pkl names are missing";
+    } else {
+      s.stored_ = finish_stream(s, s.commit_path_, s.dropped_);
+    }
+  } catch (const std::exception& e) {
+    s.dropped_ = e.what();
+  }
+  if (!s.declined_.empty() || s.stored_) return;
+  // Dropped: the unfinished object goes (on this thread, which wrote it), and the pin.
+  s.out_.reset();
+  s.pin_.reset();
+}
+
+std::optional<content_ref> content_store::impl::finish_stream(stream& s, std::string_view path,
+                                                              std::string& why) {
+  staged_file& staged = *s.staged_;
+  const format::source src(staged.size(), [&staged](std::uint64_t off, std::span<std::byte> out) {
+    staged.read_fully(off, out);
+  });
+  format::layout layout = format::recognise(src);
+  keep_straddling_tensors_exact(layout);
+  if (layout.format != format::file_format::torch_zip) {
+    why = "the finished file is not one torch.save archive";
+    return std::nullopt;
+  }
+  if (layout.tensors.size() != s.found_.size()) {
+    why = "the finished archive holds other records than the stream read";
+    return std::nullopt;
+  }
+  for (std::size_t i = 0; i < layout.tensors.size(); ++i)
+    if (!same_tensor(layout.tensors[i], s.found_[i])) {
+      why = "tensor " + layout.tensors[i].name + " is not where the stream read it";
+      return std::nullopt;
+    }
+
+  const encode_slots::lease slot = slots.acquire();
+  encode_slots::slabs& slab = slot.get();
+  version_meta meta = std::move(s.meta_);
+  meta.size = src.size();
+  meta.created_ns = now_ns();
+  content_object_writer& out = *s.out_;
+  write_exact_regions(src, layout, meta, out, slab.enc);
+  std::vector<std::uint32_t> tensor_crc(layout.tensors.size());
+  std::vector<bool> replaced(layout.tensors.size());
+  for (std::size_t i = 0; i < s.results_.size(); ++i) {
+    if (!s.results_[i]) continue;
+    tensor_crc[i] = s.results_[i]->crc;
+    replaced[i] = true;
+    meta.tensors.push_back(s.results_[i]->frame);
+  }
+  member_crcs(meta, layout, tensor_crc, replaced, src,
+              std::span<std::byte>(slab.cur.data(), kSlabBytes), &staged);
+  meta.layout = std::move(layout);
+
+  // The record under the lineage's lock, as a put's: ids follow completion order. The lineage
+  // may have been joined into another meanwhile (renamed()): then the work is dropped.
+  std::shared_ptr<std::mutex> encode_mu;
+  {
+    std::lock_guard lock(mu);
+    const auto it = lineages.find(s.lineage_id_);
+    if (it != lineages.end()) encode_mu = it->second.encode_mu;
+  }
+  std::unique_lock<std::mutex> lineage_lock;
+  if (encode_mu) {
+    lineage_lock = std::unique_lock(*encode_mu);
+    std::lock_guard lock(mu);
+    if (!lineages.count(s.lineage_id_)) encode_mu.reset();
+  }
+  if (!encode_mu) {
+    why = "its lineage was joined into another while it was written";
+    return std::nullopt;
+  }
+  return record_version(path, std::move(meta), out, 0, s.lineage_id_, s.bc_, *s.pin_, {},
+                        s.staged_);
+}
+
+std::shared_ptr<content_store::stream> content_store::start_stream(
+    std::string path, std::shared_ptr<staged_file> staged) {
+  auto s = std::make_shared<stream>(*impl_, std::move(path), std::move(staged));
+  impl_->streams_running.fetch_add(1);
+  try {
+    s->thread_ = std::jthread([m = impl_.get(), raw = s.get()] {
+      m->run_stream(*raw);
+      m->streams_running.fetch_sub(1);
+    });
+  } catch (...) {
+    impl_->streams_running.fetch_sub(1);
+    throw;
+  }
+  return s;
+}
+
+content_ref content_store::put(std::string_view path, std::shared_ptr<staged_file> staged,
+                               std::shared_ptr<stream> s) {
+  if (!s || s->staged_ != staged) return put(path, std::move(staged));
+  if (s->thread_.joinable()) {
+    s->commit_path_ = std::string(path);  // read by the thread once the stream is complete
+    staged->complete_stream();
+    s->thread_.join();
+  }
+  staged->end_stream();
+  if (s->stored_) {
+    impl_->streamed_puts.fetch_add(1);
+    return *s->stored_;
+  }
+  if (s->declined_.empty()) {
+    impl_->streams_dropped.fetch_add(1);
+    if (impl_->log)
+      impl_->log("streamed encode of " + std::string(path) + " dropped (" + s->dropped_ +
+                 "); storing the finished file instead");
+  }
+  return put(path, std::move(staged));
+}
+
+}  // namespace ckpt::fs
