@@ -2,7 +2,7 @@
 if(TARGET ckpt_content AND TARGET ckpt_store)
   file(GLOB content_test_sources CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/content/*.cpp)
   add_executable(content_tests ${content_test_sources})
-  target_link_libraries(content_tests PRIVATE ckpt_content Catch2::Catch2 Boost::filesystem
+  target_link_libraries(content_tests PRIVATE ckpt_content ckpt_namespace Catch2::Catch2 Boost::filesystem
     nlohmann_json::nlohmann_json)
   catch_discover_tests(content_tests EXTRA_ARGS --warn NoTests)
 endif()

@@ -28,7 +28,7 @@ set_tests_properties(fs.mount_sh PROPERTIES TIMEOUT 600 RUN_SERIAL TRUE SKIP_RET
 # (RUN_SERIAL), so that their time limits hold on a loaded CI machine. The watchdog
 # (CKPTFS_TEST_DEADLINE) fires before ctest's TIMEOUT, so a hang unmounts and reports.
 foreach(spec "scale_memory 600 serial" "scale_writers 400 serial" "scale_lossless 400 shared"
-             "scale_faults 400 shared" "scale_passthrough 400 shared")
+             "scale_faults 400 shared" "scale_passthrough 400 shared" "streaming 400 shared")
   separate_arguments(spec)
   list(GET spec 0 name)
   list(GET spec 1 timeout)

@@ -68,11 +68,12 @@ void print_text(const nlohmann::json& r) {
               human_bytes(jnum(enc, "memory_bytes")).c_str());
   if (r.contains("streams")) {
     const auto& st = r["streams"];
-    std::printf("streams:  %llu running; %s stored while written, %llu redone after the file\n"
-                "          changed or was not what the stream read\n",
-                static_cast<unsigned long long>(ju64(st, "running")),
-                plural(ju64(st, "used"), "file").c_str(),
-                static_cast<unsigned long long>(ju64(st, "dropped")));
+    std::printf(
+        "streams:  %llu running; %s stored while written, %llu redone after the file\n"
+        "          changed or was not what the stream read\n",
+        static_cast<unsigned long long>(ju64(st, "running")),
+        plural(ju64(st, "used"), "file").c_str(),
+        static_cast<unsigned long long>(ju64(st, "dropped")));
   }
   if (jbool(heads, "enabled"))
     std::printf("heads:    %s (%llu published), %s in memory, %s on disk (head_min %s)\n",

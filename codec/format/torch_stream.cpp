@@ -64,14 +64,8 @@ torch_zip_walker::torch_zip_walker(const source& src, const recognise_options& o
   at_ = first->data + size + desc;
   records_ = 1;
 
-  // As recognise_torch makes them, in the order torch writes the records: keys as strings.
-  std::vector<std::size_t> order(scan.storages.size());
-  std::iota(order.begin(), order.end(), std::size_t(0));
-  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-    return scan.storages[a].key < scan.storages[b].key;
-  });
-  for (const std::size_t i : order) {
-    const auto& s = scan.storages[i];
+  // As recognise_torch makes them, in the order data.pkl names them.
+  for (const auto& s : scan.storages) {
     const auto type = storage_element(s.type_name);
     if (!type) continue;  // recognise_torch keeps such a record opaque
     tensor_info t;
@@ -95,6 +89,15 @@ std::uint64_t torch_zip_walker::predicted_bytes(bool compress) const noexcept {
   for (const auto& t : predicted_)
     if (t.compress == compress) n += t.length;
   return n;
+}
+
+std::vector<std::size_t> torch_zip_walker::record_order() const {
+  std::vector<std::size_t> order(predicted_.size());
+  std::iota(order.begin(), order.end(), std::size_t(0));
+  if (!records_before_storages_)
+    std::sort(order.begin(), order.end(),
+              [&](std::size_t a, std::size_t b) { return keys_[a] < keys_[b]; });
+  return order;
 }
 
 std::optional<std::size_t> torch_zip_walker::next() {
@@ -123,6 +126,7 @@ std::optional<std::size_t> torch_zip_walker::next() {
       // The descriptor after the data is not read now, which would wait for the whole record,
       // but when the walk goes on (the top of this loop).
       found_[k] = true;
+      if (remaining_ == predicted_.size()) records_before_storages_ = records_ > 2;
       --remaining_;
       predicted_[k].offset = l->data;
       at_ = l->data + size;

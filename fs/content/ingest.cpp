@@ -5,8 +5,8 @@
 // Neither the file, its encoding nor its reconstruction is ever whole in memory. The version's
 // record is appended last.
 #include <array>
-#include <chrono>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <optional>
 #include <unordered_map>
@@ -250,8 +250,7 @@ void content_store::impl::start_coding(version_meta& meta, bool keyframe) const 
 }
 
 codec::lossy_params content_store::impl::coding_params_of(const version_meta& meta) const {
-  return {opt.bits, meta.coding.group ? meta.coding.group : codec::default_group(opt.bits),
-          opt.rep,
+  return {opt.bits, meta.coding.group ? meta.coding.group : codec::default_group(opt.bits), opt.rep,
           opt.paper_coding ? codec::entropy_policy::huffman_only : codec::entropy_policy::best};
 }
 
@@ -296,9 +295,8 @@ void content_store::impl::write_exact_regions(const format::source& src,
 
 void content_store::impl::member_crcs(version_meta& meta, const format::layout& layout,
                                       const std::vector<std::uint32_t>& tensor_crc,
-                                      const std::vector<bool>& replaced,
-                                      const format::source& src, std::span<std::byte> scratch,
-                                      staged_file* head) const {
+                                      const std::vector<bool>& replaced, const format::source& src,
+                                      std::span<std::byte> scratch, staged_file* head) const {
   // The served CRC of every zip member holding a rewritten payload: the member's bytes in
   // order, opaque ones read from the file, each reconstructed tensor's CRC folded in whole.
   std::vector<bool> done(layout.members.size());
@@ -321,7 +319,8 @@ void content_store::impl::member_crcs(version_meta& meta, const format::layout& 
         dirty = true;
       } else {
         for (std::uint64_t done_bytes = 0; done_bytes < n;) {
-          const std::size_t k = std::size_t(std::min<std::uint64_t>(scratch.size(), n - done_bytes));
+          const std::size_t k =
+              std::size_t(std::min<std::uint64_t>(scratch.size(), n - done_bytes));
           const std::span<std::byte> buf = scratch.first(k);
           src.read(at + done_bytes, buf);
           crc = format::crc32(crc, buf);
@@ -402,8 +401,8 @@ content_ref content_store::impl::put(std::string_view path, const format::source
     for (std::size_t i = 0; i < layout.tensors.size(); ++i) {
       const auto& t = layout.tensors[i];
       if (!t.compress) continue;
-      jobs.push_back({i, *format::codec_dtype(t.type), base_tensor_for(t, base_meta.get(),
-                                                                        base_by_name)});
+      jobs.push_back(
+          {i, *format::codec_dtype(t.type), base_tensor_for(t, base_meta.get(), base_by_name)});
       tensor_bytes += t.length;
     }
     // Checkpoint scope: one table per delta kind, shared by the tensors of that kind; one
@@ -453,9 +452,9 @@ content_ref content_store::impl::put(std::string_view path, const format::source
         if (keep) std::memcpy(keep->data.data() + off, recon.data(), recon.size());
         if (make_head && j.base_tensor) staged->overwrite(t.offset + off, recon);
       };
-      tensor_result r = m.encode_tensor(src, t, j, base_id,
-                                        shared_tables ? &*shared_tables : nullptr, params,
-                                        slab_source{&slab, {}}, out, sink);
+      tensor_result r =
+          m.encode_tensor(src, t, j, base_id, shared_tables ? &*shared_tables : nullptr, params,
+                          slab_source{&slab, {}}, out, sink);
       // The superseded base is the likeliest eviction victim; readers of the old version
       // decode it again from its own chain.
       if (j.base_tensor) m.cache.erase({base_id, k_tensor, *j.base_tensor});

@@ -48,9 +48,9 @@ class content_store::stream {
   std::optional<impl::base_pin> pin_;
   version_meta meta_;
   std::optional<content_object_writer> out_;
-  std::vector<format::tensor_info> found_;  // the storage records in file order
+  std::vector<format::tensor_info> found_;                   // the storage records in file order
   std::vector<std::optional<impl::tensor_result>> results_;  // per found_: coded tensors
-  std::jthread thread_;  // last: started once the rest exists
+  std::jthread thread_;                                      // last: started once the rest exists
 };
 
 namespace {
@@ -81,8 +81,16 @@ void content_store::impl::run_stream(stream& s) {
       s.declined_ = "checkpoint-scope buckets need every tensor first";
       return;
     }
+    // The first record tells the order of the rest: the layout's tensor order, which the
+    // lineage signature follows.
+    auto k = walk.next();
+    if (!k) {
+      s.declined_ = "no storage records";
+      return;
+    }
     format::layout predicted;
-    predicted.tensors = walk.predicted();  // torch's record order: the layout's tensor order
+    for (const std::size_t i : walk.record_order())
+      predicted.tensors.push_back(walk.predicted()[i]);
     const std::uint64_t sig = lineage_signature(predicted);
     {
       // The lineage lock only while the base is picked: a stream waits for its writer, and a
@@ -101,7 +109,7 @@ void content_store::impl::run_stream(stream& s) {
     }
     const codec::lossy_params params = coding_params_of(s.meta_);
     const slab_source slabs{nullptr, [&staged](std::uint64_t end) { return staged.await(end); }};
-    while (const auto k = walk.next()) {
+    for (; k; k = walk.next()) {
       const format::tensor_info t = walk.predicted()[*k];
       const std::size_t index = s.found_.size();
       s.found_.push_back(t);
@@ -112,7 +120,8 @@ void content_store::impl::run_stream(stream& s) {
       const auto sink = [&](std::uint64_t off, std::span<const std::byte> recon) {
         if (j.base_tensor) staged.overwrite(t.offset + off, recon);
       };
-      s.results_.back() = encode_tensor(src, t, j, s.bc_.base, nullptr, params, slabs, *s.out_, sink);
+      s.results_.back() =
+          encode_tensor(src, t, j, s.bc_.base, nullptr, params, slabs, *s.out_, sink);
       if (j.base_tensor) cache.erase({s.bc_.base, k_tensor, *j.base_tensor});
     }
     s.walked_ = s.found_.size() == walk.predicted().size();
@@ -127,10 +136,15 @@ void content_store::impl::run_stream(stream& s) {
       s.stored_ = finish_stream(s, s.commit_path_, s.dropped_);
     }
   } catch (const std::exception& e) {
-    s.dropped_ = e.what();
+    // Nothing coded yet (not an archive it can follow, or cut short before its first tensor):
+    // declined, the commit stores the file as put() does. Otherwise the work is dropped.
+    if (!s.out_)
+      s.declined_ = e.what();
+    else
+      s.dropped_ = e.what();
   }
-  if (!s.declined_.empty() || s.stored_) return;
-  // Dropped: the unfinished object goes (on this thread, which wrote it), and the pin.
+  if (s.stored_) return;
+  // Not stored: the unfinished object goes (on this thread, which wrote it), and the pin.
   s.out_.reset();
   s.pin_.reset();
 }

@@ -318,8 +318,8 @@ class filesystem {
   // mu_ held. Starts a stream over r.buf when it qualifies (fs_config::stream_after).
   void maybe_stream(runtime& r);
   // mu_ held. The stream following `buf`, taken out of r for its commit (null if none).
-  static std::shared_ptr<content_store::stream> take_stream(runtime& r,
-                                                            const std::shared_ptr<write_buffer>& buf);
+  static std::shared_ptr<content_store::stream> take_stream(
+      runtime& r, const std::shared_ptr<write_buffer>& buf);
   // mu_ held. A stream whose buffer is no longer r.buf is cancelled; its thread is joined on a
   // worker, not under mu_ (it may be waiting for a lineage another put encodes).
   void retire_stream(runtime& r);

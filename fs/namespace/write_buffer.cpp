@@ -408,24 +408,36 @@ std::uint64_t write_buffer::allocated_bytes() const {
 void write_buffer::read_fully(std::uint64_t offset, std::span<std::byte> out) const {
   if (stream_.load() == stream_state::open) {
     // The stream's reads: remember what was read, under the lock the read took, so that a write
-    // changing it afterwards is noticed (check_stream_overlap). Waiting is await()'s.
-    std::unique_lock lock(mu_);
-    if (read_locked(offset, out) != out.size())
-      throw io_error(EIO, "write buffer shorter than its size");
-    if (stream_.load() == stream_state::open) consumed_ = std::max(consumed_, offset + out.size());
+    // changing it afterwards is noticed (check_stream_overlap). Waiting is await()'s. A chunk
+    // at a time: the writer (which holds the filesystem's lock) waits for one chunk's copy at
+    // most, not for a slab's.
+    for (std::size_t pos = 0; pos < out.size();) {
+      const std::size_t n = std::min(chunk_bytes, out.size() - pos);
+      std::unique_lock lock(mu_);
+      if (read_locked(offset + pos, out.subspan(pos, n)) != n)
+        throw io_error(EIO, "write buffer shorter than its size");
+      if (stream_.load() == stream_state::open) consumed_ = std::max(consumed_, offset + pos + n);
+      pos += n;
+    }
     return;
   }
   if (read(offset, out) != out.size()) throw io_error(EIO, "write buffer shorter than its size");
 }
 
 void write_buffer::overwrite(std::uint64_t offset, std::span<const std::byte> data) {
-  std::unique_lock lock(mu_);
-  // A stale stream's reconstruction would replace bytes written after the store read them.
-  if (stale_) return;
-  if (offset > size_ || data.size() > size_ - offset)
-    throw io_error(EINVAL, "overwrite past the end of a write buffer");
-  modified_ = true;
-  write_locked(offset, data);
+  // A chunk at a time, as the stream's reads (above).
+  for (std::size_t pos = 0; pos < data.size() || pos == 0;) {
+    const std::size_t n = std::min(chunk_bytes, data.size() - pos);
+    std::unique_lock lock(mu_);
+    // A stale stream's reconstruction would replace bytes written after the store read them.
+    if (stale_) return;
+    if (offset > size_ || data.size() > size_ - offset)
+      throw io_error(EINVAL, "overwrite past the end of a write buffer");
+    modified_ = true;
+    write_locked(offset + pos, data.subspan(pos, n));
+    pos += n;
+    if (pos == data.size()) break;
+  }
 }
 
 std::uint64_t write_buffer::contiguous() const {
@@ -478,9 +490,12 @@ bool write_buffer::await(std::uint64_t end) {
     return stream_.load() != stream_state::open || stale_ || unstreamable_ || contiguous_ >= end;
   });
   switch (stream_.load()) {
-    case stream_state::open: return !stale_ && contiguous_ >= end;
-    case stream_state::complete: return !stale_ && end <= size_;
-    default: return false;  // cancelled, or no stream
+    case stream_state::open:
+      return !stale_ && contiguous_ >= end;
+    case stream_state::complete:
+      return !stale_ && end <= size_;
+    default:
+      return false;  // cancelled, or no stream
   }
 }
 

@@ -19,10 +19,10 @@
 // As a staged_file (fs/content/staged_file.hpp), a finished buffer is handed to the content
 // store, which may rewrite it in place into the head image of a checkpoint lineage, move its
 // memory into the staging file and keep that file.
-#include <cstddef>
-#include <cstdint>
 #include <atomic>
 #include <condition_variable>
+#include <cstddef>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <shared_mutex>
@@ -91,7 +91,7 @@ class write_buffer final : public staged_file {
   // start (out of order too, within a bound); a buffer over a base version never streams.
   std::uint64_t contiguous() const;
   bool streamable() const;  // written from its start, no base, nothing odd yet
-  void no_stream();  // never streams (not a checkpoint it could follow)
+  void no_stream();         // never streams (not a checkpoint it could follow)
   void begin_stream();
   void complete_stream() override;
   bool await_complete() override;
@@ -151,7 +151,7 @@ class write_buffer final : public staged_file {
   // none -> open -> complete or cancelled -> done (end_stream: the stream's reader is gone).
   enum class stream_state { none, open, complete, cancelled, done };
   std::atomic<stream_state> stream_{stream_state::none};  // changed under mu_
-  mutable std::uint64_t consumed_ = 0;  // the stream read everything below this
+  mutable std::uint64_t consumed_ = 0;                    // the stream read everything below this
   bool stale_ = false;
 };
 

@@ -1,9 +1,13 @@
 // fs/namespace/write_buffer: writes at any offset, holes, truncate and a spill to the staging
-// file half-way, checked against a plain byte vector.
+// file half-way, checked against a plain byte vector; the streaming gate (waits, stale reads).
+#include <algorithm>
+#include <atomic>
 #include <boost/filesystem.hpp>
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <fstream>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "codec/error.hpp"
@@ -131,4 +135,133 @@ TEST_CASE("write_buffer: spilled chunks are counted in the budget until freed or
     CHECK(budget->used() == 0);
   }
   boost::filesystem::remove_all(dir);
+}
+
+namespace {
+
+struct staging_dir {
+  boost::filesystem::path path =
+      boost::filesystem::temp_directory_path() / boost::filesystem::unique_path();
+  staging_dir() { boost::filesystem::create_directories(path); }
+  ~staging_dir() { boost::filesystem::remove_all(path); }
+};
+
+std::vector<std::byte> pattern(std::size_t n, int seed) {
+  std::vector<std::byte> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = std::byte((i * 31 + std::size_t(seed)) & 0xff);
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("write_buffer: the contiguous mark follows sequential and out-of-order writes",
+          "[namespace][stream]") {
+  staging_dir dir;
+  write_buffer buf(std::make_shared<memory_budget>(std::uint64_t(64) << 20), dir.path.string());
+  const auto a = pattern(3000, 1);
+  buf.write(0, std::span(a).first(1000));
+  CHECK(buf.contiguous() == 1000);
+  buf.write(2000, std::span(a).subspan(2000));  // ahead of the mark
+  CHECK(buf.contiguous() == 1000);
+  buf.write(1000, std::span(a).subspan(1000, 1000));  // fills the gap: both runs join
+  CHECK(buf.contiguous() == 3000);
+  buf.truncate(500);
+  CHECK(buf.contiguous() == 500);
+  CHECK(buf.streamable());
+  buf.no_stream();
+  CHECK_FALSE(buf.streamable());
+}
+
+TEST_CASE("write_buffer: a stream waits for bytes, goes stale when what it read changes",
+          "[namespace][stream]") {
+  staging_dir dir;
+  // A small budget: the stream reads across memory and the staging file.
+  write_buffer buf(std::make_shared<memory_budget>(std::uint64_t(1) << 20), dir.path.string());
+  const auto data = pattern(std::size_t(3) << 20, 2);
+  buf.write(0, std::span(data).first(1000));
+  buf.begin_stream();
+  CHECK(buf.await(1000));
+  // A reader waiting for bytes not written yet is woken by the write that brings them.
+  std::atomic<bool> got{false};
+  std::thread reader([&] {
+    got = buf.await(std::uint64_t(2) << 20);
+    std::vector<std::byte> out(std::size_t(2) << 20);
+    buf.read_fully(0, out);
+    CHECK(std::equal(out.begin(), out.end(), data.begin()));
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  CHECK_FALSE(got.load());
+  buf.write(1000, std::span(data).subspan(1000));
+  reader.join();
+  CHECK(got.load());
+  CHECK_FALSE(buf.stale());
+  // The same bytes again leave the stream good; other bytes below what it read make it stale.
+  buf.write(100, std::span(data).subspan(100, 4096));
+  CHECK_FALSE(buf.stale());
+  // Bytes the stream has not read yet may change freely.
+  const auto other = pattern(4096, 9);
+  buf.write((std::uint64_t(2) << 20) + 10, other);
+  CHECK_FALSE(buf.stale());
+  // The store's overwrite (its reconstruction) works while the stream is good...
+  const auto recon = pattern(64, 5);
+  buf.overwrite(0, recon);
+  CHECK(buf.modified());
+  buf.write(1 << 20, other);
+  CHECK(buf.stale());
+  CHECK_FALSE(buf.await(1));  // a stale stream stops
+  // ...and does nothing once it is stale: it would replace bytes written after the read.
+  buf.overwrite(1 << 20, recon);
+  std::vector<std::byte> now(other.size());
+  buf.read_fully(1 << 20, now);
+  CHECK(now == other);
+  // After the stream's reader is gone, the buffer is an ordinary staged file again.
+  buf.complete_stream();
+  CHECK(buf.await_complete());
+  buf.end_stream();
+  CHECK_FALSE(buf.stale());
+  buf.overwrite(1 << 20, recon);
+  buf.read_fully(1 << 20, std::span(now).first(recon.size()));
+  CHECK(std::equal(recon.begin(), recon.end(), now.begin()));
+}
+
+TEST_CASE("write_buffer: completing or cancelling a stream wakes its waiters",
+          "[namespace][stream]") {
+  staging_dir dir;
+  for (const bool complete : {true, false}) {
+    write_buffer buf(std::make_shared<memory_budget>(std::uint64_t(8) << 20), dir.path.string());
+    const auto data = pattern(5000, 3);
+    buf.write(0, data);
+    buf.begin_stream();
+    std::atomic<int> result{-1}, finished{-1};
+    std::thread waiter([&] {
+      result = buf.await(4000 + 10000);  // more than the file will ever hold
+      finished = buf.await_complete();
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    CHECK(result.load() == -1);
+    if (complete)
+      buf.complete_stream();
+    else
+      buf.cancel_stream();
+    waiter.join();
+    CHECK(result.load() == 0);  // the finished file is shorter; a cancelled stream reads nothing
+    CHECK(finished.load() == (complete ? 1 : 0));
+    if (complete) CHECK(buf.await(5000));  // within the finished file
+  }
+}
+
+TEST_CASE("write_buffer: a truncate below what a stream read makes it stale",
+          "[namespace][stream]") {
+  staging_dir dir;
+  write_buffer buf(std::make_shared<memory_budget>(std::uint64_t(8) << 20), dir.path.string());
+  const auto data = pattern(8192, 4);
+  buf.write(0, data);
+  buf.begin_stream();
+  std::vector<std::byte> out(4096);
+  REQUIRE(buf.await(4096));
+  buf.read_fully(0, out);
+  buf.truncate(6000);  // above what was read: fine
+  CHECK_FALSE(buf.stale());
+  buf.truncate(100);
+  CHECK(buf.stale());
 }

@@ -1,0 +1,208 @@
+// Streaming writes (content_store::stream): a torch.save-like archive encoded while it is written
+// into the filesystem's write buffer must store exactly what put() stores for the finished file,
+// drop its work (and store the file as put() does) when bytes it read are rewritten, decline what
+// it cannot stream, and leave nothing behind when cancelled.
+#include <catch2/catch.hpp>
+#include <random>
+#include <thread>
+
+#include "codec/format/recognise.hpp"
+#include "content_test_util.hpp"
+#include "fs/namespace/write_buffer.hpp"
+#include "tests/unit/format_test_util.hpp"
+
+using namespace ckpt;
+using namespace ckpt::test;
+
+namespace {
+
+// torch 1.13's layout: data.pkl, then the storages (keys sorted as strings), then version.
+bytes archive(const std::vector<std::vector<float>>& tensors) {
+  using namespace ckpt::format::test;
+  pickle_writer p;
+  p.proto(2).op('}').op('(');
+  std::vector<std::string> keys;
+  for (std::size_t k = 0; k < tensors.size(); ++k) {
+    const auto n = std::int32_t(tensors[k].size());
+    p.str("layer" + std::to_string(k)).tensor(std::to_string(k), "FloatStorage", n, 0, {n}, {1});
+    keys.push_back(std::to_string(k));
+  }
+  p.str("step").tensor(std::to_string(tensors.size()), "LongStorage", 1, 0, {}, {});
+  keys.push_back(std::to_string(tensors.size()));
+  p.op('u').stop();
+  std::sort(keys.begin(), keys.end());
+  zip_writer z;
+  z.add("archive/data.pkl", p.out);
+  for (const auto& key : keys) {
+    const std::size_t k = std::size_t(std::stoi(key));
+    if (k == tensors.size()) {
+      z.add("archive/data/" + key, bytes(8, std::byte(3)));
+      continue;
+    }
+    bytes b(4 * tensors[k].size());
+    std::memcpy(b.data(), tensors[k].data(), b.size());
+    z.add("archive/data/" + key, b);
+  }
+  z.add("archive/version", bytes_of("3\n"));
+  return z.finish();
+}
+
+struct model {
+  std::mt19937_64 rng{11};
+  std::vector<drifting_weights> layers;
+  model() {
+    for (const std::size_t n : {300'000, 200'000, 100'000}) layers.emplace_back(n, rng);
+  }
+  bytes step() {
+    std::vector<std::vector<float>> t;
+    for (auto& l : layers) {
+      l.step(rng);
+      t.push_back(l.values);
+    }
+    return archive(t);
+  }
+};
+
+fs::content_options options(const temp_dir& d) {
+  fs::content_options opt;
+  opt.heads_dir = (d.path / "heads").string();
+  opt.head_min = 1 << 20;
+  return opt;
+}
+
+std::shared_ptr<fs::write_buffer> fresh_buffer(const temp_dir& d) {
+  bfs::create_directories(d.path / "staging");
+  // A small budget: most of the file goes to the staging file, as a large checkpoint's does.
+  return std::make_shared<fs::write_buffer>(std::make_shared<fs::memory_budget>(1 << 20),
+                                            (d.path / "staging").string());
+}
+
+// Writes `file` into `buf` in 64 KiB pieces while a stream follows it, then commits.
+fs::content_ref stream_in(fs::content_store& c, const std::string& path, const bytes& file,
+                          const std::shared_ptr<fs::write_buffer>& buf,
+                          const std::function<void()>& before_commit = {}) {
+  buf->begin_stream();
+  auto s = c.start_stream(path, buf);
+  for (std::size_t at = 0; at < file.size(); at += 65536) {
+    const std::size_t n = std::min<std::size_t>(65536, file.size() - at);
+    buf->write(at, std::span(file).subspan(at, n));
+  }
+  if (before_commit) before_commit();
+  return c.put(path, buf, std::move(s));
+}
+
+std::size_t object_files(const temp_dir& d) {
+  std::size_t n = 0;
+  for (const auto& e : bfs::directory_iterator(d.path / "objects")) n += e.path().extension() != "";
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("a streamed put stores what put() stores for the finished file", "[content][stream]") {
+  temp_dir streamed_dir, plain_dir;
+  opened streamed(streamed_dir.path, options(streamed_dir));
+  opened plain(plain_dir.path, options(plain_dir));
+  model m;
+  for (int v = 0; v < 4; ++v) {
+    const bytes file = m.step();
+    const std::string path = "run/ckpt_" + std::to_string(v) + ".pt";
+    const auto a = stream_in(streamed.content, path, file, fresh_buffer(streamed_dir));
+    bfs::create_directories(plain_dir.path / "staging");
+    auto pb = fresh_buffer(plain_dir);
+    pb->write(0, file);
+    const auto b = plain.content.put(path, pb);
+    INFO("version " << v);
+    CHECK(streamed.content.info(a).kind == (v == 0 ? "keyframe" : "delta"));
+    CHECK(streamed.content.info(a).base == (v == 0 ? 0 : a.version - 1));
+    // Deterministic coding against the same base: the same served bytes.
+    CHECK(read_all(streamed.content, a) == read_all(plain.content, b));
+    CHECK(streamed.content.usage().streamed_puts == std::uint64_t(v + 1));
+  }
+  CHECK(streamed.content.usage().streams_dropped == 0);
+  CHECK(streamed.content.usage().streams_running == 0);
+}
+
+TEST_CASE("a stream whose read bytes are rewritten drops its work; the file is stored whole",
+          "[content][stream]") {
+  temp_dir d;
+  opened s(d.path, options(d));
+  model m;
+  const auto first = stream_in(s.content, "run/a.pt", m.step(), fresh_buffer(d));
+  bytes file = m.step();
+  const auto l = format::recognise(format::memory_source(file));
+  const auto& t0 = l.tensors.at(0);
+  auto buf = fresh_buffer(d);
+  bytes patch(4096, std::byte(0));  // 1024 zeros over the start of the first tensor
+  const auto r = stream_in(s.content, "run/b.pt", file, buf, [&] {
+    // Wait until the stream has coded the first slab (its reconstruction is in the buffer),
+    // then rewrite bytes it read.
+    for (int i = 0; i < 2000 && !buf->modified(); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    REQUIRE(buf->modified());
+    buf->write(t0.offset, patch);
+  });
+  CHECK(s.content.usage().streams_dropped == 1);
+  CHECK(s.content.usage().streamed_puts == 1);
+  CHECK(s.content.info(r).kind == "delta");
+  CHECK(s.content.info(r).base == first.version);
+  // Stored as the buffer held it at the commit: the rewritten zeros within the codec's
+  // closed-loop bound of their base (|got - u| <= |u - base|), the rest as the stream's
+  // reconstruction coded once more, so within twice its bound of what was first written.
+  auto floats = [&](const bytes& b) {
+    std::vector<float> v(t0.length / 4);
+    std::memcpy(v.data(), b.data() + t0.offset, t0.length);
+    return v;
+  };
+  const auto got = floats(read_all(s.content, r)), base = floats(read_all(s.content, first)),
+             want = floats(file);
+  for (std::size_t i = 0; i < 1024; ++i) REQUIRE(std::abs(got[i]) <= std::abs(base[i]) + 1e-6f);
+  for (std::size_t i = 1024; i < got.size(); ++i)
+    REQUIRE(std::abs(got[i] - want[i]) <= 3 * std::abs(want[i] - base[i]) + 1e-6f);
+  CHECK(object_files(d) == 2);  // the dropped stream's object is gone
+}
+
+TEST_CASE("a stream declines what it does not stream, and a cancelled one leaves nothing",
+          "[content][stream]") {
+  temp_dir d;
+  SECTION("not a torch archive: declined, stored by put()") {
+    opened s(d.path, options(d));
+    std::mt19937_64 rng(3);
+    drifting_weights w(600'000, rng);
+    const bytes file = safetensors({{"w", w.values}});
+    const auto r = stream_in(s.content, "model.safetensors", file, fresh_buffer(d));
+    CHECK(read_all(s.content, r) == file);  // the first version: a lossless keyframe
+    CHECK(s.content.usage().streamed_puts == 0);
+    CHECK(s.content.usage().streams_dropped == 0);
+  }
+  SECTION("below head_min: declined") {
+    fs::content_options opt = options(d);
+    opt.head_min = 64 << 20;
+    opened s(d.path, opt);
+    model m;
+    stream_in(s.content, "run/a.pt", m.step(), fresh_buffer(d));
+    CHECK(s.content.usage().streamed_puts == 0);
+  }
+  SECTION("cancelled half-way: no object left, the lineage goes on") {
+    opened s(d.path, options(d));
+    model m;
+    const auto first = stream_in(s.content, "run/a.pt", m.step(), fresh_buffer(d));
+    const bytes file = m.step();
+    auto buf = fresh_buffer(d);
+    buf->begin_stream();
+    auto st = s.content.start_stream("run/b.pt", buf);
+    buf->write(0, std::span(file).first(file.size() / 2));
+    for (int i = 0; i < 2000 && !buf->modified(); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    CHECK(s.content.usage().streams_running == 1);
+    st.reset();  // the filesystem dropped the file: cancels and joins
+    CHECK(s.content.usage().streams_running == 0);
+    CHECK(object_files(d) == 1);
+    auto again = fresh_buffer(d);
+    again->write(0, file);
+    const auto r = s.content.put("run/b.pt", again);
+    CHECK(s.content.info(r).kind == "delta");
+    CHECK(s.content.info(r).base == first.version);
+    CHECK(object_files(d) == 2);
+  }
+}

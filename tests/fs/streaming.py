@@ -1,0 +1,179 @@
+#!/usr/bin/python3
+"""Streaming writes through a real mount (docs/filesystem.md, "Streaming writes"): torch.save
+files larger than head_min are delta-coded while torch writes them.
+
+  same      The same training run (a ~48 MiB state: weights, Adam's exp_avg and exp_avg_sq, small
+            tensors; tests/fs/scale_lib.py) saved into two mounts, one streaming (the default)
+            and one with -o stream=off: every version is stored the same way (keyframe, then
+            deltas on its predecessor) and reads back byte for byte the same from both mounts,
+            also after a remount, within the closed-loop bound of what was saved. Saves cover
+            torch.save + fsync, a plain close (read back at once: the read waits for the
+            commit), and a save under a temporary name renamed into place. `ckptctl status`
+            says every save of the streaming mount was stored while written, none of the other.
+  rewrite   A checkpoint written whole and then changed inside a tensor the stream had already
+            read (seek back, write, fsync): the stream's work is dropped (status: 1 redone) and
+            the file is stored as its buffer held it: the rewritten elements read back as the new
+            values, the others (already replaced by their reconstruction, as after a commit)
+            within three times the closed-loop bound of what was first written.
+  unlink    A file unlinked half-way through its write, then written to the end and closed: its
+            stream is cancelled (status: none running), the daemon carries on, and the next
+            save of the run is still a delta on the last stored version.
+
+Usage: streaming.py CKPTFS CKPTCTL
+"""
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ckptfs_testlib import mounted, sha256  # noqa: E402
+from scale_lib import (MiB, TrainingState, check, flat_tensors, sample, scratch_dir,  # noqa: E402
+                       stat)
+
+OPTS = ("head_min=16M", "cache=512M", "buffer=64M")
+
+
+def status(ctl, mnt):
+    r = subprocess.run([ctl, "status", "--json", mnt], check=True, capture_output=True)
+    return json.loads(r.stdout)["streams"]
+
+
+def save(state, path, how):
+    if how == "fsync":
+        with open(path, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+    elif how == "close":
+        with open(path, "wb") as f:
+            torch.save(state, f)
+    else:  # "rename": torch.save under a temporary name, then into place
+        tmp = os.path.join(os.path.dirname(path), ".tmp-" + os.path.basename(path))
+        with open(tmp, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+
+
+def same(binary, ctl, work):
+    state = TrainingState(48 * MiB, params=3, small=6, seed=5)
+    hows = ["fsync", "fsync", "close", "rename", "fsync"]
+    mounts = {"on": OPTS, "off": OPTS + ("stream=off",)}
+    served, kinds = {m: [] for m in mounts}, {m: [] for m in mounts}
+    saved = []
+    for k, how in enumerate(hows):
+        if k:
+            state.step()
+        saved.append(sample(state.state_dict()))
+    for m, opts in mounts.items():
+        st = TrainingState(48 * MiB, params=3, small=6, seed=5)
+        store, mnt = f"{work}/{m}-store", f"{work}/{m}-mnt"
+        with mounted(binary, store, mnt, *opts):
+            os.makedirs(f"{mnt}/run")
+            for k, how in enumerate(hows):
+                if k:
+                    st.step()
+                path = f"{mnt}/run/step_{k}.pt"
+                save(st.state_dict(), path, how)
+                served[m].append(sha256(path))  # a read after close waits for the commit
+                kinds[m].append(stat(ctl, path)["kind"])
+            s = status(ctl, mnt)
+            want = len(hows) if m == "on" else 0
+            assert s["used"] == want and s["dropped"] == 0, f"stream={m}: {s}, want {want} used"
+            read = [sample(torch.load(f"{mnt}/run/step_{k}.pt")) for k in range(len(hows))]
+        for k in range(len(hows)):
+            check(f"stream={m} v{k}", saved[k], read[k], read[k - 1] if k else None, kinds[m][k])
+        with mounted(binary, store, mnt, *opts):  # after a remount: the same bytes
+            for k in range(len(hows)):
+                assert sha256(f"{mnt}/run/step_{k}.pt") == served[m][k], f"stream={m} v{k} remount"
+    assert kinds["on"] == ["keyframe"] + ["delta"] * (len(hows) - 1), kinds
+    assert kinds["on"] == kinds["off"]
+    for k in range(len(hows)):
+        assert served["on"][k] == served["off"][k], f"v{k}: streamed and not: different bytes"
+    print(f"same: {len(hows)} versions, {kinds['on']}, identical with and without streaming")
+
+
+def rewrite(binary, ctl, work):
+    state = TrainingState(48 * MiB, params=3, small=6, seed=6)
+    store, mnt = f"{work}/rw-store", f"{work}/rw-mnt"
+    with mounted(binary, store, mnt, *OPTS):
+        save(state.state_dict(), f"{mnt}/a.pt", "fsync")
+        state.step()
+        sd = state.state_dict()
+        # The largest weight (not Adam's state: ratio-coded exp_avg_sq has other bounds).
+        name, big = max(((n, t) for n, t in flat_tensors(sd).items()
+                         if t.is_floating_point() and "exp_avg" not in n),
+                        key=lambda x: x[1].numel())
+        base = flat_tensors(torch.load(f"{mnt}/a.pt"))[name]
+        buf = io.BytesIO()
+        torch.save(sd, buf)
+        raw = buf.getvalue()
+        # The tensor's bytes in the archive: find its first 64 bytes.
+        at = raw.find(big.reshape(-1)[:16].numpy().tobytes())
+        assert at > 0
+        patch = torch.full((1024,), 7.5).numpy().tobytes()
+        with open(f"{mnt}/b.pt", "wb") as f:
+            f.write(raw)
+            f.flush()
+            time.sleep(3.0)  # the stream reads and codes the tensor meanwhile
+            f.seek(at)
+            f.write(patch)
+            f.flush()
+            os.fsync(f.fileno())
+        s = status(ctl, mnt)
+        assert s["dropped"] == 1 and s["used"] == 1, s
+        got = flat_tensors(torch.load(f"{mnt}/b.pt"))[name].reshape(-1)
+        assert stat(ctl, f"{mnt}/b.pt")["kind"] == "delta"
+        assert float((got[:1024] - 7.5).abs().max()) < 1.5, got[:8]
+        # The rest: the stream's reconstruction, coded once more against the same base, so within
+        # three times the closed-loop bound of what was written: |got - u| <= 3 |u - base|.
+        u = big.reshape(-1)[1024:].double()
+        b = base.reshape(-1)[1024:].double()
+        bad = int(((got[1024:].double() - u).abs() > 3 * (u - b).abs() + 1e-6).sum())
+        assert bad == 0, f"{bad} elements outside the bound"
+    print("rewrite: the stream's work dropped, the rewritten elements stored")
+
+
+def unlink(binary, ctl, work):
+    state = TrainingState(48 * MiB, params=3, small=6, seed=7)
+    store, mnt = f"{work}/ul-store", f"{work}/ul-mnt"
+    with mounted(binary, store, mnt, *OPTS) as proc:
+        save(state.state_dict(), f"{mnt}/step_1.pt", "fsync")
+        state.step()
+        buf = io.BytesIO()
+        torch.save(state.state_dict(), buf)
+        raw = buf.getvalue()
+        with open(f"{mnt}/step_2.pt", "wb") as f:
+            f.write(raw[: len(raw) // 2])
+            f.flush()
+            time.sleep(0.5)
+            os.unlink(f"{mnt}/step_2.pt")
+            f.write(raw[len(raw) // 2:])
+        deadline = time.monotonic() + 30
+        while status(ctl, mnt)["running"] != 0:
+            assert time.monotonic() < deadline, "the unlinked file's stream still runs"
+            time.sleep(0.1)
+        assert proc.poll() is None
+        state.step()
+        save(state.state_dict(), f"{mnt}/step_3.pt", "fsync")
+        info = stat(ctl, f"{mnt}/step_3.pt")
+        assert info["kind"] == "delta" and info["base"] == stat(ctl, f"{mnt}/step_1.pt")["version"], info
+    print("unlink: stream cancelled, the next save a delta on the last stored version")
+
+
+def main():
+    binary, ctl = sys.argv[1], sys.argv[2]
+    with scratch_dir("ckptfs-streaming-") as work:
+        same(binary, ctl, work)
+        rewrite(binary, ctl, work)
+        unlink(binary, ctl, work)
+
+
+if __name__ == "__main__":
+    main()
