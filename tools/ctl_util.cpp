@@ -103,6 +103,21 @@ std::string ratio_text(double logical, double stored) {
   return buf;
 }
 
+std::string percent_text(double fraction) {
+  if (std::isinf(fraction)) return "inf";
+  const double p = fraction * 100;
+  char buf[32];
+  if (p == 0)
+    return "0%";
+  else if (p >= 10)
+    std::snprintf(buf, sizeof buf, "%.0f%%", p);
+  else if (p >= 1)
+    std::snprintf(buf, sizeof buf, "%.1f%%", p);
+  else
+    std::snprintf(buf, sizeof buf, "%.2g%%", p);
+  return buf;
+}
+
 std::string time_text(double unix_seconds) {
   if (unix_seconds <= 0) return "-";
   const std::time_t t = static_cast<std::time_t>(unix_seconds);

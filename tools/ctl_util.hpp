@@ -35,6 +35,9 @@ std::string plural(std::uint64_t n, std::string_view word);
 std::string human_bytes(double bytes);
 // logical / stored as "12.3x" ("-" when stored is 0).
 std::string ratio_text(double logical, double stored);
+// A fraction as a percentage with two significant digits: 0.0041 -> "0.41%", 0.31 -> "31%",
+// 0 -> "0%"; "inf" when infinite.
+std::string percent_text(double fraction);
 // Unix seconds -> "2025-01-31 12:34:56" in local time ("-" for 0).
 std::string time_text(double unix_seconds);
 

@@ -65,14 +65,27 @@ void print_text(const std::string& arg, const nlohmann::json& info) {
       std::printf("coding:   %s\n", s.c_str());
     }
   }
+  // Relative L2 error of each class of lossy tensors against what was written.
+  const auto& fidelity = jarr(info, "fidelity");
+  if (!fidelity.empty()) {
+    std::string s;
+    for (const auto& c : fidelity)
+      s += (s.empty() ? "" : ", ") + jstr(c, "class", "?") + " " +
+           percent_text(jnum(c, "rel_error")) + " (" + std::to_string(ju64(c, "tensors")) + ")";
+    std::printf("error:    %s\n", s.c_str());
+    std::printf(
+        "          (relative L2 error of the stored tensors against what was written,\n"
+        "          per class, number of lossy tensors in brackets)\n");
+  }
   const auto& tensors = jarr(info, "tensors");
   if (!tensors.empty()) {
     std::printf("tensors:  %zu\n", tensors.size());
-    text_table t({"NAME", "DTYPE", "ELEMENTS", "MODE", "STORED"},
-                 {false, false, true, false, true});
+    text_table t({"NAME", "DTYPE", "ELEMENTS", "MODE", "STORED", "ERROR"},
+                 {false, false, true, false, true, true});
     for (const auto& x : tensors)
       t.add({jstr(x, "name", "?"), jstr(x, "dtype", "?"), std::to_string(ju64(x, "elements")),
-             jstr(x, "mode", "?"), human_bytes(jnum(x, "stored_bytes"))});
+             jstr(x, "mode", "?"), human_bytes(jnum(x, "stored_bytes")),
+             x.contains("rel_error") ? percent_text(jnum(x, "rel_error")) : "-"});
     std::fputs(t.render().c_str(), stdout);
   }
 }
@@ -87,8 +100,13 @@ void add_stat_command(CLI::App& app) {
       "stored size, the head image (a lineage's newest version may have one: its full size "
       "on disk) and the ratio (logical / (stored + head)), completion time, the codec "
       "parameters it was coded with (bits, group, representative, bucket scope, coder, exact "
-      "optimizer state, relative) and every tensor with its dtype, element count, mode "
-      "(delta / ratio / lossless) and stored size.\n");
+      "optimizer state, relative), the error per class of tensors (weights, exp_avg, "
+      "exp_avg_sq, other optimizer state: the relative L2 error sqrt(sum (stored - written)^2 / "
+      "sum written^2) of the version against the bytes that were written, measured when it was "
+      "coded; a delta's error is its own, not accumulated along the chain, since each delta is "
+      "coded against its base's reconstruction) and every tensor with its dtype, element count, "
+      "mode (delta / ratio / lossless), stored size and error ('-': not recorded, versions "
+      "stored before ckptfs measured it).\n");
   cmd->add_option("FILE", o->path, "A file inside a ckptfs mount (or, with --store, in a store)")
       ->required();
   cmd->add_option("--store", o->store,

@@ -385,13 +385,21 @@ json admin_service::handle(const json& req, const progress_fn& progress_in) {
                      {"relative", d.coding.relative}};
     out["exact_stored_bytes"] = d.exact_stored_bytes;
     json tensors = json::array();
-    for (const auto& t : d.tensors)
-      tensors.push_back({{"name", t.name},
-                         {"dtype", t.dtype},
-                         {"elements", t.elements},
-                         {"mode", t.mode},
-                         {"stored_bytes", t.stored_bytes}});
+    for (const auto& t : d.tensors) {
+      json x{{"name", t.name},
+             {"dtype", t.dtype},
+             {"elements", t.elements},
+             {"mode", t.mode},
+             {"stored_bytes", t.stored_bytes}};
+      // Relative L2 error against the tensor as written; absent when not recorded.
+      if (t.rel_error >= 0) x["rel_error"] = t.rel_error;
+      tensors.push_back(std::move(x));
+    }
     out["tensors"] = std::move(tensors);
+    json fidelity = json::array();
+    for (const auto& c : d.fidelity)
+      fidelity.push_back({{"class", c.name}, {"tensors", c.tensors}, {"rel_error", c.rel_error}});
+    out["fidelity"] = std::move(fidelity);
     return out;
   }
 

@@ -60,6 +60,14 @@ bool is_optimizer_state(std::string_view name) noexcept {
   return false;
 }
 
+std::string tensor_class(std::string_view name) {
+  const auto last_dot = name.rfind('.');
+  const std::string_view last =
+      last_dot == std::string_view::npos ? name : name.substr(last_dot + 1);
+  if (last == "exp_avg" || last == "exp_avg_sq") return std::string(last);
+  return is_optimizer_state(name) ? "optimizer (other)" : "weights";
+}
+
 std::string to_json(const version_info& i) {
   return json{
       {"version", i.version},           {"format", i.format}, {"kind", i.kind},

@@ -69,6 +69,9 @@ struct content_options {
 // exp_avg_sq, max_exp_avg_sq, momentum_buffer, square_avg, acc_delta, or a path under an
 // "optimizer"/"optim"/"optimizer_state" key.
 bool is_optimizer_state(std::string_view tensor_name) noexcept;
+// The class `ckptctl stat` reports fidelity by (class_fidelity): "exp_avg" or "exp_avg_sq" (the
+// last component), "optimizer (other)" for other optimizer state, else "weights".
+std::string tensor_class(std::string_view tensor_name);
 
 // A stored file version. version 0 is the empty file (no object, size 0).
 struct content_ref {
@@ -127,12 +130,24 @@ struct tensor_detail {
   std::uint64_t elements = 0;
   std::string mode;  // "delta" / "ratio" / "lossless"
   std::uint64_t stored_bytes = 0;
+  // Relative L2 error of the reconstruction against the tensor as written (codec/fidelity.hpp):
+  // 0 for lossless tensors, negative when not recorded (versions from before it was measured).
+  double rel_error = -1;
+};
+// The relative L2 error of a class of tensors (their summed errors over their summed squares):
+// "weights" (everything that is not optimizer state), "exp_avg", "exp_avg_sq" (Adam's moments),
+// "optimizer (other)" (momentum buffers, ...). Only classes with lossy tensors are listed.
+struct class_fidelity {
+  std::string name;
+  std::uint64_t tensors = 0;
+  double rel_error = 0;
 };
 struct version_detail {
   version_info info;
   coding_params coding;
   std::uint64_t exact_stored_bytes = 0;  // non-tensor bytes (zip framing, pickle, small tensors)
   std::vector<tensor_detail> tensors;
+  std::vector<class_fidelity> fidelity;
 };
 
 // The JSON the daemon serves as the virtual xattr "user.ckptfs.info" (read by `ckptctl stat`).

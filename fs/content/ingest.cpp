@@ -12,6 +12,7 @@
 #include <unordered_map>
 
 #include "codec/error.hpp"
+#include "codec/fidelity.hpp"
 #include "codec/format/crc32.hpp"
 #include "codec/format/recognise.hpp"
 #include "fs/content/content_impl.hpp"
@@ -132,6 +133,8 @@ content_store::impl::tensor_result content_store::impl::encode_tensor(
       const std::span<std::byte> out_recon(slab.recon.data(), n);
       codec::encode_delta_into(in, table, params, out_recon, slab.enc);
       recon = out_recon;
+      if (!f.error) f.error.emplace();
+      f.error->merge(codec::measure_error(j.type, cur, recon));
     } else {
       codec::encode_exact_into(j.type, cur, slab.enc);
     }

@@ -1,5 +1,6 @@
 // The lineage registry: every stored version and every lineage, their journal records (c.v,
 // c.l), replay, the references names hold, and what `ckptctl ls`/`stat` show.
+#include <map>
 #include <set>
 
 #include "codec/error.hpp"
@@ -331,14 +332,24 @@ version_detail content_store::detail(const content_ref& ref) {
   d.coding = meta.coding;
   if (!d.coding.bits && meta.bits) d.coding.bits = meta.bits;  // written before coding_params
   for (const auto& r : meta.exact) d.exact_stored_bytes += r.encoded_bytes;
+  std::map<std::string, std::pair<std::uint64_t, codec::error_sums>> classes;
   for (const auto& f : meta.tensors) {
     const auto& t = meta.layout.tensors.at(f.tensor);
+    const bool lossy = f.mode == tensor_mode::delta;
     d.tensors.push_back({t.name, std::string(format::name(t.type)), t.elements(),
-                         f.mode != tensor_mode::delta ? "lossless"
-                         : f.ratio                    ? "ratio"
-                                                      : "delta",
-                         f.encoded_bytes});
+                         !lossy    ? "lossless"
+                         : f.ratio ? "ratio"
+                                   : "delta",
+                         f.encoded_bytes,
+                         !lossy    ? 0.0
+                         : f.error ? f.error->relative()
+                                   : -1.0});
+    if (!lossy || !f.error) continue;
+    auto& c = classes[tensor_class(t.name)];
+    ++c.first;
+    c.second.merge(*f.error);
   }
+  for (const auto& [name, c] : classes) d.fidelity.push_back({name, c.first, c.second.relative()});
   return d;
 }
 

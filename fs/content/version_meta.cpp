@@ -91,6 +91,10 @@ std::vector<std::byte> encode_meta(const version_meta& m) {
       f["bo"] = t.blocks;
     }
     if (t.ratio) f["r"] = true;
+    if (t.error) {
+      f["ee"] = t.error->err;
+      f["er"] = t.error->ref;
+    }
     tensors.push_back(std::move(f));
   }
   const json j{{"size", m.size},
@@ -140,12 +144,17 @@ version_meta decode_meta(std::span<const std::byte> cbor) {
       if (r.offset > m.size || r.length > m.size - r.offset)
         throw corrupt_error("content: exact region outside the file");
     }
-    for (const auto& t : j.at("tensors"))
+    for (const auto& t : j.at("tensors")) {
+      std::optional<codec::error_sums> error;
+      if (t.contains("ee") && t.contains("er"))
+        error = codec::error_sums{t.at("ee").get<double>(), t.at("er").get<double>()};
       m.tensors.push_back({t.at("i").get<std::size_t>(), codec::dtype(t.at("y").get<int>()),
                            tensor_mode(t.at("m").get<int>()), t.at("bt").get<std::size_t>(),
                            t.at("at").get<std::uint64_t>(), t.at("e").get<std::uint64_t>(),
                            t.value("d", std::uint64_t(0)), t.value("be", std::uint32_t(0)),
-                           t.value("bo", std::vector<std::uint64_t>{}), t.value("r", false)});
+                           t.value("bo", std::vector<std::uint64_t>{}), t.value("r", false),
+                           error});
+    }
     m.member_crcs = j.at("crcs").get<std::vector<std::pair<std::size_t, std::uint32_t>>>();
     m.bits = j.at("bits").get<int>();
     m.created_ns = j.value("ct", std::int64_t(0));

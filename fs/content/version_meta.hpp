@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "codec/dtype.hpp"
+#include "codec/fidelity.hpp"
 #include "codec/format/layout.hpp"
 
 namespace ckpt::fs {
@@ -48,6 +49,10 @@ struct tensor_frame {
   std::vector<std::uint64_t> blocks;
   // A delta coded as ratios (codec::delta_kind::ratio; informational: the blocks say so too).
   bool ratio = false;
+  // Delta frames: how far the reconstruction is from the tensor as written (codec/fidelity.hpp),
+  // for `ckptctl stat`. Absent in versions written before it was measured, and for lossless
+  // frames (exact).
+  std::optional<codec::error_sums> error;
 };
 
 // The lossy coding parameters a delta version was written with (for stat and the docs).

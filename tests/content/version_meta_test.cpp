@@ -110,3 +110,21 @@ TEST_CASE(
   CHECK_FALSE(o.tensors[0].ratio);
   CHECK_FALSE(o.coding.relative);
 }
+
+TEST_CASE("version_meta: a delta frame's error sums round-trip, older metadata has none",
+          "[version_meta]") {
+  version_meta s = sample();
+  s.kind = version_kind::delta;
+  s.tensors[0].mode = tensor_mode::delta;
+  s.tensors[0].error = codec::error_sums{0.25, 100.0};
+  const json j = as_json(s);
+  const version_meta m = from_json(j);
+  REQUIRE(m.tensors[0].error);
+  CHECK(m.tensors[0].error->err == 0.25);
+  CHECK(m.tensors[0].error->ref == 100.0);
+  CHECK(m.tensors[0].error->relative() == Approx(0.05));
+  json old = j;
+  old["tensors"][0].erase("ee");
+  old["tensors"][0].erase("er");
+  CHECK_FALSE(from_json(old).tensors[0].error);
+}

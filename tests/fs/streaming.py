@@ -6,7 +6,9 @@ files larger than head_min are delta-coded while torch writes them.
             tensors; tests/fs/scale_lib.py) saved into two mounts, one streaming (the default)
             and one with -o stream=off: every version is stored the same way (keyframe, then
             deltas on its predecessor) and reads back byte for byte the same from both mounts,
-            also after a remount, within the closed-loop bound of what was saved. Saves cover
+            also after a remount, within the closed-loop bound of what was saved; `ckptctl stat`
+            reports the relative L2 error of each tensor and class of the last version as
+            torch.load reads it against what was written. Saves cover
             torch.save + fsync, a plain close (read back at once: the read waits for the
             commit), and a save under a temporary name renamed into place. `ckptctl status`
             says every save of the streaming mount was stored while written, none of the other.
@@ -61,6 +63,35 @@ def save(state, path, how):
         os.replace(tmp, path)
 
 
+def check_fidelity(ctl, path, written):
+    """`ckptctl stat` reports each lossy tensor's relative L2 error against what was written, and
+    per class the error of the class's tensors together: both match what torch.load reads."""
+    info = stat(ctl, path)
+    assert info["kind"] == "delta", info["kind"]
+    read = flat_tensors(torch.load(path))
+    want = flat_tensors(written)
+    sums = {}
+    lossy = 0
+    for t in info["tensors"]:
+        u, r = want[t["name"]].double(), read[t["name"]].double()
+        err, ref = float(((r - u) ** 2).sum()), float((u ** 2).sum())
+        if t["mode"] == "lossless":
+            assert t["rel_error"] == 0 and err == 0, t
+            continue
+        lossy += 1
+        assert abs(t["rel_error"] - (err / ref) ** 0.5) <= 1e-6 + 1e-3 * t["rel_error"], (t, err, ref)
+        cls = t["name"].rsplit(".", 1)[-1]
+        cls = cls if cls in ("exp_avg", "exp_avg_sq") else "weights"
+        e, f = sums.get(cls, (0.0, 0.0))
+        sums[cls] = (e + err, f + ref)
+    assert lossy > 0
+    got = {c["class"]: c["rel_error"] for c in info["fidelity"]}
+    assert got.keys() == sums.keys(), (got, sums.keys())
+    for cls, (e, f) in sums.items():
+        assert abs(got[cls] - (e / f) ** 0.5) <= 1e-6 + 1e-3 * got[cls], (cls, got[cls], e, f)
+    print("fidelity:", ", ".join(f"{c} {v:.3%}" for c, v in sorted(got.items())))
+
+
 def same(binary, ctl, work):
     state = TrainingState(48 * MiB, params=3, small=6, seed=5)
     hows = ["fsync", "fsync", "close", "rename", "fsync"]
@@ -83,6 +114,8 @@ def same(binary, ctl, work):
                 save(st.state_dict(), path, how)
                 served[m].append(sha256(path))  # a read after close waits for the commit
                 kinds[m].append(stat(ctl, path)["kind"])
+                if k == len(hows) - 1:
+                    check_fidelity(ctl, path, st.state_dict())
             s = status(ctl, mnt)
             want = len(hows) if m == "on" else 0
             assert s["used"] == want and s["dropped"] == 0, f"stream={m}: {s}, want {want} used"

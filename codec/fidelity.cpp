@@ -1,0 +1,95 @@
+// codec::measure_error (fidelity.hpp).
+#include "codec/fidelity.hpp"
+
+#include <tbb/parallel_for.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "codec/error.hpp"
+
+namespace ckpt::codec {
+namespace {
+
+float load(dtype t, const std::byte* p) noexcept {
+  switch (t) {
+    case dtype::f32: {
+      float f;
+      std::memcpy(&f, p, 4);
+      return f;
+    }
+    case dtype::f16:
+    case dtype::bf16: {
+      std::uint16_t h;
+      std::memcpy(&h, p, 2);
+      return t == dtype::f16 ? f16_to_f32(h) : bf16_to_f32(h);
+    }
+    default:
+      return 0;
+  }
+}
+
+error_sums piece_sums(dtype t, const std::byte* cur, const std::byte* recon, std::size_t n) {
+  const std::size_t es = element_size(t);
+  error_sums s;
+  for (std::size_t i = 0; i < n; ++i) {
+    const double u = load(t, cur + i * es), r = load(t, recon + i * es);
+    if (!std::isfinite(u) || !std::isfinite(r)) continue;
+    s.err += (r - u) * (r - u);
+    s.ref += u * u;
+  }
+  return s;
+}
+
+// f32, the common case, without a branch per element: the write path measures every slab it
+// codes. A piece with a NaN or infinity (the sums stop being finite) is summed again above.
+error_sums piece_sums_f32(const std::byte* cur, const std::byte* recon, std::size_t n) {
+  constexpr std::size_t lanes = 8;
+  double err[lanes] = {}, ref[lanes] = {};
+  float u[lanes], r[lanes];
+  std::size_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    std::memcpy(u, cur + i * 4, sizeof u);
+    std::memcpy(r, recon + i * 4, sizeof r);
+    for (std::size_t k = 0; k < lanes; ++k) {
+      const double d = double(r[k]) - double(u[k]);
+      err[k] += d * d;
+      ref[k] += double(u[k]) * double(u[k]);
+    }
+  }
+  error_sums s = piece_sums(dtype::f32, cur + i * 4, recon + i * 4, n - i);
+  for (std::size_t k = 0; k < lanes; ++k) s.merge({err[k], ref[k]});
+  if (!std::isfinite(s.err) || !std::isfinite(s.ref)) return piece_sums(dtype::f32, cur, recon, n);
+  return s;
+}
+
+}  // namespace
+
+double error_sums::relative() const noexcept {
+  if (err == 0) return 0;
+  return ref > 0 ? std::sqrt(err / ref) : INFINITY;
+}
+
+error_sums measure_error(dtype t, std::span<const std::byte> cur,
+                         std::span<const std::byte> recon) {
+  if (!is_float(t)) throw invalid_argument("codec: fidelity of a non-float tensor");
+  const std::size_t es = element_size(t);
+  if (cur.size() != recon.size() || cur.size() % es)
+    throw invalid_argument("codec: fidelity of spans that differ in size");
+  constexpr std::size_t piece = std::size_t(1) << 16;  // elements
+  const std::size_t n = cur.size() / es, pieces = (n + piece - 1) / piece;
+  std::vector<error_sums> part(pieces);
+  tbb::parallel_for(std::size_t(0), pieces, [&](std::size_t i) {
+    const std::size_t first = i * piece;
+    const std::size_t cnt = std::min(piece, n - first);
+    part[i] = t == dtype::f32
+                  ? piece_sums_f32(cur.data() + first * es, recon.data() + first * es, cnt)
+                  : piece_sums(t, cur.data() + first * es, recon.data() + first * es, cnt);
+  });
+  error_sums all;
+  for (const auto& p : part) all.merge(p);
+  return all;
+}
+
+}  // namespace ckpt::codec
