@@ -79,6 +79,8 @@ torch_zip_walker::torch_zip_walker(const source& src, const recognise_options& o
     t.compress = is_candidate(t.type, t.length, opt_);
     predicted_.push_back(std::move(t));
     keys_.push_back("data/" + s.key);
+    if (!by_key_.emplace(keys_.back(), keys_.size() - 1).second)
+      throw corrupt_error("torch stream: data.pkl names a storage twice");
   }
   found_.assign(predicted_.size(), false);
   remaining_ = predicted_.size();
@@ -114,10 +116,10 @@ std::optional<std::size_t> torch_zip_walker::next() {
     if (!l->name.starts_with(prefix_))
       throw corrupt_error("torch stream: a record outside the archive's prefix");
     const std::string_view rest = std::string_view(l->name).substr(prefix_.size());
-    const auto it = std::find(keys_.begin(), keys_.end(), rest);
+    const auto it = by_key_.find(std::string(rest));
     std::uint64_t size = l->size, desc = 0;
-    if (it != keys_.end()) {
-      const std::size_t k = std::size_t(it - keys_.begin());
+    if (it != by_key_.end()) {
+      const std::size_t k = it->second;
       if (found_[k]) throw corrupt_error("torch stream: a storage record twice");
       if (l->method != 0) throw corrupt_error("torch stream: a compressed storage record");
       size = predicted_[k].length;

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "codec/format/layout.hpp"
@@ -55,6 +56,7 @@ class torch_zip_walker {
   std::string prefix_;
   std::vector<tensor_info> predicted_;
   std::vector<std::string> keys_;  // record name under prefix_ of each predicted tensor
+  std::unordered_map<std::string, std::size_t> by_key_;  // keys_ -> index
   std::vector<bool> found_;
   std::size_t remaining_ = 0;
   std::uint64_t at_ = 0;  // the next record's local header
