@@ -69,10 +69,10 @@ void print_text(const nlohmann::json& r) {
   if (r.contains("streams")) {
     const auto& st = r["streams"];
     std::printf(
-        "streams:  %llu running; %s stored while written, %llu redone after the file\n"
-        "          changed or was not what the stream read\n",
+        "streams:  %llu running; %s stored while written (%s of tensors coded),\n"
+        "          %llu redone after the file changed or was not what the stream read\n",
         static_cast<unsigned long long>(ju64(st, "running")),
-        plural(ju64(st, "used"), "file").c_str(),
+        plural(ju64(st, "used"), "file").c_str(), human_bytes(jnum(st, "coded_bytes")).c_str(),
         static_cast<unsigned long long>(ju64(st, "dropped")));
   }
   if (jbool(heads, "enabled"))

@@ -67,7 +67,9 @@ torch_zip_walker::torch_zip_walker(const source& src, const recognise_options& o
   // As recognise_torch makes them, in the order data.pkl names them.
   for (const auto& s : scan.storages) {
     const auto type = storage_element(s.type_name);
-    if (!type) continue;  // recognise_torch keeps such a record opaque
+    // recognise_torch keeps such a record opaque; the walk could not tell where it ends (its
+    // element size is unknown) and would stop in the middle of the file.
+    if (!type) throw corrupt_error("torch stream: a storage of unknown type " + s.type_name);
     tensor_info t;
     t.name = s.names.empty() ? "data/" + s.key : s.names.front();
     if (s.names.size() > 1) t.aliases.assign(s.names.begin() + 1, s.names.end());
@@ -96,7 +98,7 @@ std::uint64_t torch_zip_walker::predicted_bytes(bool compress) const noexcept {
 std::vector<std::size_t> torch_zip_walker::record_order() const {
   std::vector<std::size_t> order(predicted_.size());
   std::iota(order.begin(), order.end(), std::size_t(0));
-  if (!records_before_storages_)
+  if (!format_version_)
     std::sort(order.begin(), order.end(),
               [&](std::size_t a, std::size_t b) { return keys_[a] < keys_[b]; });
   return order;
@@ -128,7 +130,6 @@ std::optional<std::size_t> torch_zip_walker::next() {
       // The descriptor after the data is not read now, which would wait for the whole record,
       // but when the walk goes on (the top of this loop).
       found_[k] = true;
-      if (remaining_ == predicted_.size()) records_before_storages_ = records_ > 2;
       --remaining_;
       predicted_[k].offset = l->data;
       at_ = l->data + size;
@@ -138,6 +139,7 @@ std::optional<std::size_t> torch_zip_walker::next() {
     }
     if (l->flags & flag_descriptor)
       std::tie(size, desc) = search_descriptor(src_, l->data, max_small_record);
+    if (rest == ".format_version" && remaining_ == predicted_.size()) format_version_ = true;
     if (rest == "byteorder") {
       const auto b = src_.read(l->data, std::min<std::uint64_t>(size, 16));
       if (std::string_view(reinterpret_cast<const char*>(b.data()), b.size()) != "little")

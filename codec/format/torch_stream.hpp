@@ -28,7 +28,8 @@ class torch_zip_walker {
  public:
   // Reads the first record (data.pkl) and scans it. Throws corrupt_error when the file does not
   // start like torch's writer's output: a local header "<prefix>/data.pkl" (prefix without
-  // slashes), stored, followed by its data descriptor.
+  // slashes), stored, followed by its data descriptor; or when data.pkl names a storage of a
+  // type this build does not know (its record's size is unknown).
   torch_zip_walker(const source& src, const recognise_options& opt);
 
   // Every storage data.pkl names with a known element type, as recognise_zip would make it a
@@ -36,9 +37,9 @@ class torch_zip_walker {
   // offsets are 0 until next() finds the record.
   const std::vector<tensor_info>& predicted() const noexcept { return predicted_; }
   // The order the records will come in (indices into predicted()), known once next() found the
-  // first one: torch up to 2.0 writes data.pkl and then the storages, keys sorted as strings
-  // ("0", "1", "10", "2"); later versions write small records (.format_version, byteorder)
-  // first and the storages in the order data.pkl names them. A guess, checked by the commit.
+  // first one: torch up to 2.3 writes the storages with their keys sorted as strings ("0", "1",
+  // "10", "2"; 2.1-2.3 a byteorder record first); archives with a .format_version record
+  // before them (torch 2.4 on) in the order data.pkl names them. A guess, checked by the commit.
   std::vector<std::size_t> record_order() const;
   std::uint64_t predicted_bytes(bool compress) const noexcept;
   const std::string& prefix() const noexcept { return prefix_; }
@@ -61,9 +62,9 @@ class torch_zip_walker {
   std::size_t remaining_ = 0;
   std::uint64_t at_ = 0;  // the next record's local header
   std::uint64_t records_ = 0;
-  bool records_before_storages_ = false;  // other records came between data.pkl and storages
-  bool descriptor_due_ = false;           // at_ is the data descriptor of the last storage record,
-  std::uint64_t due_size_ = 0;            // whose data size is this
+  bool format_version_ = false;  // a .format_version record came before the storages
+  bool descriptor_due_ = false;  // at_ is the data descriptor of the last storage record,
+  std::uint64_t due_size_ = 0;   // whose data size is this
 };
 
 }  // namespace ckpt::format

@@ -314,6 +314,14 @@ struct content_store::impl {
   static nlohmann::json lineage_json(const lineage_rec& l);
   void apply_version(const nlohmann::json& j);                         // mu held
   std::uint64_t join_lineage(std::uint64_t from, std::uint64_t into);  // mu held (renamed())
+  // Lineages joined into others (join_lineage), so that a stream that chose one before finds
+  // where its versions went (mu held). In memory only: a stream does not outlive the daemon.
+  std::map<std::uint64_t, std::uint64_t> joined_into;
+  std::uint64_t current_lineage(std::uint64_t id) const {  // mu held
+    for (auto it = joined_into.find(id); it != joined_into.end(); it = joined_into.find(id))
+      id = it->second;
+    return id;
+  }
   static nlohmann::json join_json(std::uint64_t from, std::uint64_t into);
   static nlohmann::json feature_json(std::string_view feature);
 
@@ -423,7 +431,8 @@ struct content_store::impl {
   std::optional<content_ref> finish_stream(content_store::stream& s, std::string_view path,
                                            std::string& why);
   std::atomic<std::uint64_t> streams_running{0}, streamed_puts{0}, streams_dropped{0};
-  std::function<void(const std::string&)> log;  // set_logger's
+  std::atomic<std::uint64_t> streamed_bytes{0};  // tensor bytes coded by streams
+  std::function<void(const std::string&)> log;   // set_logger's
 
   // ---- retention.cpp ----
   // Appends `len` encoded bytes at data-area offset `at` of the version `from` (a metadata

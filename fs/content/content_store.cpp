@@ -115,6 +115,7 @@ content_store::resources content_store::usage() const {
   r.streams_running = impl_->streams_running.load();
   r.streamed_puts = impl_->streamed_puts.load();
   r.streams_dropped = impl_->streams_dropped.load();
+  r.streamed_bytes = impl_->streamed_bytes.load();
   return r;
 }
 

@@ -260,6 +260,7 @@ class content_store {
     // and streams whose work was dropped (the file changed after it was read, or was not what
     // the stream predicted).
     std::uint64_t streams_running = 0, streamed_puts = 0, streams_dropped = 0;
+    std::uint64_t streamed_bytes = 0;  // tensor bytes coded by streams since the start
   };
   resources usage() const;
 

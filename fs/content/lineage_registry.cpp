@@ -108,6 +108,7 @@ std::uint64_t content_store::impl::join_lineage(std::uint64_t from, std::uint64_
     if (r.lineage == from) r.lineage = into;
   if (chain_hints.erase(from)) chain_hints.insert(into);
   lineages.erase(f);
+  joined_into[from] = into;
   return superseded;
 }
 

@@ -44,6 +44,7 @@ class content_store::stream {
   std::optional<content_ref> stored_;
   bool walked_ = false;  // every storage record data.pkl named was found and coded
   std::uint64_t lineage_id_ = 0;
+  std::uint64_t signature_ = 0;  // of the predicted layout: what chose the lineage
   impl::base_choice bc_;
   std::optional<impl::base_pin> pin_;
   version_meta meta_;
@@ -67,9 +68,14 @@ bool same_tensor(const format::tensor_info& a, const format::tensor_info& b) {
 void content_store::impl::run_stream(stream& s) {
   staged_file& staged = *s.staged_;
   try {
+    // The walk waits for each header; a tensor's slabs are waited for by encode_tensor before it
+    // takes an encode slot, and then read without waiting (never waiting with a slot held).
     const format::source src(kUnknownSize, [&staged](std::uint64_t off, std::span<std::byte> out) {
       if (!staged.await(off + out.size()))
         throw io_error(ECANCELED, "content: the streamed file changed or went");
+      staged.read_fully(off, out);
+    });
+    const format::source data(kUnknownSize, [&staged](std::uint64_t off, std::span<std::byte> out) {
       staged.read_fully(off, out);
     });
     format::torch_zip_walker walk(src, format::recognise_options{});
@@ -92,6 +98,7 @@ void content_store::impl::run_stream(stream& s) {
     for (const std::size_t i : walk.record_order())
       predicted.tensors.push_back(walk.predicted()[i]);
     const std::uint64_t sig = lineage_signature(predicted);
+    s.signature_ = sig;
     {
       // The lineage lock only while the base is picked: a stream waits for its writer, and a
       // put of the same lineage must not wait for that. Its id is taken at the commit.
@@ -121,8 +128,9 @@ void content_store::impl::run_stream(stream& s) {
         if (j.base_tensor) staged.overwrite(t.offset + off, recon);
       };
       s.results_.back() =
-          encode_tensor(src, t, j, s.bc_.base, nullptr, params, slabs, *s.out_, sink);
+          encode_tensor(data, t, j, s.bc_.base, nullptr, params, slabs, *s.out_, sink);
       if (j.base_tensor) cache.erase({s.bc_.base, k_tensor, *j.base_tensor});
+      streamed_bytes.fetch_add(t.length);
     }
     s.walked_ = s.found_.size() == walk.predicted().size();
     // The rest waits for the commit.
@@ -171,42 +179,56 @@ std::optional<content_ref> content_store::impl::finish_stream(stream& s, std::st
       return std::nullopt;
     }
 
-  const encode_slots::lease slot = slots.acquire();
-  encode_slots::slabs& slab = slot.get();
+  // The lineage was chosen by the signature of the predicted record order. If the archive came
+  // in another order, a delta's work is kept (its base is a valid base, only the lineage's
+  // name is off); a keyframe's is redone, which costs nothing it already changed.
+  if (lineage_signature(layout) != s.signature_ && !staged.modified()) {
+    why = "its records came in another order than predicted";
+    return std::nullopt;
+  }
+
   version_meta meta = std::move(s.meta_);
   meta.size = src.size();
   meta.created_ns = now_ns();
   content_object_writer& out = *s.out_;
-  write_exact_regions(src, layout, meta, out, slab.enc);
-  std::vector<std::uint32_t> tensor_crc(layout.tensors.size());
-  std::vector<bool> replaced(layout.tensors.size());
-  for (std::size_t i = 0; i < s.results_.size(); ++i) {
-    if (!s.results_[i]) continue;
-    tensor_crc[i] = s.results_[i]->crc;
-    replaced[i] = true;
-    meta.tensors.push_back(s.results_[i]->frame);
+  {
+    // Working memory for the rest, given back before the lineage lock is taken (a put takes
+    // them in the other order).
+    const encode_slots::lease slot = slots.acquire();
+    encode_slots::slabs& slab = slot.get();
+    write_exact_regions(src, layout, meta, out, slab.enc);
+    std::vector<std::uint32_t> tensor_crc(layout.tensors.size());
+    std::vector<bool> replaced(layout.tensors.size());
+    for (std::size_t i = 0; i < s.results_.size(); ++i) {
+      if (!s.results_[i]) continue;
+      tensor_crc[i] = s.results_[i]->crc;
+      replaced[i] = true;
+      meta.tensors.push_back(s.results_[i]->frame);
+    }
+    member_crcs(meta, layout, tensor_crc, replaced, src,
+                std::span<std::byte>(slab.cur.data(), kSlabBytes), &staged);
   }
-  member_crcs(meta, layout, tensor_crc, replaced, src,
-              std::span<std::byte>(slab.cur.data(), kSlabBytes), &staged);
   meta.layout = std::move(layout);
 
   // The record under the lineage's lock, as a put's: ids follow completion order. The lineage
-  // may have been joined into another meanwhile (renamed()): then the work is dropped.
-  std::shared_ptr<std::mutex> encode_mu;
-  {
-    std::lock_guard lock(mu);
-    const auto it = lineages.find(s.lineage_id_);
-    if (it != lineages.end()) encode_mu = it->second.encode_mu;
-  }
+  // may have been joined into another meanwhile (renamed()): the version goes where it went.
   std::unique_lock<std::mutex> lineage_lock;
-  if (encode_mu) {
+  for (;;) {
+    std::shared_ptr<std::mutex> encode_mu;
+    {
+      std::lock_guard lock(mu);
+      s.lineage_id_ = current_lineage(s.lineage_id_);
+      const auto it = lineages.find(s.lineage_id_);
+      if (it == lineages.end()) {
+        why = "its lineage is gone";
+        return std::nullopt;
+      }
+      encode_mu = it->second.encode_mu;
+    }
     lineage_lock = std::unique_lock(*encode_mu);
     std::lock_guard lock(mu);
-    if (!lineages.count(s.lineage_id_)) encode_mu.reset();
-  }
-  if (!encode_mu) {
-    why = "its lineage was joined into another while it was written";
-    return std::nullopt;
+    if (lineages.count(s.lineage_id_)) break;
+    lineage_lock.unlock();
   }
   return record_version(path, std::move(meta), out, 0, s.lineage_id_, s.bc_, *s.pin_, {},
                         s.staged_);
@@ -239,6 +261,9 @@ content_ref content_store::put(std::string_view path, std::shared_ptr<staged_fil
   staged->end_stream();
   if (s->stored_) {
     impl_->streamed_puts.fetch_add(1);
+    // Renamed while it was written: the lineage was chosen by the old name; the version joins
+    // the new name's lineage as a commit renamed after the fact does.
+    if (lineage_path_key(path) != lineage_path_key(s->path_)) renamed(*s->stored_, path);
     return *s->stored_;
   }
   if (s->declined_.empty()) {

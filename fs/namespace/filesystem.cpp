@@ -185,6 +185,9 @@ void filesystem::maybe_drop(ino_t ino) {
   auto it = rt_.find(ino);
   if (it != rt_.end()) {
     const runtime& r = it->second;
+    // Unlinked while it is being written: it will not be stored, so its stream stops now (the
+    // stream object goes with the buffer at the last close).
+    if (r.stream) r.stream_buf->cancel_stream();
     if (r.opens || r.pending) return;
     if (r.nlookup) {
       // Still known to the kernel but unreachable: its write buffer can go now. Its content

@@ -186,12 +186,9 @@ void write_buffer::drop_chunk(chunk& c) {
 void write_buffer::write(std::uint64_t offset, std::span<const std::byte> data) {
   std::unique_lock lock(mu_);
   if (stream_.load() == stream_state::open) check_stream_overlap(offset, data);
-  try {
-    write_locked(offset, data);
-  } catch (...) {
-    note_written(offset, size_);  // what was written counts
-    throw;
-  }
+  // A write that fails part-way moves no mark: the stream waits for those bytes again (or for
+  // the file's end).
+  write_locked(offset, data);
   note_written(offset, offset + data.size());
 }
 
@@ -209,11 +206,23 @@ void write_buffer::check_stream_overlap(std::uint64_t offset, std::span<const st
 void write_buffer::note_written(std::uint64_t offset, std::uint64_t end) {
   if (unstreamable_ || end <= offset) return;
   if (offset > contiguous_) {
-    auto& e = ahead_[offset];
-    e = std::max(e, end);
+    // Runs ahead of the mark, merged with their neighbours: two writers filling one file in
+    // two sequential halves keep two runs, not one per write.
+    auto it = ahead_.upper_bound(offset);
+    if (it != ahead_.begin() && std::prev(it)->second >= offset) {
+      it = std::prev(it);
+      it->second = std::max(it->second, end);
+    } else {
+      it = ahead_.emplace_hint(it, offset, end);
+    }
+    for (auto next = std::next(it); next != ahead_.end() && next->first <= it->second;) {
+      it->second = std::max(it->second, next->second);
+      next = ahead_.erase(next);
+    }
     if (ahead_.size() > kAheadMax) {  // not a sequential writer: give up following it
       unstreamable_ = true;
       ahead_.clear();
+      written_cv_.notify_all();
     }
     return;
   }
@@ -242,7 +251,9 @@ void write_buffer::write_locked(std::uint64_t offset, std::span<const std::byte>
       pwrite_all(fd_, data.data() + pos, n, off);
     }
     pos += n;
-    size_ = std::max(size_, off + n);  // what was written counts even if a later piece fails
+    // What was written counts even if a later piece fails. Stored only when it grows: the
+    // stream's overwrite() never does, and size() is read without this buffer's lock.
+    if (off + n > size_) size_ = off + n;
   }
 }
 
@@ -486,9 +497,9 @@ void write_buffer::end_stream() {
 
 bool write_buffer::await(std::uint64_t end) {
   std::unique_lock lock(mu_);
-  written_cv_.wait(lock, [&] {
-    return stream_.load() != stream_state::open || stale_ || unstreamable_ || contiguous_ >= end;
-  });
+  // A writer the mark stopped following (unstreamable_) is waited for until the file is complete.
+  written_cv_.wait(
+      lock, [&] { return stream_.load() != stream_state::open || stale_ || contiguous_ >= end; });
   switch (stream_.load()) {
     case stream_state::open:
       return !stale_ && contiguous_ >= end;

@@ -80,7 +80,7 @@ class write_buffer final : public staged_file {
   // staged_file (see there for the contract).
   void read_fully(std::uint64_t offset, std::span<std::byte> out) const override;
   void overwrite(std::uint64_t offset, std::span<const std::byte> data) override;
-  bool modified() const override { return modified_; }
+  bool modified() const override { return modified_.load(); }
   int backing_file() override;
   void copy_memory_to_file() const override;
   void drop_memory() override;
@@ -134,7 +134,7 @@ class write_buffer final : public staged_file {
   std::uint64_t spilled_ = 0;
   int fd_ = -1;  // the staging file, once a chunk needed it
   std::uint64_t size_ = 0;
-  bool modified_ = false;  // overwritten in place by the content store
+  std::atomic<bool> modified_{false};  // overwritten in place by the content store
   std::shared_ptr<const content_reader> base_;
   std::uint64_t base_version_ = 0;
   std::vector<std::pair<std::uint64_t, std::uint64_t>> base_runs_;  // data runs of the base

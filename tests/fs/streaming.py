@@ -17,9 +17,10 @@ files larger than head_min are delta-coded while torch writes them.
             the file is stored as its buffer held it: the rewritten elements read back as the new
             values, the others (already replaced by their reconstruction, as after a commit)
             within three times the closed-loop bound of what was first written.
-  unlink    A file unlinked half-way through its write, then written to the end and closed: its
-            stream is cancelled (status: none running), the daemon carries on, and the next
-            save of the run is still a delta on the last stored version.
+  unlink    A file unlinked half-way through its write (still open), then written to the end
+            and closed: its stream stops at the unlink (status: none running before the close),
+            the daemon carries on, and the next save of the run is still a delta on the last
+            stored version.
 
 Usage: streaming.py CKPTFS CKPTCTL
 """
@@ -151,10 +152,18 @@ def rewrite(binary, ctl, work):
         at = raw.find(big.reshape(-1)[:16].numpy().tobytes())
         assert at > 0
         patch = torch.full((1024,), 7.5).numpy().tobytes()
+        # The float tensors the stream codes (the recogniser's threshold: 4 KiB).
+        coded = sum(t.numel() * t.element_size() for t in flat_tensors(sd).values()
+                    if t.is_floating_point() and t.numel() * t.element_size() >= 4096)
+        before = status(ctl, mnt)["coded_bytes"]
         with open(f"{mnt}/b.pt", "wb") as f:
             f.write(raw)
             f.flush()
-            time.sleep(3.0)  # the stream reads and codes the tensor meanwhile
+            # Once the stream has coded every tensor, rewrite bytes it read.
+            deadline = time.monotonic() + 60
+            while status(ctl, mnt)["coded_bytes"] < before + coded:
+                assert time.monotonic() < deadline, "the stream did not code the file"
+                time.sleep(0.05)
             f.seek(at)
             f.write(patch)
             f.flush()
@@ -185,13 +194,16 @@ def unlink(binary, ctl, work):
         with open(f"{mnt}/step_2.pt", "wb") as f:
             f.write(raw[: len(raw) // 2])
             f.flush()
-            time.sleep(0.5)
+            deadline = time.monotonic() + 30
+            while status(ctl, mnt)["running"] != 1:
+                assert time.monotonic() < deadline, "no stream follows the file"
+                time.sleep(0.05)
             os.unlink(f"{mnt}/step_2.pt")
+            # Unlinked while still open for writing: the stream stops at once, not at the close.
+            while status(ctl, mnt)["running"] != 0:
+                assert time.monotonic() < deadline, "the unlinked file's stream still runs"
+                time.sleep(0.05)
             f.write(raw[len(raw) // 2:])
-        deadline = time.monotonic() + 30
-        while status(ctl, mnt)["running"] != 0:
-            assert time.monotonic() < deadline, "the unlinked file's stream still runs"
-            time.sleep(0.1)
         assert proc.poll() is None
         state.step()
         save(state.state_dict(), f"{mnt}/step_3.pt", "fsync")

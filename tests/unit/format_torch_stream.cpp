@@ -13,25 +13,26 @@ using namespace ckpt::format::test;
 namespace {
 
 // n float storages named t0..t(n-1) with keys "0".."n-1" (4 KiB each), an int64 step, and the
-// records in torch 1.13's order (storages sorted as strings) or in the newest (small records
+// records in torch 1.13's order (storages sorted as strings), torch 2.1-2.3's (a byteorder
+// record first, storages still sorted as strings) or the newest (.format_version and byteorder
 // first, storages in data.pkl's order).
-std::vector<std::byte> archive(int n, bool newest, std::string_view byteorder = "little") {
+enum class writer { torch_1_13, torch_2_1, newest };
+std::vector<std::byte> archive(int n, writer w, std::string_view byteorder = "little") {
+  const bool newest = w == writer::newest;
   pickle_writer p;
   p.proto(2).op('}').op('(');
   for (int k = 0; k < n; ++k)
-    p.str(std::string("t").append(std::to_string(k))).tensor(std::to_string(k), "FloatStorage", 1024, 0, {1024}, {1});
+    p.str(std::string("t").append(std::to_string(k)))
+        .tensor(std::to_string(k), "FloatStorage", 1024, 0, {1024}, {1});
   p.str("step").tensor(std::to_string(n), "LongStorage", 1, 0, {}, {});
   p.op('u').stop();
   zip_writer z;
   z.add("archive/data.pkl", p.out);
   std::vector<std::string> keys;
   for (int k = 0; k <= n; ++k) keys.push_back(std::to_string(k));
-  if (newest) {
-    z.add("archive/.format_version", bytes_of("1"));
-    z.add("archive/byteorder", bytes_of(byteorder));
-  } else {
-    std::sort(keys.begin(), keys.end());
-  }
+  if (newest) z.add("archive/.format_version", bytes_of("1"));
+  if (w != writer::torch_1_13) z.add("archive/byteorder", bytes_of(byteorder));
+  if (!newest) std::sort(keys.begin(), keys.end());
   for (const auto& key : keys) {
     if (key == std::to_string(n))
       z.add("archive/data/" + key, std::vector<std::byte>(8, std::byte(7)));
@@ -88,16 +89,21 @@ void check_against_recognise(const std::vector<std::byte>& file) {
 }  // namespace
 
 TEST_CASE("torch stream: torch 1.13's record order (keys sorted as strings)", "[format][stream]") {
-  check_against_recognise(archive(12, false));
+  check_against_recognise(archive(12, writer::torch_1_13));
+}
+
+TEST_CASE("torch stream: torch 2.1-2.3's record order (byteorder, keys sorted as strings)",
+          "[format][stream]") {
+  check_against_recognise(archive(12, writer::torch_2_1));
 }
 
 TEST_CASE("torch stream: the newest record order (small records first)", "[format][stream]") {
-  check_against_recognise(archive(12, true));
+  check_against_recognise(archive(12, writer::newest));
 }
 
 TEST_CASE("torch stream: refuses what it cannot follow", "[format][stream]") {
   SECTION("big-endian payloads") {
-    const auto f = archive(3, true, "big");
+    const auto f = archive(3, writer::newest, "big");
     growing g{f};
     const source src = g.src();
     torch_zip_walker w(src, recognise_options{});
@@ -117,8 +123,21 @@ TEST_CASE("torch stream: refuses what it cannot follow", "[format][stream]") {
     const source src = g.src();
     CHECK_THROWS_AS(torch_zip_walker(src, recognise_options{}), ckpt::corrupt_error);
   }
+  SECTION("a storage of a type it does not know: its record's size is unknown") {
+    pickle_writer p;
+    p.proto(2).op('}').op('(');
+    p.str("q").tensor("0", "ComplexHalfStorage", 1024, 0, {1024}, {1});
+    p.op('u').stop();
+    zip_writer z;
+    z.add("archive/data.pkl", p.out);
+    z.add("archive/data/0", std::vector<std::byte>(4096, std::byte(1)));
+    const auto f = z.finish();
+    growing g{f};
+    const source src = g.src();
+    CHECK_THROWS_AS(torch_zip_walker(src, recognise_options{}), ckpt::corrupt_error);
+  }
   SECTION("a storage record cut short: the walk fails when it goes on") {
-    auto f = archive(3, false);
+    auto f = archive(3, writer::torch_1_13);
     const layout l = recognise(memory_source(f));
     f.resize(std::size_t(l.tensors[1].offset + 100));  // the second storage is cut
     growing g{f};
@@ -129,7 +148,7 @@ TEST_CASE("torch stream: refuses what it cannot follow", "[format][stream]") {
     CHECK_THROWS(w.next());
   }
   SECTION("a storage record whose descriptor disagrees with data.pkl") {
-    auto f = archive(3, false);
+    auto f = archive(3, writer::torch_1_13);
     const layout l = recognise(memory_source(f));
     // The descriptor after the first storage names another size.
     const std::uint64_t d = l.tensors[0].offset + l.tensors[0].length;
