@@ -150,7 +150,7 @@ TEST_CASE("a streamed put stores what put() stores for the finished file", "[con
   CHECK(streamed.content.usage().streamed_bytes > 0);
 }
 
-TEST_CASE("a stream whose read bytes are rewritten drops its work; the file is stored whole",
+TEST_CASE("a stream whose read bytes are rewritten drops its work, the file is stored whole",
           "[content][stream]") {
   temp_dir d;
   opened s(d.path, options(d));
