@@ -20,31 +20,17 @@ import sys
 import tempfile
 
 import torch
-from sklearn.datasets import load_digits
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fs"))
 from ckptfs_testlib import mounted  # noqa: E402
+from digits_lib import adamw_digits  # noqa: E402
 
 
 def run(binary, ctl, work, bits, saves):
-    torch.manual_seed(0)
-    x, y = load_digits(return_X_y=True)
-    x = torch.tensor(x, dtype=torch.float32) / 16
-    y = torch.tensor(y)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 384), torch.nn.ReLU(),
-                                torch.nn.Linear(384, 256), torch.nn.ReLU(),
-                                torch.nn.Linear(256, 10))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
     store, mnt = f"{work}/b{bits}-store", f"{work}/b{bits}-mnt"
     per_class = {}
     with mounted(binary, store, mnt, f"bits={bits}"):
-        for k in range(saves):
-            for _ in range(20):
-                idx = torch.randint(0, len(x), (128,))
-                loss = torch.nn.functional.cross_entropy(model(x[idx]), y[idx])
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
+        for k, (model, opt, _) in enumerate(adamw_digits((384, 256), 10, saves)):
             path = f"{mnt}/ckpt_{k:03d}.pt"
             with open(path, "wb") as f:
                 torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, f)

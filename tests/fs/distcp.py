@@ -35,10 +35,10 @@ import tempfile
 import threading
 
 import torch
-from sklearn.datasets import load_digits
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ckptfs_testlib import daemon_log, info, mounted, require_fuse  # noqa: E402
+from digits_lib import adamw_digits  # noqa: E402
 
 RANKS, STEPS = 4, 6
 TEMP_STEPS = (4, 5, 6)  # written under a random temporary directory name, then renamed
@@ -47,21 +47,7 @@ UNSYNCED = (6,)  # ...without fsync: renamed while the shards are still being st
 
 def train_states():
     """Yields, per step, the full state: {fqn: tensor} of weights and AdamW's moments."""
-    torch.manual_seed(0)
-    x, y = load_digits(return_X_y=True)
-    x = torch.tensor(x, dtype=torch.float32) / 16
-    y = torch.tensor(y)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.ReLU(),
-                                torch.nn.Linear(512, 256), torch.nn.ReLU(),
-                                torch.nn.Linear(256, 12))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
-    for _ in range(STEPS):
-        for _ in range(20):
-            idx = torch.randint(0, len(x), (128,))
-            loss = torch.nn.functional.cross_entropy(model(x[idx]), y[idx])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
+    for model, opt, _ in adamw_digits((512, 256), 12, STEPS):
         state = {}
         for name, p in model.named_parameters():
             state[f"model.{name}"] = p.detach().clone()

@@ -31,33 +31,17 @@ import tempfile
 import time
 
 import torch
-from sklearn.datasets import load_digits
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ckptfs_testlib import daemon_log, du, info, mounted, require_fuse  # noqa: E402
+from digits_lib import adamw_digits  # noqa: E402
 
 SAVES, KEEP, FACTOR = 12, 3, 1.25
 
 
 def training():
     """Yields (model state dict, optimizer state dict, step) every 20 steps."""
-    torch.manual_seed(0)
-    x, y = load_digits(return_X_y=True)
-    x = torch.tensor(x, dtype=torch.float32) / 16
-    y = torch.tensor(y)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 384), torch.nn.ReLU(),
-                                torch.nn.Linear(384, 256), torch.nn.ReLU(),
-                                torch.nn.Linear(256, 10))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
-    step = 0
-    for _ in range(SAVES):
-        for _ in range(20):
-            idx = torch.randint(0, len(x), (128,))
-            loss = torch.nn.functional.cross_entropy(model(x[idx]), y[idx])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            step += 1
+    for model, opt, step in adamw_digits((384, 256), 10, SAVES):
         yield model.state_dict(), opt.state_dict(), step
 
 
