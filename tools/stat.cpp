@@ -23,6 +23,13 @@ std::string scalar_text(const nlohmann::json& v) {
   return v.dump();
 }
 
+// A tensor's or class's error as the daemon sent it: a fraction, infinite (an all-zero tensor
+// stored with an error), or not recorded.
+std::string error_text(const nlohmann::json& x) {
+  if (jbool(x, "rel_error_inf", false)) return "inf";
+  return x.contains("rel_error") ? percent_text(jnum(x, "rel_error")) : "-";
+}
+
 void print_text(const std::string& arg, const nlohmann::json& info) {
   const double logical = jnum(info, "logical_bytes"), stored = jnum(info, "stored_bytes");
   std::printf("file:     %s\n", arg.c_str());
@@ -70,8 +77,8 @@ void print_text(const std::string& arg, const nlohmann::json& info) {
   if (!fidelity.empty()) {
     std::string s;
     for (const auto& c : fidelity)
-      s += (s.empty() ? "" : ", ") + jstr(c, "class", "?") + " " +
-           percent_text(jnum(c, "rel_error")) + " (" + std::to_string(ju64(c, "tensors")) + ")";
+      s += (s.empty() ? "" : ", ") + jstr(c, "class", "?") + " " + error_text(c) + " (" +
+           std::to_string(ju64(c, "tensors")) + ")";
     std::printf("error:    %s\n", s.c_str());
     std::printf(
         "          (relative L2 error of the stored tensors against what was written,\n"
@@ -84,8 +91,7 @@ void print_text(const std::string& arg, const nlohmann::json& info) {
                  {false, false, true, false, true, true});
     for (const auto& x : tensors)
       t.add({jstr(x, "name", "?"), jstr(x, "dtype", "?"), std::to_string(ju64(x, "elements")),
-             jstr(x, "mode", "?"), human_bytes(jnum(x, "stored_bytes")),
-             x.contains("rel_error") ? percent_text(jnum(x, "rel_error")) : "-"});
+             jstr(x, "mode", "?"), human_bytes(jnum(x, "stored_bytes")), error_text(x)});
     std::fputs(t.render().c_str(), stdout);
   }
 }

@@ -69,7 +69,7 @@ void print_text(const nlohmann::json& r) {
   if (r.contains("streams")) {
     const auto& st = r["streams"];
     std::printf(
-        "streams:  %llu running; %s stored while written (%s of tensors coded),\n"
+        "streams:  %llu running; %s stored while written (streams coded %s of tensors),\n"
         "          %llu redone after the file changed or was not what the stream read\n",
         static_cast<unsigned long long>(ju64(st, "running")),
         plural(ju64(st, "used"), "file").c_str(), human_bytes(jnum(st, "coded_bytes")).c_str(),

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -393,14 +394,24 @@ json admin_service::handle(const json& req, const progress_fn& progress_in) {
              {"elements", t.elements},
              {"mode", t.mode},
              {"stored_bytes", t.stored_bytes}};
-      // Relative L2 error against the tensor as written; absent when not recorded.
-      if (t.rel_error >= 0) x["rel_error"] = t.rel_error;
+      // Relative L2 error against the tensor as written; absent when not recorded. Infinite
+      // (an all-zero tensor stored with an error) does not fit JSON: a flag says so.
+      if (std::isinf(t.rel_error))
+        x["rel_error_inf"] = true;
+      else if (t.rel_error >= 0)
+        x["rel_error"] = t.rel_error;
       tensors.push_back(std::move(x));
     }
     out["tensors"] = std::move(tensors);
     json fidelity = json::array();
-    for (const auto& c : d.fidelity)
-      fidelity.push_back({{"class", c.name}, {"tensors", c.tensors}, {"rel_error", c.rel_error}});
+    for (const auto& c : d.fidelity) {
+      json x{{"class", c.name}, {"tensors", c.tensors}};
+      if (std::isinf(c.rel_error))
+        x["rel_error_inf"] = true;
+      else
+        x["rel_error"] = c.rel_error;
+      fidelity.push_back(std::move(x));
+    }
     out["fidelity"] = std::move(fidelity);
     return out;
   }

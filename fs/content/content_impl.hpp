@@ -339,8 +339,10 @@ struct content_store::impl {
   // content_store::put; `staged` (may be null) may become the version's head image.
   content_ref put(std::string_view path, const format::source& src,
                   std::shared_ptr<staged_file> staged);
-  // The lineage of a checkpoint with signature `sig` at `path` (made, in memory, if there is
-  // none), with its encode lock held.
+  // The lineage of a checkpoint with signature `sig` at `path`, made (in memory) if there is
+  // none (mu held).
+  std::uint64_t lineage_for(std::string_view path, std::uint64_t sig);
+  // The same, with its encode lock held.
   std::unique_lock<std::mutex> lock_lineage(std::string_view path, std::uint64_t sig,
                                             std::uint64_t& lineage_id);
   // What the next version of a lineage is coded against: its head, or for a lineage's first

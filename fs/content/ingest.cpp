@@ -163,6 +163,24 @@ content_ref content_store::put(std::string_view path, std::shared_ptr<staged_fil
   return impl_->put(path, src, std::move(staged));
 }
 
+std::uint64_t content_store::impl::lineage_for(std::string_view path, std::uint64_t sig) {
+  // A path key that has a lineage continues it; a new one gets its lineage at once (in memory;
+  // its record goes with its first version), so that two first puts of one path key meet in the
+  // same lineage: the second waits for the first and deltas against it.
+  const std::string key = lineage_path_key(path);
+  std::uint64_t id = 0;
+  for (const auto& [lid, l] : lineages)
+    if (l.signature == sig && l.path_key == key) id = lid;
+  if (id) return id;
+  lineage_rec l;
+  l.id = id = next_lineage++;
+  l.signature = sig;
+  l.path_key = key;
+  l.journaled = false;
+  lineages.emplace(id, std::move(l));
+  return id;
+}
+
 std::unique_lock<std::mutex> content_store::impl::lock_lineage(std::string_view path,
                                                                std::uint64_t sig,
                                                                std::uint64_t& lineage_id) {
@@ -174,21 +192,7 @@ std::unique_lock<std::mutex> content_store::impl::lock_lineage(std::string_view 
     std::shared_ptr<std::mutex> encode_mu;
     {
       std::lock_guard lock(m.mu);
-      lineage_id = 0;
-      const std::string key = lineage_path_key(path);
-      // A path key that has a lineage continues it; a new one gets its lineage at once (in memory;
-      // its record goes with its first version), so that two first puts of one path key meet in
-      // the same lineage: the second waits for the first and deltas against it.
-      for (const auto& [lid, l] : m.lineages)
-        if (l.signature == sig && l.path_key == key) lineage_id = lid;
-      if (!lineage_id) {
-        lineage_rec l;
-        l.id = lineage_id = m.next_lineage++;
-        l.signature = sig;
-        l.path_key = key;
-        l.journaled = false;
-        m.lineages.emplace(lineage_id, std::move(l));
-      }
+      lineage_id = m.lineage_for(path, sig);
       encode_mu = m.lineages.at(lineage_id).encode_mu;
     }
     std::unique_lock lineage_lock(*encode_mu);

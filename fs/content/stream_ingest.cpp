@@ -180,11 +180,17 @@ std::optional<content_ref> content_store::impl::finish_stream(stream& s, std::st
     }
 
   // The lineage was chosen by the signature of the predicted record order. If the archive came
-  // in another order, a delta's work is kept (its base is a valid base, only the lineage's
-  // name is off); a keyframe's is redone, which costs nothing it already changed.
-  if (lineage_signature(layout) != s.signature_ && !staged.modified()) {
-    why = "its records came in another order than predicted";
-    return std::nullopt;
+  // in another order, a keyframe's work is redone (it changed nothing in the buffer); a delta's
+  // is kept (its base, matched by tensor name, is a valid base) and recorded in the lineage of
+  // the real signature, where the next put of this file looks for it.
+  const std::uint64_t real_signature = lineage_signature(layout);
+  if (real_signature != s.signature_) {
+    if (!staged.modified()) {
+      why = "its records came in another order than predicted";
+      return std::nullopt;
+    }
+    std::lock_guard lock(mu);
+    s.lineage_id_ = lineage_for(s.path_, real_signature);
   }
 
   version_meta meta = std::move(s.meta_);
@@ -263,7 +269,16 @@ content_ref content_store::put(std::string_view path, std::shared_ptr<staged_fil
     impl_->streamed_puts.fetch_add(1);
     // Renamed while it was written: the lineage was chosen by the old name; the version joins
     // the new name's lineage as a commit renamed after the fact does.
-    if (lineage_path_key(path) != lineage_path_key(s->path_)) renamed(*s->stored_, path);
+    // Best effort, as renamed() is: the version is stored whatever happens here.
+    if (lineage_path_key(path) != lineage_path_key(s->path_)) {
+      try {
+        renamed(*s->stored_, path);
+      } catch (const std::exception& e) {
+        if (impl_->log)
+          impl_->log("lineage of " + std::string(path) +
+                     " not joined after its rename: " + e.what());
+      }
+    }
     return *s->stored_;
   }
   if (s->declined_.empty()) {

@@ -294,10 +294,10 @@ std::size_t write_buffer::read_locked(std::uint64_t offset, std::span<std::byte>
 
 void write_buffer::truncate(std::uint64_t size) {
   std::unique_lock lock(mu_);
-  if (size < contiguous_) {
-    contiguous_ = size;
-    ahead_.clear();
-  }
+  // Nothing past the new end counts as written any more.
+  contiguous_ = std::min(contiguous_, size);
+  for (auto it = ahead_.lower_bound(size); it != ahead_.end();) it = ahead_.erase(it);
+  if (!ahead_.empty() && ahead_.rbegin()->second > size) ahead_.rbegin()->second = size;
   if (stream_.load() == stream_state::open && size < consumed_ && !stale_) {
     stale_ = true;
     written_cv_.notify_all();

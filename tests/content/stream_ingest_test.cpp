@@ -150,6 +150,30 @@ TEST_CASE("a streamed put stores what put() stores for the finished file", "[con
   CHECK(streamed.content.usage().streamed_bytes > 0);
 }
 
+TEST_CASE("a file renamed while a stream follows it joins its new name's lineage",
+          "[content][stream]") {
+  temp_dir d;
+  opened s(d.path, options(d));
+  model m;
+  const auto first = plain_put(s.content, d, "run/ckpt.pt", m.step());
+  // Written as a temporary name (a lineage of its own, its first version a delta on the
+  // run's head), renamed to the run's name before its commit.
+  auto buf = fresh_buffer(d);
+  buf->begin_stream();
+  auto st = s.content.start_stream("run/.tmp-x81kq/ckpt.pt", buf);
+  const bytes file = m.step();
+  buf->write(0, file);
+  REQUIRE(coded_something(*buf));
+  const auto r = s.content.put("run/ckpt.pt", buf, std::move(st));
+  CHECK(s.content.usage().streamed_puts == 1);
+  CHECK(s.content.info(r).kind == "delta");
+  CHECK(s.content.info(r).base == first.version);
+  CHECK(s.content.info(r).lineage == s.content.info(first).lineage);
+  // The next save under the name continues from it.
+  const auto next = plain_put(s.content, d, "run/ckpt.pt", m.step());
+  CHECK(s.content.info(next).base == r.version);
+}
+
 TEST_CASE("a stream whose read bytes are rewritten drops its work, the file is stored whole",
           "[content][stream]") {
   temp_dir d;

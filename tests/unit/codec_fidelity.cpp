@@ -84,3 +84,12 @@ TEST_CASE("fidelity: refuses what it cannot measure", "[codec][fidelity]") {
   CHECK_THROWS_AS(measure_error(dtype::f32, std::span(a).first(5), std::span(a).first(5)),
                   ckpt::invalid_argument);
 }
+
+TEST_CASE("fidelity: a non-finite element in a piece's tail is skipped too", "[codec][fidelity]") {
+  std::vector<float> u(21, 2.0f), r(21, 2.5f);  // 16 in the 8-wide part, 5 in the tail
+  u[20] = std::nanf("");
+  r[19] = INFINITY;
+  const error_sums s = measure_error(dtype::f32, f32s(u), f32s(r));
+  CHECK(s.err == Approx(19 * 0.25));
+  CHECK(s.ref == Approx(19 * 4.0));
+}

@@ -265,3 +265,48 @@ TEST_CASE("write_buffer: a truncate below what a stream read makes it stale",
   buf.truncate(100);
   CHECK(buf.stale());
 }
+
+TEST_CASE("write_buffer: runs ahead of the mark merge; past the limit a stream waits for the end",
+          "[namespace][stream]") {
+  staging_dir dir;
+  write_buffer buf(std::make_shared<memory_budget>(std::uint64_t(64) << 20), dir.path.string());
+  // Two writers filling the two halves of a file, 1 KiB at a time, interleaved: 6000 writes
+  // ahead of the mark (past kAheadMax if they did not merge) stay one run.
+  const std::size_t half = 3000 * 1024;
+  const auto data = pattern(2 * half, 6);
+  for (std::size_t i = 0; i < 3000; ++i) {
+    buf.write(half + i * 1024, std::span(data).subspan(half + i * 1024, 1024));
+    if (i < 2999) buf.write((i + 1) * 1024, std::span(data).subspan((i + 1) * 1024, 1024));
+  }
+  CHECK(buf.contiguous() == 0);      // byte 0 is not written yet
+  CHECK(buf.streamable() == false);  // nothing from the start: not yet worth a stream
+  buf.write(0, std::span(data).first(1024));
+  CHECK(buf.contiguous() == 2 * half);  // the first run reached the second: all of it
+  CHECK(buf.streamable());
+  // Overlapping and adjacent runs merge too.
+  buf.write(2 * half + 2048, std::span(data).first(1024));
+  buf.write(2 * half + 1024, std::span(data).first(1024));  // adjacent before
+  buf.write(2 * half + 2560, std::span(data).first(1024));  // overlapping
+  buf.write(2 * half, std::span(data).first(1024));
+  CHECK(buf.contiguous() == 2 * half + 3584);
+  // A truncate drops what lay past the new end.
+  buf.write(2 * half + 8192, std::span(data).first(1024));
+  buf.truncate(2 * half + 8500);
+  buf.write(2 * half + 3584, std::span(data).first(8500 - 3584));
+  CHECK(buf.contiguous() == 2 * half + 8500);
+
+  // Scattered writes beyond the limit: the mark stops following, and a stream waiting for
+  // bytes past it waits for the end of the file instead of failing.
+  write_buffer scattered(std::make_shared<memory_budget>(std::uint64_t(64) << 20),
+                         dir.path.string());
+  scattered.write(0, std::span(data).first(100));
+  scattered.begin_stream();
+  for (std::size_t i = 0; i < 5000; ++i) scattered.write(200 + i * 300, std::span(data).first(10));
+  std::atomic<int> got{-1};
+  std::thread waiter([&] { got = scattered.await(150); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  CHECK(got.load() == -1);
+  scattered.complete_stream();
+  waiter.join();
+  CHECK(got.load() == 1);
+}
