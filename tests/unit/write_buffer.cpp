@@ -266,7 +266,7 @@ TEST_CASE("write_buffer: a truncate below what a stream read makes it stale",
   CHECK(buf.stale());
 }
 
-TEST_CASE("write_buffer: runs ahead of the mark merge; past the limit a stream waits for the end",
+TEST_CASE("write_buffer: runs ahead of the mark merge, past the limit a stream waits for the end",
           "[namespace][stream]") {
   staging_dir dir;
   write_buffer buf(std::make_shared<memory_budget>(std::uint64_t(64) << 20), dir.path.string());
