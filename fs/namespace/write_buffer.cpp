@@ -437,7 +437,7 @@ void write_buffer::read_fully(std::uint64_t offset, std::span<std::byte> out) co
 
 void write_buffer::overwrite(std::uint64_t offset, std::span<const std::byte> data) {
   // A chunk at a time, as the stream's reads (above).
-  for (std::size_t pos = 0; pos < data.size() || pos == 0;) {
+  for (std::size_t pos = 0; pos < data.size();) {
     const std::size_t n = std::min(chunk_bytes, data.size() - pos);
     std::unique_lock lock(mu_);
     // A stale stream's reconstruction would replace bytes written after the store read them.
@@ -447,7 +447,6 @@ void write_buffer::overwrite(std::uint64_t offset, std::span<const std::byte> da
     modified_ = true;
     write_locked(offset + pos, data.subspan(pos, n));
     pos += n;
-    if (pos == data.size()) break;
   }
 }
 
