@@ -14,7 +14,7 @@ packages=(
 # Real clients for tests and benchmarks (Debian's interpreter at /usr/bin/python3), and the
 # fuzzing toolchain.
 test_packages=(
-  python3-torch python3-numpy python3-sklearn libopenblas0-pthread python3-lmdb
+  python3-torch python3-numpy python3-sklearn libopenblas0-pthread python3-lmdb perl-doc
   clang libclang-rt-14-dev zstd stress-ng fio
 )
 
