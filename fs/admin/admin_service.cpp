@@ -386,6 +386,7 @@ json admin_service::handle(const json& req, const progress_fn& progress_in) {
                      {"rep", d.coding.rep},          {"scope", d.coding.scope},
                      {"coder", d.coding.coder},      {"exact_optimizer", d.coding.exact_optimizer},
                      {"relative", d.coding.relative}};
+    if (d.coding.ratio_bits) out["coding"]["ratio_bits"] = d.coding.ratio_bits;
     out["exact_stored_bytes"] = d.exact_stored_bytes;
     json tensors = json::array();
     for (const auto& t : d.tensors) {

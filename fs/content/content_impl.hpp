@@ -363,6 +363,8 @@ struct content_store::impl {
   // Coding parameters of a new checkpoint version (meta.kind, bits, coding).
   void start_coding(version_meta& meta, bool keyframe) const;
   codec::lossy_params coding_params_of(const version_meta& meta) const;
+  // `p` for a slab coded as `kind`: ratio deltas may have their own bits (ratio_bits).
+  codec::lossy_params params_for(codec::lossy_params p, codec::delta_kind kind) const;
   static std::unordered_map<std::string, std::size_t> tensors_by_name(const cache_item& meta);
   // The base tensor `t` is coded against: the base's tensor of the same name, type and size.
   std::optional<std::size_t> base_tensor_for(

@@ -38,6 +38,13 @@ namespace ckpt::fs {
 // differences lossy Adam moments diverged after early restores), a keyframe every 20 versions.
 struct content_options {
   int bits = 3;                // 1..4
+  // Bits for deltas coded as ratios (nonnegative state: Adam's exp_avg_sq, BatchNorm's
+  // running_var), 1..4; 0: `bits`. Ratio-coded state needs fewer: Adam's step divides by its
+  // square root, and its relative changes cluster (tests/bench/lm_run.py, benchmarks.md).
+  int ratio_bits = 0;
+  int bits_for(codec::delta_kind k) const noexcept {
+    return k == codec::delta_kind::ratio && ratio_bits ? ratio_bits : bits;
+  }
   bool lossless = false;       // every checkpoint stored exactly (float-aware lossless)
   int keyframe_interval = 20;  // every N-th version of a lineage is a keyframe
   std::uint64_t cache_bytes = std::uint64_t(2) << 30;  // reconstructed states and decoded data

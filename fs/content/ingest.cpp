@@ -128,10 +128,10 @@ content_store::impl::tensor_result content_store::impl::encode_tensor(
       const codec::quant_table table =
           shared_tables ? (*shared_tables)[int(kind)]
                         : codec::select_buckets(codec::gather_stats(std::span(&in, 1), range, kind),
-                                                opt.bits, opt.rep, kind);
+                                                opt.bits_for(kind), opt.rep, kind);
       res.any_ratio |= table.kind == codec::delta_kind::ratio;
       const std::span<std::byte> out_recon(slab.recon.data(), n);
-      codec::encode_delta_into(in, table, params, out_recon, slab.enc);
+      codec::encode_delta_into(in, table, params_for(params, table.kind), out_recon, slab.enc);
       recon = out_recon;
       if (!f.error) f.error.emplace();
       f.error->merge(codec::measure_error(j.type, cur, recon));
@@ -254,6 +254,17 @@ void content_store::impl::start_coding(version_meta& meta, bool keyframe) const 
   meta.coding.coder = opt.paper_coding ? "paper" : "grouped";
   meta.coding.exact_optimizer = opt.exact_optimizer;
   meta.coding.relative = opt.relative;
+  meta.coding.ratio_bits = opt.ratio_bits && opt.ratio_bits != opt.bits ? opt.ratio_bits : 0;
+}
+
+codec::lossy_params content_store::impl::params_for(codec::lossy_params p,
+                                                     codec::delta_kind kind) const {
+  const int bits = opt.bits_for(kind);
+  if (bits != p.bits) {
+    p.bits = bits;
+    if (p.group != 1) p.group = codec::default_group(bits);  // 1: the paper's coder keeps it
+  }
+  return p;
 }
 
 codec::lossy_params content_store::impl::coding_params_of(const version_meta& meta) const {
@@ -433,8 +444,10 @@ content_ref content_store::impl::put(std::string_view path, const format::source
         }
       }
       shared_tables = {
-          codec::select_buckets(all[0], m.opt.bits, m.opt.rep, codec::delta_kind::difference),
-          codec::select_buckets(all[1], m.opt.bits, m.opt.rep, codec::delta_kind::ratio)};
+          codec::select_buckets(all[0], m.opt.bits_for(codec::delta_kind::difference), m.opt.rep,
+                                codec::delta_kind::difference),
+          codec::select_buckets(all[1], m.opt.bits_for(codec::delta_kind::ratio), m.opt.rep,
+                                codec::delta_kind::ratio)};
     }
     const codec::lossy_params params = m.coding_params_of(meta);
     // A large checkpoint's staged bytes become its head image: each delta tensor's payload is

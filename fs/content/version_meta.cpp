@@ -114,7 +114,8 @@ std::vector<std::byte> encode_meta(const version_meta& m) {
                  {"s", m.coding.scope},
                  {"c", m.coding.coder},
                  {"xo", m.coding.exact_optimizer},
-                 {"rl", m.coding.relative}}}};
+                 {"rl", m.coding.relative},
+                 {"rb", m.coding.ratio_bits}}}};
   const auto bytes = json::to_cbor(j);
   return {reinterpret_cast<const std::byte*>(bytes.data()),
           reinterpret_cast<const std::byte*>(bytes.data() + bytes.size())};
@@ -166,6 +167,7 @@ version_meta decode_meta(std::span<const std::byte> cbor) {
       m.coding.coder = cp->at("c").get<std::string>();
       m.coding.exact_optimizer = cp->at("xo").get<bool>();
       m.coding.relative = cp->value("rl", false);
+      m.coding.ratio_bits = cp->value("rb", 0);
     }
     if (m.layout.file_size != m.size) throw corrupt_error("content: layout size mismatch");
     for (const auto& t : m.tensors) {

@@ -64,6 +64,7 @@ struct coding_params {
   std::string coder;  // "grouped" / "paper"
   bool exact_optimizer = false;
   bool relative = false;  // nonnegative tensors coded as ratios (absent before: false)
+  int ratio_bits = 0;     // bits of ratio-coded deltas when not `bits` (absent: 0, the same)
 };
 
 enum class version_kind : std::uint8_t { exact = 0, keyframe = 1, delta = 2 };

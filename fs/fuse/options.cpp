@@ -85,6 +85,9 @@ void take_option(daemon_options& d, const std::string& o) {
   if (key == "bits") {
     need_value();
     d.content.bits = parse_int(val, key, 1, 4);
+  } else if (key == "ratio_bits") {
+    need_value();
+    d.content.ratio_bits = parse_int(val, key, 1, 4);
   } else if (key == "lossless") {
     if (eq != std::string::npos) throw usage_error("-o lossless takes no value");
     d.content.lossless = true;
@@ -256,6 +259,8 @@ std::string usage_text(std::string_view program) {
          "  -f                     stay in the foreground (log to stderr)\n"
          "  -d                     debug: foreground, and log every FUSE request\n"
          "  -o bits=N              bits per changed element, 1..4 (default 3)\n"
+         "  -o ratio_bits=N        bits for tensors coded as ratios (Adam's exp_avg_sq),\n"
+         "                         1..4 (default: bits)\n"
          "  -o lossless            store every checkpoint exactly (lossless float coding)\n"
          "  -o keyframe_interval=N every N-th version of a checkpoint is a keyframe (default 20)\n"
          "  -o coding=MODE         grouped (default): symbol groups, best entropy coder per "
