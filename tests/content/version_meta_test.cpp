@@ -99,16 +99,20 @@ TEST_CASE(
   s.tensors[0].ratio = true;
   s.coding.bits = 4;
   s.coding.relative = true;
+  s.coding.ratio_bits = 2;
   const json j = as_json(s);
   const version_meta m = from_json(j);
   CHECK(m.tensors[0].ratio);
   CHECK(m.coding.relative);
+  CHECK(m.coding.ratio_bits == 2);
   json old = j;
   old["tensors"][0].erase("r");
   old["cp"].erase("rl");
+  old["cp"].erase("rb");
   const version_meta o = from_json(old);
   CHECK_FALSE(o.tensors[0].ratio);
   CHECK_FALSE(o.coding.relative);
+  CHECK(o.coding.ratio_bits == 0);
 }
 
 TEST_CASE("version_meta: a delta frame's error sums round-trip, older metadata has none",

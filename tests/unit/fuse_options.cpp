@@ -88,6 +88,15 @@ TEST_CASE("fuse options: coding, rep, scope and optimizer take each of their val
   CHECK(d.fuse_options.empty());
 }
 
+TEST_CASE("fuse options: ratio_bits 1..4 are taken, default none (bits), others refused",
+          "[fuse]") {
+  CHECK(parse_o("bits=3").content.ratio_bits == 0);
+  for (int b = 1; b <= 4; ++b)
+    CHECK(parse_o("ratio_bits=" + std::to_string(b)).content.ratio_bits == b);
+  for (const char* bad : {"ratio_bits=0", "ratio_bits=5", "ratio_bits=", "ratio_bits"})
+    CHECK_THROWS_AS(parse_o(bad), usage_error);
+}
+
 TEST_CASE("fuse options: bits 1..4 are taken, anything else is refused", "[fuse]") {
   for (int b = 1; b <= 4; ++b) CHECK(parse_o("bits=" + std::to_string(b)).content.bits == b);
   for (const char* bad : {"bits=0", "bits=5", "bits=-1", "bits=3x", "bits=", "bits=2.5", "bits"})
