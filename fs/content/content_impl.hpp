@@ -363,6 +363,8 @@ struct content_store::impl {
   // Coding parameters of a new checkpoint version (meta.kind, bits, coding).
   void start_coding(version_meta& meta, bool keyframe) const;
   codec::lossy_params coding_params_of(const version_meta& meta) const;
+  // Mantissa bits a frame without a base is rounded to (keyframe_bits), 0 for exact.
+  int keep_bits_for(const format::tensor_info& t, codec::dtype type, bool has_base) const;
   // `p` for a slab coded as `kind`: ratio deltas may have their own bits (ratio_bits).
   codec::lossy_params params_for(codec::lossy_params p, codec::delta_kind kind) const;
   static std::unordered_map<std::string, std::size_t> tensors_by_name(const cache_item& meta);
@@ -391,6 +393,9 @@ struct content_store::impl {
     std::size_t tensor;
     codec::dtype type;
     std::optional<std::size_t> base_tensor;  // a delta against this tensor of the base version
+    int keep_bits = 0;  // no base: rounded to this many mantissa bits (lossy keyframe), 0 exact
+    // The frame reads back other than the bytes written: its reconstruction goes to the head.
+    bool rewrites() const noexcept { return base_tensor || keep_bits; }
   };
   struct tensor_result {
     tensor_frame frame;

@@ -37,6 +37,8 @@ content_store::content_store(store::object_store& objects, store::journal& journ
                              content_options opt)
     : impl_(std::make_unique<impl>(objects, journal, opt)) {
   if (opt.bits < 1 || opt.bits > codec::max_bits) throw invalid_argument("bits must be 1..4");
+  if (opt.keyframe_bits < 0 || opt.keyframe_bits > 23)
+    throw invalid_argument("keyframe_bits must be 1..23 (0: exact)");
   if (opt.ratio_bits < 0 || opt.ratio_bits > codec::max_bits)
     throw invalid_argument("ratio_bits must be 1..4 (0: bits)");
   if (opt.keyframe_interval < 1) throw invalid_argument("keyframe_interval must be >= 1");

@@ -42,6 +42,12 @@ struct content_options {
   // running_var), 1..4; 0: `bits`. Ratio-coded state needs fewer: Adam's step divides by its
   // square root, and its relative changes cluster (tests/bench/lm_run.py, benchmarks.md).
   int ratio_bits = 0;
+  // Lossy keyframes: the float tensors a lossy lineage codes are rounded to this many mantissa
+  // bits (fp32's scale; fp16/bf16 keep min(this, their own)) in keyframes and in frames without
+  // a base, each element within 2^-(N+1) of its value (codec/mantissa.hpp). 0: exact. Not with
+  // `lossless`, nor for optimizer state under exact_optimizer; rekey and rotation rewrites stay
+  // exact (a version must keep reading as it did).
+  int keyframe_bits = 0;
   int bits_for(codec::delta_kind k) const noexcept {
     return k == codec::delta_kind::ratio && ratio_bits ? ratio_bits : bits;
   }

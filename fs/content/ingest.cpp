@@ -13,6 +13,7 @@
 
 #include "codec/error.hpp"
 #include "codec/fidelity.hpp"
+#include "codec/mantissa.hpp"
 #include "codec/format/crc32.hpp"
 #include "codec/format/recognise.hpp"
 #include "fs/content/content_impl.hpp"
@@ -132,6 +133,13 @@ content_store::impl::tensor_result content_store::impl::encode_tensor(
       res.any_ratio |= table.kind == codec::delta_kind::ratio;
       const std::span<std::byte> out_recon(slab.recon.data(), n);
       codec::encode_delta_into(in, table, params_for(params, table.kind), out_recon, slab.enc);
+      recon = out_recon;
+      if (!f.error) f.error.emplace();
+      f.error->merge(codec::measure_error(j.type, cur, recon));
+    } else if (j.keep_bits) {
+      const std::span<std::byte> out_recon(slab.recon.data(), n);
+      codec::round_mantissa(j.type, cur, out_recon, j.keep_bits);
+      codec::encode_exact_into(j.type, out_recon, slab.enc);
       recon = out_recon;
       if (!f.error) f.error.emplace();
       f.error->merge(codec::measure_error(j.type, cur, recon));
@@ -255,6 +263,14 @@ void content_store::impl::start_coding(version_meta& meta, bool keyframe) const 
   meta.coding.exact_optimizer = opt.exact_optimizer;
   meta.coding.relative = opt.relative;
   meta.coding.ratio_bits = opt.ratio_bits && opt.ratio_bits != opt.bits ? opt.ratio_bits : 0;
+  meta.coding.keyframe_bits = opt.lossless ? 0 : opt.keyframe_bits;
+}
+
+int content_store::impl::keep_bits_for(const format::tensor_info& t, codec::dtype type,
+                                       bool has_base) const {
+  if (has_base || !opt.keyframe_bits || opt.lossless) return 0;
+  if (opt.exact_optimizer && is_optimizer_state(t.name)) return 0;
+  return opt.keyframe_bits < codec::mantissa_bits(type) ? opt.keyframe_bits : 0;
 }
 
 codec::lossy_params content_store::impl::params_for(codec::lossy_params p,
@@ -419,8 +435,9 @@ content_ref content_store::impl::put(std::string_view path, const format::source
     for (std::size_t i = 0; i < layout.tensors.size(); ++i) {
       const auto& t = layout.tensors[i];
       if (!t.compress) continue;
-      jobs.push_back(
-          {i, *format::codec_dtype(t.type), base_tensor_for(t, base_meta.get(), base_by_name)});
+      const codec::dtype type = *format::codec_dtype(t.type);
+      const auto base_tensor = base_tensor_for(t, base_meta.get(), base_by_name);
+      jobs.push_back({i, type, base_tensor, keep_bits_for(t, type, base_tensor.has_value())});
       tensor_bytes += t.length;
     }
     // Checkpoint scope: one table per delta kind, shared by the tensors of that kind; one
@@ -470,7 +487,7 @@ content_ref content_store::impl::put(std::string_view path, const format::source
       }
       const auto sink = [&](std::uint64_t off, std::span<const std::byte> recon) {
         if (keep) std::memcpy(keep->data.data() + off, recon.data(), recon.size());
-        if (make_head && j.base_tensor) staged->overwrite(t.offset + off, recon);
+        if (make_head && j.rewrites()) staged->overwrite(t.offset + off, recon);
       };
       tensor_result r =
           m.encode_tensor(src, t, j, base_id, shared_tables ? &*shared_tables : nullptr, params,

@@ -122,10 +122,12 @@ void content_store::impl::run_stream(stream& s) {
       s.found_.push_back(t);
       s.results_.emplace_back();
       if (!t.compress) continue;
-      const tensor_job j{index, *format::codec_dtype(t.type),
-                         base_tensor_for(t, base_meta.get(), base_by_name)};
+      const codec::dtype type = *format::codec_dtype(t.type);
+      const auto base_tensor = base_tensor_for(t, base_meta.get(), base_by_name);
+      const tensor_job j{index, type, base_tensor,
+                         keep_bits_for(t, type, base_tensor.has_value())};
       const auto sink = [&](std::uint64_t off, std::span<const std::byte> recon) {
-        if (j.base_tensor) staged.overwrite(t.offset + off, recon);
+        if (j.rewrites()) staged.overwrite(t.offset + off, recon);
       };
       s.results_.back() =
           encode_tensor(data, t, j, s.bc_.base, nullptr, params, slabs, *s.out_, sink);

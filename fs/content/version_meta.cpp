@@ -115,7 +115,8 @@ std::vector<std::byte> encode_meta(const version_meta& m) {
                  {"c", m.coding.coder},
                  {"xo", m.coding.exact_optimizer},
                  {"rl", m.coding.relative},
-                 {"rb", m.coding.ratio_bits}}}};
+                 {"rb", m.coding.ratio_bits},
+                 {"kb", m.coding.keyframe_bits}}}};
   const auto bytes = json::to_cbor(j);
   return {reinterpret_cast<const std::byte*>(bytes.data()),
           reinterpret_cast<const std::byte*>(bytes.data() + bytes.size())};
@@ -168,6 +169,7 @@ version_meta decode_meta(std::span<const std::byte> cbor) {
       m.coding.exact_optimizer = cp->at("xo").get<bool>();
       m.coding.relative = cp->value("rl", false);
       m.coding.ratio_bits = cp->value("rb", 0);
+      m.coding.keyframe_bits = cp->value("kb", 0);
     }
     if (m.layout.file_size != m.size) throw corrupt_error("content: layout size mismatch");
     for (const auto& t : m.tensors) {

@@ -45,7 +45,8 @@ Usage (as root; Debian's /usr/bin/python3; perl-doc installed):
   lm_run.py CKPTFS [--quick] [--seeds N] [--jobs J] [--settings S1 S2 ...] [--json FILE]
             [--plot PNG_PREFIX]
   --settings   mount option strings, one per setting ("" = the defaults), default:
-               "" "ratio_bits=2" "keyframe_interval=40" "ratio_bits=2,keyframe_interval=40"
+               "" "ratio_bits=2" "keyframe_bits=8" "keyframe_interval=40"
+               "ratio_bits=2,keyframe_bits=8,keyframe_interval=40"
   --quick      a CI smoke (about a minute): a smaller model, 60 steps, one seed, the defaults and
                the control; the checks below still apply
   --jobs       seeds run in parallel processes (default 2: one per core)
@@ -61,6 +62,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -74,7 +76,8 @@ from ckptfs_testlib import daemon_log, du, info, mounted, require_fuse  # noqa: 
 CORPUS = "/usr/share/perl/5.36.0/pod"
 KEEP = 3
 PERTURB = 2.0 ** -20
-DEFAULT_SETTINGS = ["", "ratio_bits=2", "keyframe_interval=40", "ratio_bits=2,keyframe_interval=40"]
+DEFAULT_SETTINGS = ["", "ratio_bits=2", "keyframe_bits=8", "keyframe_interval=40",
+                    "ratio_bits=2,keyframe_bits=8,keyframe_interval=40"]
 FULL = dict(d=128, layers=3, heads=4, ctx=64, batch=32, steps=480, every=12, lr=3e-3)
 QUICK = dict(d=96, layers=2, heads=4, ctx=32, batch=16, steps=60, every=6, lr=3e-3)
 FAILURES = (0.05, 0.10, 0.30, 0.50, 0.70, 0.90)
@@ -629,6 +632,9 @@ def main():
             json.dump(result, f)
         return 0
     require_fuse()
+    # The mount library's watchdog ends a hung run; give it the mode's whole budget.
+    os.environ.setdefault("CKPTFS_TEST_DEADLINE", "560" if args.quick else "14400")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unmount on the way out
     corpus = Corpus()
     corpus_info = {"bytes": corpus.bytes, "vocab": corpus.vocab,
                    "bigram": corpus.bigram_val_loss()}
