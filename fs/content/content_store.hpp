@@ -37,7 +37,7 @@ namespace ckpt::fs {
 // state coded like the weights with ratio deltas for nonnegative state (Adam's v; with
 // differences lossy Adam moments diverged after early restores), a keyframe every 20 versions.
 struct content_options {
-  int bits = 3;                // 1..4
+  int bits = 3;  // 1..4
   // Bits for deltas coded as ratios (nonnegative state: Adam's exp_avg_sq, BatchNorm's
   // running_var), 1..4; 0: `bits`. Ratio-coded state needs fewer: Adam's step divides by its
   // square root, and its relative changes cluster (tests/bench/lm_run.py, benchmarks.md).

@@ -13,9 +13,9 @@
 
 #include "codec/error.hpp"
 #include "codec/fidelity.hpp"
-#include "codec/mantissa.hpp"
 #include "codec/format/crc32.hpp"
 #include "codec/format/recognise.hpp"
+#include "codec/mantissa.hpp"
 #include "fs/content/content_impl.hpp"
 #include "fs/content/content_object.hpp"
 #include "fs/content/lineage_key.hpp"
@@ -254,6 +254,7 @@ content_store::impl::base_pin::~base_pin() {
 void content_store::impl::start_coding(version_meta& meta, bool keyframe) const {
   meta.kind = keyframe ? version_kind::keyframe : version_kind::delta;
   meta.bits = keyframe ? 0 : opt.bits;
+  meta.coding.keyframe_bits = opt.lossless ? 0 : opt.keyframe_bits;
   if (keyframe) return;
   meta.coding.bits = opt.bits;
   meta.coding.group = opt.paper_coding ? 1 : codec::default_group(opt.bits);
@@ -263,7 +264,6 @@ void content_store::impl::start_coding(version_meta& meta, bool keyframe) const 
   meta.coding.exact_optimizer = opt.exact_optimizer;
   meta.coding.relative = opt.relative;
   meta.coding.ratio_bits = opt.ratio_bits && opt.ratio_bits != opt.bits ? opt.ratio_bits : 0;
-  meta.coding.keyframe_bits = opt.lossless ? 0 : opt.keyframe_bits;
 }
 
 int content_store::impl::keep_bits_for(const format::tensor_info& t, codec::dtype type,
@@ -274,7 +274,7 @@ int content_store::impl::keep_bits_for(const format::tensor_info& t, codec::dtyp
 }
 
 codec::lossy_params content_store::impl::params_for(codec::lossy_params p,
-                                                     codec::delta_kind kind) const {
+                                                    codec::delta_kind kind) const {
   const int bits = opt.bits_for(kind);
   if (bits != p.bits) {
     p.bits = bits;
@@ -460,11 +460,10 @@ content_ref content_store::impl::put(std::string_view path, const format::source
           all[int(kind)].merge(codec::gather_stats(std::span(&in, 1), range, kind));
         }
       }
-      shared_tables = {
-          codec::select_buckets(all[0], m.opt.bits_for(codec::delta_kind::difference), m.opt.rep,
-                                codec::delta_kind::difference),
-          codec::select_buckets(all[1], m.opt.bits_for(codec::delta_kind::ratio), m.opt.rep,
-                                codec::delta_kind::ratio)};
+      shared_tables = {codec::select_buckets(all[0], m.opt.bits_for(codec::delta_kind::difference),
+                                             m.opt.rep, codec::delta_kind::difference),
+                       codec::select_buckets(all[1], m.opt.bits_for(codec::delta_kind::ratio),
+                                             m.opt.rep, codec::delta_kind::ratio)};
     }
     const codec::lossy_params params = m.coding_params_of(meta);
     // A large checkpoint's staged bytes become its head image: each delta tensor's payload is

@@ -336,9 +336,11 @@ version_detail content_store::detail(const content_ref& ref) {
   std::map<std::string, std::pair<std::uint64_t, codec::error_sums>> classes;
   for (const auto& f : meta.tensors) {
     const auto& t = meta.layout.tensors.at(f.tensor);
-    const bool lossy = f.mode == tensor_mode::delta;
+    const bool delta = f.mode == tensor_mode::delta;
+    // A frame without a base has an error only when it was rounded (a lossy keyframe).
+    const bool lossy = delta || f.error;
     d.tensors.push_back({t.name, std::string(format::name(t.type)), t.elements(),
-                         !lossy    ? "lossless"
+                         !delta    ? (f.error ? "rounded" : "lossless")
                          : f.ratio ? "ratio"
                                    : "delta",
                          f.encoded_bytes,

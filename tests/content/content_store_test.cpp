@@ -42,12 +42,6 @@ void flip(const bfs::path& p, std::uint64_t at) {
   std::fclose(f);
 }
 
-std::vector<float> floats_at(const bytes& file, std::size_t offset, std::size_t n) {
-  std::vector<float> v(n);
-  std::memcpy(v.data(), file.data() + offset, 4 * n);
-  return v;
-}
-
 }  // namespace
 
 TEST_CASE("exact files read back byte for byte at any offset", "[content]") {

@@ -41,6 +41,13 @@ struct opened {
   }
 };
 
+// n floats of a file's bytes from `offset`.
+inline std::vector<float> floats_at(const bytes& file, std::size_t offset, std::size_t n) {
+  std::vector<float> v(n);
+  std::memcpy(v.data(), file.data() + offset, 4 * n);
+  return v;
+}
+
 // A safetensors file: header JSON padded to 8 bytes, then the tensors' bytes in order.
 inline bytes safetensors(const std::vector<std::pair<std::string, std::vector<float>>>& tensors) {
   nlohmann::json h = nlohmann::json::object();

@@ -12,6 +12,7 @@
 #include "codec/format/crc32.hpp"
 #include "codec/format/recognise.hpp"
 #include "codec/format/source.hpp"
+#include "codec/mantissa.hpp"
 #include "content_test_util.hpp"
 #include "tests/unit/format_test_util.hpp"
 
@@ -291,4 +292,113 @@ TEST_CASE("a rekeyed head keeps its image across a restart (renamed to the new c
   const auto image = s.content.published_head(head);
   REQUIRE(image);
   CHECK(read_all(s.content, head) == served);
+}
+
+namespace {
+std::vector<float> rounded(const std::vector<float>& v, int keep) {
+  std::vector<float> out(v.size());
+  codec::round_mantissa(codec::dtype::f32, std::as_bytes(std::span(v)),
+                        std::as_writable_bytes(std::span(out)), keep);
+  return out;
+}
+}  // namespace
+
+TEST_CASE("lossy keyframes read as the rounded tensors: head image, chain, restart, rekey",
+          "[content][heads]") {
+  temp_dir d, exact_dir;
+  fs::content_options opt;
+  opt.heads_dir = (d.path / "heads").string();
+  opt.head_min = 1 << 20;
+  opt.keyframe_bits = 8;
+  fs::content_options exact_opt = opt;
+  exact_opt.heads_dir = (exact_dir.path / "heads").string();
+  exact_opt.keyframe_bits = 0;
+  std::mt19937_64 rng(41);
+  drifting_weights a(700'000, rng), b(300'000, rng);
+  std::vector<fs::content_ref> refs;
+  std::vector<bytes> served;
+  {
+    opened s(d.path, opt), e(exact_dir.path, exact_opt);
+    for (int v = 0; v < 3; ++v) {
+      a.step(rng);
+      b.step(rng);
+      const bytes file = torch_like(a.values, b.values);
+      auto staged = std::make_shared<memory_staged>(file, opt.heads_dir);
+      refs.push_back(s.content.put("run/step_" + std::to_string(v) + ".pt", staged));
+      const auto exact_ref =
+          e.content.put("run/step_" + std::to_string(v) + ".pt", format::memory_source(file));
+      s.content.wait_heads();
+      REQUIRE(s.content.published_head(refs.back()));
+      served.push_back(read_all(s.content, refs.back()));
+      check_crcs(served.back());
+      const auto detail = s.content.detail(refs.back());
+      CHECK(detail.coding.keyframe_bits == 8);
+      if (v == 0) {
+        CHECK(s.content.info(refs.back()).kind == "keyframe");
+        // The keyframe is the tensors rounded to 8 mantissa bits, CRCs and all, and the staged
+        // bytes (the head image) were rewritten to it.
+        CHECK(staged->modified());
+        CHECK(served.back() == torch_like(rounded(a.values, 8), rounded(b.values, 8)));
+        CHECK(double(s.content.info(refs.back()).stored_bytes) <
+              0.75 * double(e.content.info(exact_ref).stored_bytes));
+        std::size_t rounded_frames = 0;
+        for (const auto& t : detail.tensors) {
+          if (t.mode != "rounded") continue;
+          ++rounded_frames;
+          CHECK(t.rel_error > 0);
+          CHECK(t.rel_error <= std::ldexp(1.0, -9));
+        }
+        CHECK(rounded_frames == 2);
+        for (const auto& t : e.content.detail(exact_ref).tensors) CHECK(t.mode == "lossless");
+      } else {
+        CHECK(s.content.info(refs.back()).kind == "delta");
+      }
+    }
+    s.journal.sync();
+  }
+  // Decoded through the chain (no head images), after a restart: the same bytes.
+  fs::content_options plain = opt;
+  plain.heads_dir.clear();
+  {
+    opened s(d.path, plain, refs);
+    for (std::size_t v = 0; v < refs.size(); ++v)
+      REQUIRE(read_all(s.content, refs[v]) == served[v]);
+    // A rekey rewrites the newest delta as a keyframe of exactly what it reads as: never
+    // rounded again.
+    REQUIRE(s.content.rekey(refs[2].version) > 0);
+    CHECK(s.content.info(refs[2]).kind == "keyframe");
+    CHECK(read_all(s.content, refs[2]) == served[2]);
+    s.content.drop_caches();
+    CHECK(read_all(s.content, refs[2]) == served[2]);
+  }
+}
+
+TEST_CASE("keyframe_bits leaves lossless stores and exact optimizer state exact",
+          "[content][heads]") {
+  std::mt19937_64 rng(43);
+  drifting_weights a(70'000, rng), b(30'000, rng);
+  const bytes file = torch_like(a.values, b.values);
+  {
+    temp_dir d;
+    fs::content_options opt;
+    opt.keyframe_bits = 8;
+    opt.lossless = true;
+    opened s(d.path, opt);
+    const auto r = s.content.put("run/x.pt", format::memory_source(file));
+    CHECK(read_all(s.content, r) == file);
+    CHECK(s.content.detail(r).coding.keyframe_bits == 0);
+  }
+  {
+    temp_dir d;
+    fs::content_options opt;
+    opt.keyframe_bits = 8;
+    opt.exact_optimizer = true;
+    opened s(d.path, opt);
+    const bytes sf = safetensors({{"w", a.values}, {"exp_avg", b.values}});
+    const auto r = s.content.put("run/opt.safetensors", format::memory_source(sf));
+    const bytes out = read_all(s.content, r);
+    const auto at_b = sf.size() - 4 * b.size();
+    CHECK(floats_at(out, at_b, b.size()) == b.values);  // optimizer state: exact
+    CHECK(floats_at(out, at_b - 4 * a.size(), a.size()) == rounded(a.values, 8));
+  }
 }

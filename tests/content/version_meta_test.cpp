@@ -100,19 +100,23 @@ TEST_CASE(
   s.coding.bits = 4;
   s.coding.relative = true;
   s.coding.ratio_bits = 2;
+  s.coding.keyframe_bits = 9;
   const json j = as_json(s);
   const version_meta m = from_json(j);
   CHECK(m.tensors[0].ratio);
   CHECK(m.coding.relative);
   CHECK(m.coding.ratio_bits == 2);
+  CHECK(m.coding.keyframe_bits == 9);
   json old = j;
   old["tensors"][0].erase("r");
   old["cp"].erase("rl");
   old["cp"].erase("rb");
+  old["cp"].erase("kb");
   const version_meta o = from_json(old);
   CHECK_FALSE(o.tensors[0].ratio);
   CHECK_FALSE(o.coding.relative);
   CHECK(o.coding.ratio_bits == 0);
+  CHECK(o.coding.keyframe_bits == 0);
 }
 
 TEST_CASE("version_meta: a delta frame's error sums round-trip, older metadata has none",

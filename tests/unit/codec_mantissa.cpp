@@ -58,8 +58,8 @@ TEST_CASE("round_mantissa: fp32 normals round to nearest even within 2^-(keep+1)
     CHECK(mismatches == 0);
   }
   const auto t8 = rounded({1.0f + std::ldexp(1.0f, -9), 1.0f + 3 * std::ldexp(1.0f, -9)}, 8);
-  CHECK(t8[0] == 1.0f);                            // tie to even (down)
-  CHECK(t8[1] == 1.0f + std::ldexp(1.0f, -7));     // tie to even (up)
+  CHECK(t8[0] == 1.0f);                         // tie to even (down)
+  CHECK(t8[1] == 1.0f + std::ldexp(1.0f, -7));  // tie to even (up)
 }
 
 TEST_CASE("round_mantissa: special values, overflow, subnormals, in place", "[codec]") {

@@ -97,6 +97,15 @@ TEST_CASE("fuse options: ratio_bits 1..4 are taken, default none (bits), others 
     CHECK_THROWS_AS(parse_o(bad), usage_error);
 }
 
+TEST_CASE("fuse options: keyframe_bits 1..23, default exact, not with lossless", "[fuse]") {
+  CHECK(parse_o("bits=3").content.keyframe_bits == 0);
+  CHECK(parse_o("keyframe_bits=8").content.keyframe_bits == 8);
+  CHECK(parse_o("keyframe_bits=23").content.keyframe_bits == 23);
+  for (const char* bad : {"keyframe_bits=0", "keyframe_bits=24", "keyframe_bits=", "keyframe_bits"})
+    CHECK_THROWS_AS(parse_o(bad), usage_error);
+  CHECK_THROWS_WITH(parse_o("lossless,keyframe_bits=8"), Catch::Contains("contradict"));
+}
+
 TEST_CASE("fuse options: bits 1..4 are taken, anything else is refused", "[fuse]") {
   for (int b = 1; b <= 4; ++b) CHECK(parse_o("bits=" + std::to_string(b)).content.bits == b);
   for (const char* bad : {"bits=0", "bits=5", "bits=-1", "bits=3x", "bits=", "bits=2.5", "bits"})
