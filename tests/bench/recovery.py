@@ -359,9 +359,10 @@ class Setting:
 
     def __init__(self, coding="grouped", bits=3, rep="mean", scope="tensor", optimizer="lossy",
                  keyframe_interval=20, lossless=False, defaults=False, perturb=0.0,
-                 relative="off"):
+                 relative="off", keyframe_bits=0, ratio_bits=0):
         self.coding, self.bits, self.rep, self.scope = coding, bits, rep, scope
         self.relative = relative
+        self.keyframe_bits, self.ratio_bits = keyframe_bits, ratio_bits
         self.optimizer, self.keyframe_interval = optimizer, keyframe_interval
         self.lossless, self.defaults, self.perturb = lossless or perturb > 0, defaults, perturb
 
@@ -372,7 +373,9 @@ class Setting:
             return ["lossless"]
         return [f"coding={self.coding}", f"bits={self.bits}", f"rep={self.rep}",
                 f"scope={self.scope}", f"optimizer={self.optimizer}",
-                f"relative={self.relative}", f"keyframe_interval={self.keyframe_interval}"]
+                f"relative={self.relative}", f"keyframe_interval={self.keyframe_interval}"] + (
+                    [f"keyframe_bits={self.keyframe_bits}"] if self.keyframe_bits else []) + (
+                    [f"ratio_bits={self.ratio_bits}"] if self.ratio_bits else [])
 
     @property
     def name(self):
@@ -390,6 +393,10 @@ class Setting:
             name += "-rel"
         if self.keyframe_interval != 20:
             name += f"-K{self.keyframe_interval}"
+        if self.keyframe_bits:
+            name += f"-kb{self.keyframe_bits}"
+        if self.ratio_bits:
+            name += f"-rb{self.ratio_bits}"
         return name
 
     def with_keyframe_interval(self, k):
@@ -427,6 +434,11 @@ def settings_matrix(quick):
     for bits in (3, 4):
         rows.append(Setting("grouped", bits, "mean", "tensor"))
     rows.append(Setting("grouped", 3, "midrange", "tensor", relative="on"))
+    # Issue 16: lossy keyframes (float tensors rounded to 8 mantissa bits) and Adam's v with
+    # fewer bits, on the defaults.
+    rows.append(Setting("grouped", 3, "midrange", "tensor", relative="on", keyframe_bits=8))
+    rows.append(Setting("grouped", 3, "midrange", "tensor", relative="on", keyframe_bits=8,
+                        ratio_bits=2))
     for bits in (3, 4):
         rows.append(Setting("grouped", bits, "mean", "tensor", optimizer="exact"))
     return rows
