@@ -40,7 +40,11 @@ std::vector<content_store::chain_rewrite> content_store::chains_to_rewrite(doubl
         freeable = freeable && !r.refs && r.dependents == 1 && r.donors.empty() && !m.is_head(r);
         if (freeable) hidden += r.obj.size;
         if (r.kind != version_kind::delta) {
-          keyframe = r.obj.size;  // what the rewrite will cost: a keyframe of this lineage
+          // What the rewrite will cost: a keyframe of this lineage. A rekey is exact, so with
+          // lossy keyframes (smaller than a rekey writes) the version's logical size bounds it
+          // instead. (A lineage whose keyframe was rounded under an earlier mount's option is
+          // underestimated.)
+          keyframe = m.opt.keyframe_bits ? std::max(r.obj.size, named.size) : r.obj.size;
           break;
         }
       }

@@ -363,6 +363,8 @@ struct content_store::impl {
   // Coding parameters of a new checkpoint version (meta.kind, bits, coding).
   void start_coding(version_meta& meta, bool keyframe) const;
   codec::lossy_params coding_params_of(const version_meta& meta) const;
+  // meta.coding.keyframe_bits: set when one of its frames was rounded, else 0.
+  void note_rounding(version_meta& meta) const;
   // Mantissa bits a frame without a base is rounded to (keyframe_bits), 0 for exact.
   int keep_bits_for(const format::tensor_info& t, codec::dtype type, bool has_base) const;
   // `p` for a slab coded as `kind`: ratio deltas may have their own bits (ratio_bits).

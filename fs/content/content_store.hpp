@@ -44,7 +44,8 @@ struct content_options {
   int ratio_bits = 0;
   // Lossy keyframes: the float tensors a lossy lineage codes are rounded to this many mantissa
   // bits (fp32's scale; fp16/bf16 keep min(this, their own)) in keyframes and in frames without
-  // a base, each element within 2^-(N+1) of its value (codec/mantissa.hpp). 0: exact. Not with
+  // a base, each element within 2^-(N+1) of its value (2^-N in the top binade, truncated
+  // rather than rounded up to infinity) (codec/mantissa.hpp). 0: exact. Not with
   // `lossless`, nor for optimizer state under exact_optimizer; rekey and rotation rewrites stay
   // exact (a version must keep reading as it did).
   int keyframe_bits = 0;

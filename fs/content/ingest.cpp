@@ -156,6 +156,7 @@ content_store::impl::tensor_result content_store::impl::encode_tensor(
   f.encoded_bytes = frame_at;
   f.digest = XXH3_64bits_digest(&digest);
   f.ratio = res.any_ratio;
+  f.rounded = j.keep_bits != 0;
   return res;
 }
 
@@ -254,7 +255,6 @@ content_store::impl::base_pin::~base_pin() {
 void content_store::impl::start_coding(version_meta& meta, bool keyframe) const {
   meta.kind = keyframe ? version_kind::keyframe : version_kind::delta;
   meta.bits = keyframe ? 0 : opt.bits;
-  meta.coding.keyframe_bits = opt.lossless ? 0 : opt.keyframe_bits;
   if (keyframe) return;
   meta.coding.bits = opt.bits;
   meta.coding.group = opt.paper_coding ? 1 : codec::default_group(opt.bits);
@@ -264,6 +264,12 @@ void content_store::impl::start_coding(version_meta& meta, bool keyframe) const 
   meta.coding.exact_optimizer = opt.exact_optimizer;
   meta.coding.relative = opt.relative;
   meta.coding.ratio_bits = opt.ratio_bits && opt.ratio_bits != opt.bits ? opt.ratio_bits : 0;
+}
+
+void content_store::impl::note_rounding(version_meta& meta) const {
+  meta.coding.keyframe_bits = 0;
+  for (const auto& f : meta.tensors)
+    if (f.rounded) meta.coding.keyframe_bits = opt.keyframe_bits;
 }
 
 int content_store::impl::keep_bits_for(const format::tensor_info& t, codec::dtype type,
@@ -498,6 +504,7 @@ content_ref content_store::impl::put(std::string_view path, const format::source
       replaced[j.tensor] = true;
       meta.tensors.push_back(r.frame);
     }
+    m.note_rounding(meta);
     m.member_crcs(meta, layout, tensor_crc, replaced, src,
                   std::span<std::byte>(slab.cur.data(), kSlabBytes),
                   make_head ? staged.get() : nullptr);

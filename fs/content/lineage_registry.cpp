@@ -337,10 +337,11 @@ version_detail content_store::detail(const content_ref& ref) {
   for (const auto& f : meta.tensors) {
     const auto& t = meta.layout.tensors.at(f.tensor);
     const bool delta = f.mode == tensor_mode::delta;
-    // A frame without a base has an error only when it was rounded (a lossy keyframe).
+    // Lossless frames with an error: a lossy keyframe's rounded tensors, and a rekeyed delta's
+    // (it reads as the delta did, so the delta's error still holds).
     const bool lossy = delta || f.error;
     d.tensors.push_back({t.name, std::string(format::name(t.type)), t.elements(),
-                         !delta    ? (f.error ? "rounded" : "lossless")
+                         !delta    ? (f.rounded ? "rounded" : "lossless")
                          : f.ratio ? "ratio"
                                    : "delta",
                          f.encoded_bytes,

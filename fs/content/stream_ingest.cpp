@@ -181,9 +181,10 @@ std::optional<content_ref> content_store::impl::finish_stream(stream& s, std::st
     }
 
   // The lineage was chosen by the signature of the predicted record order. If the archive came
-  // in another order, a keyframe's work is redone (it changed nothing in the buffer); a delta's
-  // is kept (its base, matched by tensor name, is a valid base) and recorded in the lineage of
-  // the real signature, where the next put of this file looks for it.
+  // in another order, a keyframe's work is redone if it changed nothing in the buffer; a delta's
+  // (and a lossy keyframe's, which rounded the buffer) is kept (a delta's base, matched by tensor
+  // name, is a valid base) and recorded in the lineage of the real signature, where the next put
+  // of this file looks for it.
   const std::uint64_t real_signature = lineage_signature(layout);
   if (real_signature != s.signature_) {
     if (!staged.modified()) {
@@ -212,6 +213,7 @@ std::optional<content_ref> content_store::impl::finish_stream(stream& s, std::st
       replaced[i] = true;
       meta.tensors.push_back(s.results_[i]->frame);
     }
+    note_rounding(meta);
     member_crcs(meta, layout, tensor_crc, replaced, src,
                 std::span<std::byte>(slab.cur.data(), kSlabBytes), &staged);
   }

@@ -53,6 +53,10 @@ struct tensor_frame {
   // for `ckptctl stat`. Absent in versions written before it was measured, and for lossless
   // frames (exact).
   std::optional<codec::error_sums> error;
+  // A lossless frame of a tensor rounded to fewer mantissa bits (a lossy keyframe,
+  // content_options::keyframe_bits). A rekeyed delta's lossless frame is not: it keeps its
+  // error (what it reads as is still the delta's reconstruction) but was never rounded.
+  bool rounded = false;
 };
 
 // The lossy coding parameters a delta version was written with (for stat and the docs).

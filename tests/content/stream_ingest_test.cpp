@@ -150,6 +150,38 @@ TEST_CASE("a streamed put stores what put() stores for the finished file", "[con
   CHECK(streamed.content.usage().streamed_bytes > 0);
 }
 
+TEST_CASE("a streamed lossy keyframe is rounded as a put rounds it, in the buffer too",
+          "[content][stream]") {
+  temp_dir streamed_dir, plain_dir;
+  auto so = options(streamed_dir), po = options(plain_dir);
+  so.keyframe_bits = po.keyframe_bits = 8;
+  opened streamed(streamed_dir.path, so);
+  opened plain(plain_dir.path, po);
+  model m;
+  for (int v = 0; v < 3; ++v) {
+    const bytes file = m.step();
+    const std::string path = "run/ckpt_" + std::to_string(v) + ".pt";
+    INFO("version " << v);
+    auto buf = fresh_buffer(streamed_dir);
+    const auto a = stream_in(streamed.content, path, file, buf);
+    const auto b = plain_put(plain.content, plain_dir, path, file);
+    CHECK(streamed.content.info(a).kind == (v == 0 ? "keyframe" : "delta"));
+    const bytes got = read_all(streamed.content, a);
+    CHECK(got == read_all(plain.content, b));
+    // The buffer (the head image to be) holds what the version reads as: rounded tensors and
+    // the CRC fields that match them.
+    bytes in_buffer(file.size());
+    buf->read_fully(0, in_buffer);
+    CHECK(in_buffer == got);
+    if (v == 0) {
+      CHECK(got != file);
+      CHECK(streamed.content.detail(a).coding.keyframe_bits == 8);
+    }
+  }
+  CHECK(streamed.content.usage().streamed_puts == 3);
+  CHECK(streamed.content.usage().streams_dropped == 0);
+}
+
 TEST_CASE("a file renamed while a stream follows it joins its new name's lineage",
           "[content][stream]") {
   temp_dir d;
