@@ -90,7 +90,8 @@ void take_option(daemon_options& d, const std::string& o) {
     d.content.ratio_bits = parse_int(val, key, 1, 4);
   } else if (key == "keyframe_bits") {
     need_value();
-    d.content.keyframe_bits = parse_int(val, key, 1, 23);
+    d.content.keyframe_bits = parse_int(val, key, 0, 23);
+    d.keyframe_bits_set = true;
   } else if (key == "lossless") {
     if (eq != std::string::npos) throw usage_error("-o lossless takes no value");
     d.content.lossless = true;
@@ -207,6 +208,7 @@ std::uint64_t default_buffer_bytes() {
 daemon_options parse_command_line(int argc, const char* const* argv) {
   daemon_options d;
   d.content.cache_bytes = default_cache_bytes();
+  d.content.keyframe_bits = kDefaultKeyframeBits;
   std::vector<std::string> positional;
   for (int i = 1; i < argc; ++i) {
     std::string_view a = argv[i];
@@ -230,7 +232,7 @@ daemon_options parse_command_line(int argc, const char* const* argv) {
     }
   }
   if (d.help || d.version) return d;
-  if (d.content.lossless && d.content.keyframe_bits)
+  if (d.content.lossless && d.keyframe_bits_set && d.content.keyframe_bits)
     throw usage_error("-o lossless and -o keyframe_bits contradict each other");
   if (positional.size() != 2)
     throw usage_error(positional.size() < 2 ? "missing STORE and/or MOUNTPOINT"
@@ -268,8 +270,8 @@ std::string usage_text(std::string_view program) {
          "                         1..4 (default: bits)\n"
          "  -o lossless            store every checkpoint exactly (lossless float coding)\n"
          "  -o keyframe_interval=N every N-th version of a checkpoint is a keyframe (default 20)\n"
-         "  -o keyframe_bits=N     lossy keyframes: float tensors rounded to N mantissa bits,\n"
-         "                         1..23 (each within 2^-(N+1) of its value; default exact)\n"
+         "  -o keyframe_bits=N     keyframes' float tensors rounded to N mantissa bits, each\n"
+         "                         within 2^-(N+1) of its value (default 12); 0 or 23: exact\n"
          "  -o coding=MODE         grouped (default): symbol groups, best entropy coder per "
          "block;\n"
          "                         paper: LC-Checkpoint's one Huffman code word per element\n"

@@ -30,6 +30,11 @@ std::uint64_t default_buffer_bytes();
 // small files a stream would decline.
 inline constexpr std::uint64_t kStreamAfter = std::uint64_t(8) << 20;
 
+// Lossy keyframes at the mount's default: fp32 tensors rounded to 12 mantissa bits (each element
+// within 2^-13 of its value), chosen by the recovery and language-model benchmarks
+// (docs/benchmarks.md, "Lossy keyframes"): 8 bits lost accuracy on LeNet-5, 12 did not.
+inline constexpr int kDefaultKeyframeBits = 12;
+
 struct daemon_options {
   std::string store;
   std::string mountpoint;
@@ -37,7 +42,10 @@ struct daemon_options {
   bool debug = false;
   bool help = false;
   bool version = false;
-  content_options content;  // cache_bytes: default_cache_bytes()
+  // cache_bytes: default_cache_bytes(); keyframe_bits: kDefaultKeyframeBits unless set (the
+  // library's own default is exact keyframes).
+  content_options content;
+  bool keyframe_bits_set = false;  // -o keyframe_bits given (it contradicts -o lossless)
   std::uint64_t buffer_bytes = default_buffer_bytes();
   bool direct_checkpoint_reads = true;    // -o reads=direct (default) or reads=cached
   bool heads = true;                      // -o heads=on|off (head_min: content.head_min)

@@ -436,7 +436,8 @@ def settings_matrix(quick):
     rows.append(Setting("grouped", 3, "midrange", "tensor", relative="on"))
     # Issue 16: lossy keyframes (float tensors rounded to 8 mantissa bits) and Adam's v with
     # fewer bits, on the defaults.
-    rows.append(Setting("grouped", 3, "midrange", "tensor", relative="on", keyframe_bits=8))
+    for kb in (8, 12):
+        rows.append(Setting("grouped", 3, "midrange", "tensor", relative="on", keyframe_bits=kb))
     rows.append(Setting("grouped", 3, "midrange", "tensor", relative="on", keyframe_bits=8,
                         ratio_bits=2))
     for bits in (3, 4):

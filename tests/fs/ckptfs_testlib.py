@@ -192,3 +192,19 @@ def kill9(proc, mnt):
     if os.path.ismount(mnt):
         subprocess.run(["fusermount3", "-uz", mnt], check=True)
     _live.pop(mnt, None)
+
+
+KEYFRAME_BITS = 12  # the mount's default -o keyframe_bits (fs/fuse/options.hpp)
+
+
+def keyframe_within(got, want, bits=KEYFRAME_BITS):
+    """A lossy keyframe's float tensor as read back: every element within 2^-(bits+1) of its
+    value (plus half a kept unit for subnormals), NaN exactly where it was (docs/codec.md,
+    "Lossy keyframes")."""
+    import torch  # the mount tests that use this have torch; others need not import it
+    g, w = got.double().reshape(-1), want.double().reshape(-1)
+    nan = torch.isnan(w)
+    if not torch.equal(torch.isnan(g), nan):
+        return False
+    g, w = g[~nan], w[~nan]
+    return bool(((g - w).abs() <= w.abs() * 2.0 ** -(bits + 1) + 2.0 ** (-126 - bits)).all())

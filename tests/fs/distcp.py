@@ -37,7 +37,7 @@ import threading
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ckptfs_testlib import daemon_log, info, mounted, require_fuse  # noqa: E402
+from ckptfs_testlib import daemon_log, info, keyframe_within, mounted, require_fuse  # noqa: E402
 from digits_lib import adamw_digits  # noqa: E402
 
 RANKS, STEPS = 4, 6
@@ -143,8 +143,11 @@ def check_step(label, saved, read, prev_read, kind):
             continue
         assert got.dtype == want.dtype and got.shape == want.shape, f"{label}: {key}"
         small = want.numel() * want.element_size() < 4096
-        if kind != "delta" or small or not want.is_floating_point():
+        if small or not want.is_floating_point():
             assert torch.equal(got, want), f"{label}: {key} must be exact ({kind})"
+            continue
+        if kind != "delta":  # a keyframe: rounded (-o keyframe_bits, default 12)
+            assert keyframe_within(got, want), f"{label}: {key}: keyframe off by > 2^-13"
             continue
         err = (got.double() - want.double()).abs()
         bound = (want.double() - prev_read[key].double()).abs()

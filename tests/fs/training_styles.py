@@ -10,7 +10,8 @@ frameworks use, and every version is loaded back with torch.load and checked (is
 
 Checks, for every version of every style (kind and base asked from the daemon with
 `ckptctl stat --json`):
-  - keyframes, integer tensors and small tensors (< 4 KiB, stored exact) are exact;
+  - integer tensors and small tensors (< 4 KiB, stored exact) are exact; keyframes' float
+    tensors within 2^-13 of their value (the default -o keyframe_bits=12, docs/codec.md);
   - in a delta, every float element satisfies |u_read - u| <= |u - u_base_read| where
     u_base_read is what the version it was coded against read back as (the closed-loop bound);
   - Adam's exp_avg_sq reads back within a factor 2 of its value, every element (ratio deltas;
@@ -36,7 +37,7 @@ import torch
 from sklearn.datasets import load_digits
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ckptfs_testlib import du, mounted, sha256  # noqa: E402
+from ckptfs_testlib import du, keyframe_within, mounted, sha256  # noqa: E402
 from scale_lib import flat_tensors  # noqa: E402
 
 SMALL = 4096  # bytes: float tensors below this are stored exact (recognise_options default)
@@ -92,8 +93,11 @@ class Checker:
             got = r[name]
             assert got.dtype == u.dtype and got.shape == u.shape, f"{label}: {name} dtype/shape"
             small = u.numel() * u.element_size() < SMALL
-            if base is None or not u.is_floating_point() or small:
+            if not u.is_floating_point() or small:
                 assert torch.equal(got, u), f"{label}: {name} must be exact ({info['kind']})"
+                continue
+            if base is None:  # a keyframe: rounded to 12 mantissa bits (-o keyframe_bits)
+                assert keyframe_within(got, u), f"{label}: {name}: keyframe off by more than 2^-13"
                 continue
             err = (got.double() - u.double()).abs()
             bound = (u.double() - base[name].double()).abs()

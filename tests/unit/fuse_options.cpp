@@ -97,11 +97,15 @@ TEST_CASE("fuse options: ratio_bits 1..4 are taken, default none (bits), others 
     CHECK_THROWS_AS(parse_o(bad), usage_error);
 }
 
-TEST_CASE("fuse options: keyframe_bits 1..23, default exact, not with lossless", "[fuse]") {
-  CHECK(parse_o("bits=3").content.keyframe_bits == 0);
+TEST_CASE("fuse options: keyframe_bits 0..23, default 12, not with lossless", "[fuse]") {
+  CHECK(parse_o("bits=3").content.keyframe_bits == 12);
   CHECK(parse_o("keyframe_bits=8").content.keyframe_bits == 8);
+  CHECK(parse_o("keyframe_bits=0").content.keyframe_bits == 0);
   CHECK(parse_o("keyframe_bits=23").content.keyframe_bits == 23);
-  for (const char* bad : {"keyframe_bits=0", "keyframe_bits=24", "keyframe_bits=", "keyframe_bits"})
+  // lossless alone is fine (it ignores the default); with an explicit keyframe_bits it is not.
+  CHECK(parse_o("lossless").content.lossless);
+  CHECK_NOTHROW(parse_o("lossless,keyframe_bits=0"));
+  for (const char* bad : {"keyframe_bits=-1", "keyframe_bits=24", "keyframe_bits=", "keyframe_bits"})
     CHECK_THROWS_AS(parse_o(bad), usage_error);
   CHECK_THROWS_WITH(parse_o("lossless,keyframe_bits=8"), Catch::Contains("contradict"));
 }
