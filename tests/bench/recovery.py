@@ -373,8 +373,8 @@ class Setting:
             return ["lossless"]
         return [f"coding={self.coding}", f"bits={self.bits}", f"rep={self.rep}",
                 f"scope={self.scope}", f"optimizer={self.optimizer}",
-                f"relative={self.relative}", f"keyframe_interval={self.keyframe_interval}"] + (
-                    [f"keyframe_bits={self.keyframe_bits}"] if self.keyframe_bits else []) + (
+                f"relative={self.relative}", f"keyframe_interval={self.keyframe_interval}",
+                f"keyframe_bits={self.keyframe_bits}"] + (
                     [f"ratio_bits={self.ratio_bits}"] if self.ratio_bits else [])
 
     @property
