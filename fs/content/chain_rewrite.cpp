@@ -41,10 +41,16 @@ std::vector<content_store::chain_rewrite> content_store::chains_to_rewrite(doubl
         if (freeable) hidden += r.obj.size;
         if (r.kind != version_kind::delta) {
           // What the rewrite will cost: a keyframe of this lineage. A rekey is exact, so with
-          // lossy keyframes (smaller than a rekey writes) the version's logical size bounds it
-          // instead. (A lineage whose keyframe was rounded under an earlier mount's option is
+          // lossy keyframes it costs the rounded keyframe plus the mantissa bits rounding
+          // dropped, which are noise to the coder (counted as if every byte were fp32, an
+          // overestimate for anything else), and never more than the file's logical size. (A
+          // lineage whose keyframe was rounded under an earlier mount's option is
           // underestimated.)
-          keyframe = m.opt.keyframe_bits ? std::max(r.obj.size, named.size) : r.obj.size;
+          keyframe = r.obj.size;
+          if (const int kb = m.opt.keyframe_bits; kb > 0 && kb < 23)
+            keyframe = std::max(
+                r.obj.size,
+                std::min(named.size, r.obj.size + named.size * std::uint64_t(23 - kb) / 32));
           break;
         }
       }

@@ -10,7 +10,8 @@ Checks, at the defaults (-o reclaim=1.25) and with keyframe_interval=1000 (a cha
 ends by itself):
   - after every save (once the daemon has looked at the deletions), the store's objects hold no
     more than the kept versions plus 1.25 rewrites per lineage (a rewrite is exact: with lossy
-    keyframes, the default, it costs up to the file's logical size; docs/filesystem.md, "Rotation"):
+    keyframes, the default, it costs the keyframe plus the mantissa bits it dropped;
+    docs/filesystem.md, "Rotation"):
     the hidden chains are freed by rewriting the oldest kept delta as a keyframe;
   - from the 4th save on, the store holds less than the rotated plain directory;
   - what the rewrites wrote is at most 1/1.25 of what they freed (ckptctl status);
@@ -129,9 +130,10 @@ def run(binary, work, label, opts, heads=False, need_rewrites=True):
                 # What a rewrite costs in the daemon's reckoning: a keyframe, or with lossy
                 # keyframes (the default) the file's logical size, since a rewrite is exact.
                 vi = info(f"{mnt}/checkpoint-{step}/{name}")
-                exact = "keyframe_bits=0" in opts
-                keyframe.setdefault(name, vi["stored_bytes"] if exact else
-                                    max(vi["stored_bytes"], vi["logical_bytes"]))
+                stored, logical = vi["stored_bytes"], vi["logical_bytes"]
+                exact = "keyframe_bits=0" in opts  # else the default 12: 11 bits dropped
+                keyframe.setdefault(name, stored if exact else
+                                    max(stored, min(logical, stored + logical * 11 // 32)))
             kept = rotate(mnt)
             assert rotate(plain) == kept
             s = settle(ctl, mnt, store)
