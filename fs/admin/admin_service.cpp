@@ -25,6 +25,15 @@ namespace {
 
 using nlohmann::json;
 
+// A relative L2 error into `x`: `rel_error`, absent when not recorded (negative); infinite (an
+// all-zero tensor stored with an error) does not fit JSON, so a flag says so.
+void put_error(json& x, double e) {
+  if (std::isinf(e))
+    x["rel_error_inf"] = true;
+  else if (e >= 0)
+    x["rel_error"] = e;
+}
+
 std::string normal_path(std::string_view p) {
   std::string out;
   std::size_t i = 0;
@@ -396,22 +405,14 @@ json admin_service::handle(const json& req, const progress_fn& progress_in) {
              {"elements", t.elements},
              {"mode", t.mode},
              {"stored_bytes", t.stored_bytes}};
-      // Relative L2 error against the tensor as written; absent when not recorded. Infinite
-      // (an all-zero tensor stored with an error) does not fit JSON: a flag says so.
-      if (std::isinf(t.rel_error))
-        x["rel_error_inf"] = true;
-      else if (t.rel_error >= 0)
-        x["rel_error"] = t.rel_error;
+      put_error(x, t.rel_error);
       tensors.push_back(std::move(x));
     }
     out["tensors"] = std::move(tensors);
     json fidelity = json::array();
     for (const auto& c : d.fidelity) {
       json x{{"class", c.name}, {"tensors", c.tensors}};
-      if (std::isinf(c.rel_error))
-        x["rel_error_inf"] = true;
-      else
-        x["rel_error"] = c.rel_error;
+      put_error(x, c.rel_error);
       fidelity.push_back(std::move(x));
     }
     out["fidelity"] = std::move(fidelity);

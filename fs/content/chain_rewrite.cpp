@@ -3,6 +3,7 @@
 // (rekey, retention.cpp). The filesystem's rewriter thread asks after deletions.
 #include <algorithm>
 
+#include "codec/mantissa.hpp"
 #include "fs/content/content_impl.hpp"
 
 namespace ckpt::fs {
@@ -47,10 +48,12 @@ std::vector<content_store::chain_rewrite> content_store::chains_to_rewrite(doubl
           // lineage whose keyframe was rounded under an earlier mount's option is
           // underestimated.)
           keyframe = r.obj.size;
-          if (const int kb = m.opt.keyframe_bits; kb > 0 && kb < 23)
+          constexpr int fp32_mantissa = codec::mantissa_bits(codec::dtype::f32);
+          if (const int kb = m.opt.keyframe_bits; kb > 0 && kb < fp32_mantissa)
             keyframe = std::max(
                 r.obj.size,
-                std::min(named.size, r.obj.size + named.size * std::uint64_t(23 - kb) / 32));
+                std::min(named.size,
+                         r.obj.size + named.size * std::uint64_t(fp32_mantissa - kb) / 32));
           break;
         }
       }

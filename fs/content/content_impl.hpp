@@ -365,8 +365,6 @@ struct content_store::impl {
   codec::lossy_params coding_params_of(const version_meta& meta) const;
   // meta.coding.keyframe_bits: set when one of its frames was rounded, else 0.
   void note_rounding(version_meta& meta) const;
-  // Mantissa bits a frame without a base is rounded to (keyframe_bits), 0 for exact.
-  int keep_bits_for(const format::tensor_info& t, codec::dtype type, bool has_base) const;
   // `p` for a slab coded as `kind`: ratio deltas may have their own bits (ratio_bits).
   codec::lossy_params params_for(codec::lossy_params p, codec::delta_kind kind) const;
   static std::unordered_map<std::string, std::size_t> tensors_by_name(const cache_item& meta);
@@ -399,6 +397,10 @@ struct content_store::impl {
     // The frame reads back other than the bytes written: its reconstruction goes to the head.
     bool rewrites() const noexcept { return base_tensor || keep_bits; }
   };
+  // The job of coding layout tensor `index`: its base tensor (base_tensor_for) and, without
+  // one, the mantissa bits a lossy keyframe rounds it to.
+  tensor_job job_for(std::size_t index, const format::tensor_info& t, const cache_item* base_meta,
+                     const std::unordered_map<std::string, std::size_t>& base_by_name) const;
   struct tensor_result {
     tensor_frame frame;
     std::uint32_t crc = 0;  // CRC-32 of the reconstruction (zip members are rewritten with it)

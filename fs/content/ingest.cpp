@@ -272,11 +272,16 @@ void content_store::impl::note_rounding(version_meta& meta) const {
     if (f.rounded) meta.coding.keyframe_bits = opt.keyframe_bits;
 }
 
-int content_store::impl::keep_bits_for(const format::tensor_info& t, codec::dtype type,
-                                       bool has_base) const {
-  if (has_base || !opt.keyframe_bits || opt.lossless) return 0;
-  if (opt.exact_optimizer && is_optimizer_state(t.name)) return 0;
-  return opt.keyframe_bits < codec::mantissa_bits(type) ? opt.keyframe_bits : 0;
+content_store::impl::tensor_job content_store::impl::job_for(
+    std::size_t index, const format::tensor_info& t, const cache_item* base_meta,
+    const std::unordered_map<std::string, std::size_t>& base_by_name) const {
+  tensor_job j{index, *format::codec_dtype(t.type), base_tensor_for(t, base_meta, base_by_name)};
+  // Lossy keyframes: a frame without a base is rounded, unless exactness was asked for.
+  if (!j.base_tensor && opt.keyframe_bits && !opt.lossless &&
+      !(opt.exact_optimizer && is_optimizer_state(t.name)) &&
+      opt.keyframe_bits < codec::mantissa_bits(j.type))
+    j.keep_bits = opt.keyframe_bits;
+  return j;
 }
 
 codec::lossy_params content_store::impl::params_for(codec::lossy_params p,
@@ -441,9 +446,7 @@ content_ref content_store::impl::put(std::string_view path, const format::source
     for (std::size_t i = 0; i < layout.tensors.size(); ++i) {
       const auto& t = layout.tensors[i];
       if (!t.compress) continue;
-      const codec::dtype type = *format::codec_dtype(t.type);
-      const auto base_tensor = base_tensor_for(t, base_meta.get(), base_by_name);
-      jobs.push_back({i, type, base_tensor, keep_bits_for(t, type, base_tensor.has_value())});
+      jobs.push_back(m.job_for(i, t, base_meta.get(), base_by_name));
       tensor_bytes += t.length;
     }
     // Checkpoint scope: one table per delta kind, shared by the tensors of that kind; one

@@ -122,9 +122,7 @@ void content_store::impl::run_stream(stream& s) {
       s.found_.push_back(t);
       s.results_.emplace_back();
       if (!t.compress) continue;
-      const codec::dtype type = *format::codec_dtype(t.type);
-      const auto base_tensor = base_tensor_for(t, base_meta.get(), base_by_name);
-      const tensor_job j{index, type, base_tensor, keep_bits_for(t, type, base_tensor.has_value())};
+      const tensor_job j = job_for(index, t, base_meta.get(), base_by_name);
       const auto sink = [&](std::uint64_t off, std::span<const std::byte> recon) {
         if (j.rewrites()) staged.overwrite(t.offset + off, recon);
       };
