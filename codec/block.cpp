@@ -13,6 +13,7 @@
 #include "codec/error.hpp"
 #include "codec/huffman.hpp"
 #include "codec/lc_kernel.hpp"
+#include "codec/mantissa.hpp"
 
 namespace ckpt::codec {
 
@@ -58,10 +59,10 @@ std::size_t begin_block(std::vector<std::byte>& out, const block_header& h) {
   byte_writer w(out);
   const std::size_t at = w.size();
   w.put<std::uint32_t>(block_magic);
-  w.put<std::uint8_t>(block_format_version);
+  w.put<std::uint8_t>(h.round_bits ? block_format_version_rounded : block_format_version);
   w.put<std::uint8_t>(std::uint8_t(h.codec));
   w.put<std::uint8_t>(std::uint8_t(h.type));
-  w.put<std::uint8_t>(0);  // flags, reserved
+  w.put<std::uint8_t>(h.round_bits);  // version 1: flags, reserved (0)
   w.put<std::uint32_t>(h.elements);
   w.put<std::uint32_t>(0);  // payload size, set by end_block
   w.put<std::uint8_t>(h.bits);
@@ -155,12 +156,14 @@ void encode_delta_block(dtype t, const std::byte* cur, const std::byte* base, st
   const std::size_t esize = element_size(t);
   const std::size_t ngroups = (n + k - 1) / k;
   if (!is_float(t)) throw invalid_argument("codec: lossy coding needs a float dtype");
+  if (p.round_bits < 0 || p.round_bits >= mantissa_bits(t))
+    throw invalid_argument("codec: round_bits must be 0 or below the dtype's mantissa bits");
   thread_local std::vector<std::uint8_t> symbols, groups;
   thread_local std::vector<std::uint32_t> escapes;
   symbols.resize(n + 8);
   groups.resize(ngroups);
   escapes.clear();
-  lc_encode_symbols(t, cur, base, n, q, recon, symbols.data(), escapes);
+  lc_encode_symbols(t, cur, base, n, q, p.round_bits, recon, symbols.data(), escapes);
   pack_groups(symbols.data(), n, p.bits, k, groups.data());
 
   block_header h;
@@ -171,17 +174,22 @@ void encode_delta_block(dtype t, const std::byte* cur, const std::byte* base, st
   h.group = std::uint8_t(k);
   h.rep = p.rep;
   h.policy = p.policy;
+  h.round_bits = std::uint8_t(p.round_bits);
   const std::size_t at = begin_block(out, h);
   byte_writer w(out);
   for (int s = 1; s < (1 << p.bits); ++s) w.put<float>(q.rep[s]);
   w.put<std::uint32_t>(std::uint32_t(escapes.size()));
   for (auto i : escapes) w.put<std::uint32_t>(i);
-  for (auto i : escapes) w.put_bytes(std::span(cur + i * esize, esize));
+  // What an escape reads as (the element itself, rounded where the block rounds).
+  for (auto i : escapes) w.put_bytes(std::span(recon + i * esize, esize));
   encode_bytes(groups, p.policy, out);
-  if (out.size() - at - block_header_size >= n * esize) {  // did not shrink: store exactly
+  if (out.size() - at - block_header_size >= n * esize) {  // did not shrink: store the elements
     out.resize(at);
-    std::memcpy(recon, cur, n * esize);
-    put_raw_block(t, cur, n, out);
+    if (p.round_bits)
+      round_mantissa(t, std::span(cur, n * esize), std::span(recon, n * esize), p.round_bits);
+    else
+      std::memcpy(recon, cur, n * esize);
+    put_raw_block(t, recon, n, out);
     return;
   }
   end_block(out, at);
@@ -238,12 +246,12 @@ block_header read_block_header(std::span<const std::byte> in) {
   byte_reader r(in);
   if (r.get<std::uint32_t>() != block_magic) throw corrupt_error("block: bad magic");
   const auto version = r.get<std::uint8_t>();
-  if (version != block_format_version)
+  if (version != block_format_version && version != block_format_version_rounded)
     throw error(errc::unsupported, "block: format version " + std::to_string(version));
   block_header h;
   const auto codec = r.get<std::uint8_t>();
   const auto type = r.get<std::uint8_t>();
-  r.get<std::uint8_t>();
+  const auto flags = r.get<std::uint8_t>();
   if (codec > std::uint8_t(block_codec::lc_ratio)) throw corrupt_error("block: unknown codec");
   if (type > std::uint8_t(dtype::bytes)) throw corrupt_error("block: unknown dtype");
   h.codec = block_codec(codec);
@@ -262,6 +270,11 @@ block_header read_block_header(std::span<const std::byte> in) {
   if (is_lossy(h.codec) &&
       (h.bits < 1 || h.bits > max_bits || h.group < 1 || h.bits * h.group > 8 || !is_float(h.type)))
     throw corrupt_error("block: bad lossy parameters");
+  if (version == block_format_version_rounded) {
+    if (!is_lossy(h.codec) || flags < 1 || flags >= mantissa_bits(h.type))
+      throw corrupt_error("block: bad rounding");
+    h.round_bits = flags;
+  }
   if (h.codec == block_codec::float_lossless && !is_float(h.type))
     throw corrupt_error("block: lossless float block of non-float type");
   if (h.total_size() > in.size()) throw corrupt_error("block: truncated");
@@ -325,6 +338,10 @@ void decode_block(std::span<const std::byte> in, const std::byte* base, std::byt
       groups.resize((n + h.group - 1) / h.group);
       decode_bytes(r.get_bytes(r.remaining()), groups);
       lc_decode_symbols(h.type, kind, base, n, groups.data(), h.bits, h.group, rep.data(), out);
+      if (h.round_bits) {
+        const std::span<std::byte> all(out, n * esize);
+        round_mantissa(h.type, all, all, h.round_bits);
+      }
       for (std::uint32_t e = 0; e < nesc; ++e) {
         std::uint32_t i;
         std::memcpy(&i, idx_bytes.data() + 4 * e, 4);

@@ -16,6 +16,9 @@ namespace ckpt::codec {
 
 inline constexpr std::uint32_t block_magic = 0x31424b43;  // "CKB1"
 inline constexpr std::uint8_t block_format_version = 1;
+// Lossy blocks whose reconstruction is rounded (lossy_params::round_bits) are version 2, so that
+// a decoder from before rounding refuses them instead of returning unrounded values.
+inline constexpr std::uint8_t block_format_version_rounded = 2;
 inline constexpr std::size_t block_header_size = 32;
 inline constexpr std::size_t max_block_bytes = 64u << 20;  // refuse larger on decode
 
@@ -39,6 +42,14 @@ struct lossy_params {
   int group = 0;
   representative rep = representative::mean;
   entropy_policy policy = entropy_policy::best;
+  // Every reconstructed element rounded to this many mantissa bits (nearest even, as
+  // round_mantissa), 0 for none; 1 .. the dtype's mantissa bits - 1. With a base whose values
+  // all have at most this many bits (a lossy keyframe, or a version coded so), every version of
+  // the chain has them too, and a rewrite of any of them as a keyframe is as cheap as a lossy
+  // keyframe. The closed loop then holds as |ũ - u| <= max(|u - ũ_prev|, 2^-(round_bits+1)|u|)
+  // (2^-round_bits in the top binade): escaped elements and blocks stored raw keep the rounded
+  // value. With a base that has more bits, an element left at its base moves by the rounding.
+  int round_bits = 0;
 };
 int default_group(int bits) noexcept;  // 8, 4, 2, 2 for bits 1..4
 
@@ -50,6 +61,7 @@ struct block_header {
   std::uint8_t bits = 0, group = 0;
   representative rep{};
   entropy_policy policy{};
+  std::uint8_t round_bits = 0;  // lossy blocks of version 2 (byte 7), else 0
   std::size_t total_size() const { return block_header_size + payload_size; }
 };
 

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "codec/error.hpp"
+#include "codec/mantissa.hpp"
 #include "codec/reconstruct.hpp"
 
 #if defined(__AVX2__)
@@ -21,9 +22,20 @@ inline bool within_factor_2(float got, float want) {
   return got >= want * 0.5f && got <= want * 2.0f;
 }
 
+// Storage bits of an element rounded with `drop` low mantissa bits gone (0: unchanged).
+template <dtype T>
+typename element<T>::storage rounded(typename element<T>::storage v, int drop) {
+  if (drop <= 0) return v;
+  if constexpr (T == dtype::f32) {
+    return std::bit_cast<float>(round_word(std::bit_cast<std::uint32_t>(v), drop, 0x7f800000u));
+  } else {
+    return round_word(v, drop, std::uint16_t(T == dtype::f16 ? 0x7c00u : 0x7f80u));
+  }
+}
+
 template <dtype T, delta_kind K>
 void encode_scalar(const std::byte* cur_b, const std::byte* base_b, std::size_t first,
-                   std::size_t last, const quant_table& q, std::byte* recon_b,
+                   std::size_t last, const quant_table& q, int drop, std::byte* recon_b,
                    std::uint8_t* symbols, std::vector<std::uint32_t>& escapes) {
   using E = element<T>;
   using S = typename E::storage;
@@ -36,22 +48,23 @@ void encode_scalar(const std::byte* cur_b, const std::byte* base_b, std::size_t 
     const std::uint32_t db = std::bit_cast<std::uint32_t>(d);
     if ((db & 0x7f800000u) == 0x7f800000u) {
       escapes.push_back(std::uint32_t(i));
-      recon[i] = cur[i];
+      recon[i] = rounded<T>(cur[i], drop);
       symbols[i] = 0;
       continue;
     }
     const unsigned s = q.symbol_of_key[db >> 23];
-    const S cand = reconstruct<T, K>(base[i], q.rep[s]);
+    const S cand = rounded<T>(reconstruct<T, K>(base[i], q.rep[s]), drop);
+    const S stay = rounded<T>(base[i], drop);
     const bool keep = std::fabs(E::to_f32(cand) - c) < std::fabs(c - b);
     if constexpr (K == delta_kind::ratio) {
-      if (!within_factor_2(E::to_f32(keep ? cand : base[i]), c)) {
+      if (!within_factor_2(E::to_f32(keep ? cand : stay), c)) {
         escapes.push_back(std::uint32_t(i));
-        recon[i] = cur[i];
+        recon[i] = rounded<T>(cur[i], drop);
         symbols[i] = 0;
         continue;
       }
     }
-    recon[i] = keep ? cand : base[i];
+    recon[i] = keep ? cand : stay;
     symbols[i] = std::uint8_t(keep ? s : 0);
   }
 }
@@ -63,9 +76,26 @@ void encode_scalar(const std::byte* cur_b, const std::byte* base_b, std::size_t 
 // by encode_scalar right there, which keeps the escapes in ascending order.
 // Same arithmetic as encode_scalar<f32, K> (IEEE add, sub, mul and div are exact-rounded in
 // both), so the two agree bit for bit.
-template <delta_kind K>
+// round_word on eight fp32 at once (drop >= 1).
+inline __m256 round8(__m256 v, __m128i drop, __m256i half_less_one, __m256i keep_mask) {
+  const __m256i exp_mask = _mm256_set1_epi32(0x7f800000);
+  const __m256i x = _mm256_castps_si256(v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srl_epi32(x, drop), _mm256_set1_epi32(1));
+  const __m256i trunc = _mm256_and_si256(x, keep_mask);
+  __m256i r =
+      _mm256_and_si256(_mm256_add_epi32(x, _mm256_add_epi32(half_less_one, lsb)), keep_mask);
+  r = _mm256_blendv_epi8(r, trunc, _mm256_cmpeq_epi32(_mm256_and_si256(r, exp_mask), exp_mask));
+  r = _mm256_blendv_epi8(r, x, _mm256_cmpeq_epi32(_mm256_and_si256(x, exp_mask), exp_mask));
+  return _mm256_castsi256_ps(r);
+}
+
+template <delta_kind K, bool Round>
 void encode_f32_avx2(const float* cur, const float* base, std::size_t n, const quant_table& q,
-                     float* recon, std::uint8_t* symbols, std::vector<std::uint32_t>& escapes) {
+                     int drop, float* recon, std::uint8_t* symbols,
+                     std::vector<std::uint32_t>& escapes) {
+  const __m128i drop_v = _mm_cvtsi32_si128(Round ? drop : 0);
+  const __m256i half_less_one = _mm256_set1_epi32(Round ? (1 << (drop - 1)) - 1 : 0);
+  const __m256i keep_mask = _mm256_set1_epi32(Round ? ~((1 << drop) - 1) : -1);
   // Up to 15 mapped keys (the surviving buckets): a compare chain. More (ratio tables map the
   // buckets that did not survive too): two gathers, key -> symbol -> representative.
   int ns = 0;
@@ -115,11 +145,16 @@ void encode_f32_avx2(const float* cur, const float* base, std::size_t n, const q
         rv = _mm256_blendv_ps(rv, _mm256_set1_ps(reps[j]), _mm256_castsi256_ps(m));
       }
     }
-    const __m256 cand = K == delta_kind::difference ? _mm256_add_ps(b, rv) : _mm256_mul_ps(b, rv);
+    __m256 cand = K == delta_kind::difference ? _mm256_add_ps(b, rv) : _mm256_mul_ps(b, rv);
+    __m256 stay = b;
+    if constexpr (Round) {
+      cand = round8(cand, drop_v, half_less_one, keep_mask);
+      stay = round8(b, drop_v, half_less_one, keep_mask);
+    }
     const __m256 err = _mm256_and_ps(_mm256_sub_ps(cand, c), abs_mask);
     const __m256 lim = _mm256_and_ps(_mm256_sub_ps(c, b), abs_mask);
     const __m256 keep = _mm256_cmp_ps(err, lim, _CMP_LT_OQ);
-    const __m256 res = _mm256_blendv_ps(b, cand, keep);
+    const __m256 res = _mm256_blendv_ps(stay, cand, keep);
     if constexpr (K == delta_kind::ratio) {  // within_factor_2, else redone scalar (escapes)
       const __m256 ok = _mm256_and_ps(_mm256_cmp_ps(res, _mm256_mul_ps(c, half), _CMP_GE_OQ),
                                       _mm256_cmp_ps(res, _mm256_mul_ps(c, two), _CMP_LE_OQ));
@@ -135,7 +170,7 @@ void encode_f32_avx2(const float* cur, const float* base, std::size_t n, const q
     std::memcpy(symbols + i + 4, &hi, 4);
     if (!_mm256_testz_si256(bad, bad))
       encode_scalar<dtype::f32, K>(reinterpret_cast<const std::byte*>(cur),
-                                   reinterpret_cast<const std::byte*>(base), i, i + 8, q,
+                                   reinterpret_cast<const std::byte*>(base), i, i + 8, q, drop,
                                    reinterpret_cast<std::byte*>(recon), symbols, escapes);
   }
 }
@@ -222,19 +257,24 @@ void decode_dispatch(delta_kind kind, const std::byte* base, std::size_t n,
 
 template <dtype T>
 void encode_any(const std::byte* cur, const std::byte* base, std::size_t first, std::size_t last,
-                const quant_table& q, std::byte* recon, std::uint8_t* symbols,
+                const quant_table& q, int drop, std::byte* recon, std::uint8_t* symbols,
                 std::vector<std::uint32_t>& escapes) {
   if (q.kind == delta_kind::ratio)
-    encode_scalar<T, delta_kind::ratio>(cur, base, first, last, q, recon, symbols, escapes);
+    encode_scalar<T, delta_kind::ratio>(cur, base, first, last, q, drop, recon, symbols, escapes);
   else
-    encode_scalar<T, delta_kind::difference>(cur, base, first, last, q, recon, symbols, escapes);
+    encode_scalar<T, delta_kind::difference>(cur, base, first, last, q, drop, recon, symbols,
+                                             escapes);
 }
 
 }  // namespace
 
 void lc_encode_symbols(dtype t, const std::byte* cur, const std::byte* base, std::size_t n,
-                       const quant_table& q, std::byte* recon, std::uint8_t* symbols,
-                       std::vector<std::uint32_t>& escapes) {
+                       const quant_table& q, int round_bits, std::byte* recon,
+                       std::uint8_t* symbols, std::vector<std::uint32_t>& escapes) {
+  if (!is_float(t)) throw invalid_argument("codec: lossy coding needs a float dtype");
+  if (round_bits < 0 || round_bits >= mantissa_bits(t))
+    throw invalid_argument("codec: round_bits must be 0 or below the dtype's mantissa bits");
+  const int drop = round_bits ? mantissa_bits(t) - round_bits : 0;
   switch (t) {
     case dtype::f32: {
 #if defined(__AVX2__)
@@ -242,20 +282,25 @@ void lc_encode_symbols(dtype t, const std::byte* cur, const std::byte* base, std
       auto* c = reinterpret_cast<const float*>(cur);
       auto* b = reinterpret_cast<const float*>(base);
       auto* r = reinterpret_cast<float*>(recon);
-      if (q.kind == delta_kind::ratio)
-        encode_f32_avx2<delta_kind::ratio>(c, b, vec, q, r, symbols, escapes);
+      const bool ratio = q.kind == delta_kind::ratio;
+      if (ratio && drop)
+        encode_f32_avx2<delta_kind::ratio, true>(c, b, vec, q, drop, r, symbols, escapes);
+      else if (ratio)
+        encode_f32_avx2<delta_kind::ratio, false>(c, b, vec, q, 0, r, symbols, escapes);
+      else if (drop)
+        encode_f32_avx2<delta_kind::difference, true>(c, b, vec, q, drop, r, symbols, escapes);
       else
-        encode_f32_avx2<delta_kind::difference>(c, b, vec, q, r, symbols, escapes);
-      encode_any<dtype::f32>(cur, base, vec, n, q, recon, symbols, escapes);
+        encode_f32_avx2<delta_kind::difference, false>(c, b, vec, q, 0, r, symbols, escapes);
+      encode_any<dtype::f32>(cur, base, vec, n, q, drop, recon, symbols, escapes);
 #else
-      encode_any<dtype::f32>(cur, base, 0, n, q, recon, symbols, escapes);
+      encode_any<dtype::f32>(cur, base, 0, n, q, drop, recon, symbols, escapes);
 #endif
       return;
     }
     case dtype::f16:
-      return encode_any<dtype::f16>(cur, base, 0, n, q, recon, symbols, escapes);
+      return encode_any<dtype::f16>(cur, base, 0, n, q, drop, recon, symbols, escapes);
     case dtype::bf16:
-      return encode_any<dtype::bf16>(cur, base, 0, n, q, recon, symbols, escapes);
+      return encode_any<dtype::bf16>(cur, base, 0, n, q, drop, recon, symbols, escapes);
     case dtype::bytes:
       break;
   }

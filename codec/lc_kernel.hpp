@@ -16,9 +16,12 @@ namespace ckpt::codec {
 // element). Writes one symbol
 // per byte to `symbols` and the reconstruction to `recon`. Elements with a non-finite delta get
 // symbol 0 and their exact value, and their indices are appended to `escapes` (ascending).
+// round_bits > 0 (below the dtype's mantissa bits): the candidate, the element left at its base
+// and an escaped element are each rounded to that many mantissa bits (round_word), and the
+// candidate is judged rounded; the decoder rounds what it reconstructs the same way.
 void lc_encode_symbols(dtype t, const std::byte* cur, const std::byte* base, std::size_t n,
-                       const quant_table& q, std::byte* recon, std::uint8_t* symbols,
-                       std::vector<std::uint32_t>& escapes);
+                       const quant_table& q, int round_bits, std::byte* recon,
+                       std::uint8_t* symbols, std::vector<std::uint32_t>& escapes);
 
 // Packs k symbols of `bits` bits per byte (symbol j of a group at bit j*bits); the last group is
 // padded with symbol 0. `symbols` must have 8 readable bytes past n.

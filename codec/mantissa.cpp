@@ -8,21 +8,12 @@
 namespace ckpt::codec {
 namespace {
 
-// On the bit pattern: adding half a kept unit (less one, plus the kept lsb: ties to even) carries
-// into the exponent exactly when the rounded magnitude needs it, because IEEE magnitudes are
-// ordered like their bit patterns.
 template <typename U>
 void round_words(const std::byte* in, std::byte* out, std::size_t n, int drop, U exp_mask) {
-  const U low = U((U(1) << drop) - 1), half = U(U(1) << (drop - 1));
   for (std::size_t i = 0; i < n; ++i) {
     U x;
     std::memcpy(&x, in + i * sizeof(U), sizeof(U));
-    if ((x & exp_mask) != exp_mask) {  // finite
-      const U lsb = U((x >> drop) & 1u);
-      U r = U(U(x + U(half - 1u + lsb)) & U(~low));
-      if ((r & exp_mask) == exp_mask) r = U(x & U(~low));  // would overflow to Inf: truncate
-      x = r;
-    }
+    x = round_word(x, drop, exp_mask);
     std::memcpy(out + i * sizeof(U), &x, sizeof(U));
   }
 }

@@ -4,6 +4,7 @@
 // coder stores for almost nothing, so the keyframe shrinks by about the bits dropped and decoders
 // need nothing new: what they read back is the rounded tensor.
 #include <cstddef>
+#include <cstdint>
 #include <span>
 
 #include "codec/dtype.hpp"
@@ -13,6 +14,19 @@ namespace ckpt::codec {
 // Mantissa bits of a float dtype: 23 (f32), 10 (f16), 7 (bf16).
 constexpr int mantissa_bits(dtype t) noexcept {
   return t == dtype::f32 ? 23 : t == dtype::f16 ? 10 : t == dtype::bf16 ? 7 : 0;
+}
+
+// One element of round_mantissa on its bit pattern: `drop` (1 .. mantissa bits) low bits rounded
+// away. Adding half a dropped unit (less one, plus the kept lsb: ties to even) carries into the
+// exponent exactly when the rounded magnitude needs it, because IEEE magnitudes are ordered like
+// their bit patterns. Used element by element where a coder rounds what it reconstructs.
+template <typename U>
+constexpr U round_word(U x, int drop, U exp_mask) noexcept {
+  if ((x & exp_mask) == exp_mask) return x;  // NaN and Inf unchanged
+  const U low = U((U(1) << drop) - 1), half = U(U(1) << (drop - 1));
+  const U lsb = U((x >> drop) & 1u);
+  const U r = U(U(x + U(half - 1u + lsb)) & U(~low));
+  return (r & exp_mask) == exp_mask ? U(x & U(~low)) : r;  // would overflow to Inf: truncate
 }
 
 // out = in with each element rounded to the nearest value with `keep` mantissa bits (ties to

@@ -3,7 +3,6 @@
 // (rekey, retention.cpp). The filesystem's rewriter thread asks after deletions.
 #include <algorithm>
 
-#include "codec/mantissa.hpp"
 #include "fs/content/content_impl.hpp"
 
 namespace ckpt::fs {
@@ -41,19 +40,13 @@ std::vector<content_store::chain_rewrite> content_store::chains_to_rewrite(doubl
         freeable = freeable && !r.refs && r.dependents == 1 && r.donors.empty() && !m.is_head(r);
         if (freeable) hidden += r.obj.size;
         if (r.kind != version_kind::delta) {
-          // What the rewrite will cost: a keyframe of this lineage. A rekey is exact, so with
-          // lossy keyframes it costs the rounded keyframe plus the mantissa bits rounding
-          // dropped, which are noise to the coder (counted as if every byte were fp32, an
-          // overestimate for anything else), and never more than the file's logical size. (A
-          // lineage whose keyframe was rounded under an earlier mount's option is
-          // underestimated.)
+          // What the rewrite will cost: a keyframe of this lineage. A rekey codes the
+          // version's reconstruction exactly; deltas on a rounded (lossy) keyframe round theirs
+          // to the same bits, and deltas on an exact keyframe do not round, so in both cases the
+          // rewrite costs about what the chain's keyframe cost. (A chain whose deltas were
+          // coded before deltas rounded, on a rounded keyframe, is underestimated: its rewrite
+          // costs up to the dropped mantissa bits more.)
           keyframe = r.obj.size;
-          constexpr int fp32_mantissa = codec::mantissa_bits(codec::dtype::f32);
-          if (const int kb = m.opt.keyframe_bits; kb > 0 && kb < fp32_mantissa)
-            keyframe = std::max(
-                r.obj.size,
-                std::min(named.size,
-                         r.obj.size + named.size * std::uint64_t(fp32_mantissa - kb) / 32));
           break;
         }
       }

@@ -393,7 +393,10 @@ struct content_store::impl {
     std::size_t tensor;
     codec::dtype type;
     std::optional<std::size_t> base_tensor;  // a delta against this tensor of the base version
-    int keep_bits = 0;  // no base: rounded to this many mantissa bits (lossy keyframe), 0 exact
+    // The frame's floats read back with this many mantissa bits (0: all of them): without a
+    // base, rounded before exact coding (a lossy keyframe); a delta's blocks round what they
+    // reconstruct (codec::lossy_params::round_bits).
+    int keep_bits = 0;
     // The frame reads back other than the bytes written: its reconstruction goes to the head.
     bool rewrites() const noexcept { return base_tensor || keep_bits; }
   };

@@ -132,7 +132,9 @@ content_store::impl::tensor_result content_store::impl::encode_tensor(
                                                 opt.bits_for(kind), opt.rep, kind);
       res.any_ratio |= table.kind == codec::delta_kind::ratio;
       const std::span<std::byte> out_recon(slab.recon.data(), n);
-      codec::encode_delta_into(in, table, params_for(params, table.kind), out_recon, slab.enc);
+      codec::lossy_params p = params_for(params, table.kind);
+      p.round_bits = j.keep_bits;
+      codec::encode_delta_into(in, table, p, out_recon, slab.enc);
       recon = out_recon;
       if (!f.error) f.error.emplace();
       f.error->merge(codec::measure_error(j.type, cur, recon));
@@ -276,11 +278,23 @@ content_store::impl::tensor_job content_store::impl::job_for(
     std::size_t index, const format::tensor_info& t, const cache_item* base_meta,
     const std::unordered_map<std::string, std::size_t>& base_by_name) const {
   tensor_job j{index, *format::codec_dtype(t.type), base_tensor_for(t, base_meta, base_by_name)};
-  // Lossy keyframes: a frame without a base is rounded, unless exactness was asked for.
-  if (!j.base_tensor && opt.keyframe_bits && !opt.lossless &&
-      !(opt.exact_optimizer && is_optimizer_state(t.name)) &&
-      opt.keyframe_bits < codec::mantissa_bits(j.type))
-    j.keep_bits = opt.keyframe_bits;
+  const int kb = opt.keyframe_bits;
+  if (!kb || opt.lossless || (opt.exact_optimizer && is_optimizer_state(t.name)) ||
+      kb >= codec::mantissa_bits(j.type))
+    return j;
+  if (!j.base_tensor) {
+    j.keep_bits = kb;  // a lossy keyframe: the frame without a base is rounded
+    return j;
+  }
+  // A delta on a base that has at most kb mantissa bits (a rounded frame of a version written
+  // with kb or fewer) rounds its reconstruction too: every version of the chain then has kb
+  // bits, and rotation's rewrite of one as a keyframe costs what a lossy keyframe costs.
+  const version_meta& bm = *base_meta->meta;
+  const std::size_t at =
+      *j.base_tensor < base_meta->frame_at.size() ? base_meta->frame_at[*j.base_tensor] : 0;
+  if (at && bm.tensors[at - 1].rounded && bm.coding.keyframe_bits > 0 &&
+      bm.coding.keyframe_bits <= kb)
+    j.keep_bits = kb;
   return j;
 }
 

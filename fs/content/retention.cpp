@@ -101,6 +101,8 @@ std::uint64_t content_store::rekey(std::uint64_t v) {
       f.data_at = at;
       f.encoded_bytes = frame_at;
     }
+    // A rounded delta's reconstruction has the bits its blocks kept: so does its keyframe.
+    if (f.rounded) meta.coding.keyframe_bits = om.coding.keyframe_bits;
     meta.tensors.push_back(f);
   }
 

@@ -53,9 +53,11 @@ struct tensor_frame {
   // for `ckptctl stat`. Absent in versions written before it was measured, and for lossless
   // frames (exact).
   std::optional<codec::error_sums> error;
-  // A lossless frame of a tensor rounded to fewer mantissa bits (a lossy keyframe,
-  // content_options::keyframe_bits). A rekeyed delta's lossless frame is not: it keeps its
-  // error (what it reads as is still the delta's reconstruction) but was never rounded.
+  // What the frame reads as has at most coding.keyframe_bits mantissa bits per float
+  // (content_options::keyframe_bits): a lossy keyframe's tensor rounded before exact coding, a
+  // delta whose blocks round their reconstruction, or a rekeyed frame of either. The next
+  // delta against it rounds too. A rekeyed unrounded delta's frame is not rounded: it keeps
+  // its error (it reads as the delta did) but its values have every mantissa bit.
   bool rounded = false;
 };
 

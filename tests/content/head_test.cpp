@@ -301,6 +301,20 @@ std::vector<float> rounded(const std::vector<float>& v, int keep) {
                         std::as_writable_bytes(std::span(out)), keep);
   return out;
 }
+
+// The float32 tensors of a served torch-like file, in layout order.
+std::vector<std::vector<float>> float_tensors(const bytes& served) {
+  const auto l = format::recognise(format::memory_source(served));
+  std::vector<std::vector<float>> out;
+  for (const auto& t : l.tensors)
+    if (t.type == format::element_type::f32)
+      out.push_back(floats_at(served, std::size_t(t.offset), std::size_t(t.length / 4)));
+  return out;
+}
+
+bool has_bits(const std::vector<float>& v, int keep) {
+  return rounded(v, keep) == v;
+}
 }  // namespace
 
 TEST_CASE("lossy keyframes read as the rounded tensors: head image, chain, restart, rekey",
@@ -332,7 +346,14 @@ TEST_CASE("lossy keyframes read as the rounded tensors: head image, chain, resta
       served.push_back(read_all(s.content, refs.back()));
       check_crcs(served.back());
       const auto detail = s.content.detail(refs.back());
-      CHECK(detail.coding.keyframe_bits == (v == 0 ? 8 : 0));  // only where it rounded
+      CHECK(detail.coding.keyframe_bits == 8);
+      // Every version of the chain reads as floats of 8 mantissa bits: the keyframe is rounded,
+      // the deltas on it round what they reconstruct (the exact store's deltas do not).
+      const auto tensors = float_tensors(served.back());
+      REQUIRE(tensors.size() == 2);
+      for (const auto& t : tensors) CHECK(has_bits(t, 8));
+      const auto exact_tensors = float_tensors(read_all(e.content, exact_ref));
+      CHECK_FALSE(has_bits(exact_tensors[0], 8));
       if (v == 0) {
         CHECK(s.content.info(refs.back()).kind == "keyframe");
         // The keyframe is the tensors rounded to 8 mantissa bits, CRCs and all, and the staged
@@ -352,6 +373,20 @@ TEST_CASE("lossy keyframes read as the rounded tensors: head image, chain, resta
         for (const auto& t : e.content.detail(exact_ref).tensors) CHECK(t.mode == "lossless");
       } else {
         CHECK(s.content.info(refs.back()).kind == "delta");
+        CHECK(e.content.info(exact_ref).kind == "delta");
+        for (const auto& t : detail.tensors) CHECK(t.mode == "delta");
+        CHECK(e.content.detail(exact_ref).coding.keyframe_bits == 0);
+        // The closed loop with rounding: each element within max(|u - prev|, 2^-9 |u|).
+        const auto prev = float_tensors(served[served.size() - 2]);
+        const std::vector<float>* written[] = {&a.values, &b.values};
+        std::size_t outside = 0;
+        for (std::size_t k = 0; k < 2; ++k)
+          for (std::size_t i = 0; i < tensors[k].size(); ++i) {
+            const double u = (*written[k])[i];
+            const double bound = std::max(std::fabs(u - prev[k][i]), std::ldexp(std::fabs(u), -9));
+            outside += std::fabs(double(tensors[k][i]) - u) > bound;
+          }
+        CHECK(outside == 0);
       }
     }
     s.journal.sync();
@@ -363,18 +398,48 @@ TEST_CASE("lossy keyframes read as the rounded tensors: head image, chain, resta
     opened s(d.path, plain, refs);
     for (std::size_t v = 0; v < refs.size(); ++v)
       REQUIRE(read_all(s.content, refs[v]) == served[v]);
-    // A rekey rewrites the newest delta as a keyframe of exactly what it reads as: never
-    // rounded again.
+    // A rekey rewrites the newest delta as a keyframe of exactly what it reads as: its floats
+    // have the 8 bits the deltas kept, so it costs what the lossy keyframe cost, not the
+    // exact keyframe's size (what rotation's rewrites pay; chain_rewrite.cpp estimates so).
+    const double keyframe_bytes = double(s.content.info(refs[0]).stored_bytes);
     REQUIRE(s.content.rekey(refs[2].version) > 0);
     CHECK(s.content.info(refs[2]).kind == "keyframe");
-    // Its frames are lossless copies of the delta's reconstruction, not rounded ones.
     const auto rekeyed = s.content.detail(refs[2]);
-    CHECK(rekeyed.coding.keyframe_bits == 0);
-    for (const auto& t : rekeyed.tensors) CHECK(t.mode == "lossless");
+    CHECK(rekeyed.coding.keyframe_bits == 8);
+    for (const auto& t : rekeyed.tensors) CHECK(t.mode == "rounded");
+    CHECK(double(s.content.info(refs[2]).stored_bytes) < 1.1 * keyframe_bytes);
     CHECK(read_all(s.content, refs[2]) == served[2]);
     s.content.drop_caches();
     CHECK(read_all(s.content, refs[2]) == served[2]);
   }
+}
+
+TEST_CASE("a delta on an exact keyframe keeps every bit under a later keyframe_bits",
+          "[content][heads]") {
+  temp_dir d;
+  fs::content_options opt;
+  std::mt19937_64 rng(47);
+  drifting_weights a(70'000, rng), b(30'000, rng);
+  std::vector<fs::content_ref> refs;
+  {
+    opened s(d.path, opt);  // keyframe_bits = 0: an exact keyframe
+    refs.push_back(
+        s.content.put("run/x.pt", format::memory_source(torch_like(a.values, b.values))));
+    s.journal.sync();
+  }
+  opt.keyframe_bits = 8;
+  opened s(d.path, opt, refs);
+  a.step(rng);
+  b.step(rng);
+  const auto r = s.content.put("run/x.pt", format::memory_source(torch_like(a.values, b.values)));
+  REQUIRE(s.content.info(r).kind == "delta");
+  // Its base has every mantissa bit: rounding the elements left at the base would move them,
+  // so the delta does not round (the closed loop holds as without keyframe_bits).
+  CHECK(s.content.detail(r).coding.keyframe_bits == 0);
+  for (const auto& t : s.content.detail(r).tensors) CHECK(t.mode == "delta");
+  const auto tensors = float_tensors(read_all(s.content, r));
+  REQUIRE(tensors.size() == 2);
+  CHECK_FALSE(has_bits(tensors[0], 8));
 }
 
 TEST_CASE("keyframe_bits leaves lossless stores and exact optimizer state exact",

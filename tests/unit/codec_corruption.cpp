@@ -27,13 +27,20 @@ std::vector<sample> samples() {
   const auto p = random_pair(dtype::f32, 3000, 1);
   const delta_input in{dtype::f32, p.cur, p.base};
   auto recon = tensor(dtype::f32, 3000);
-  for (auto [bits, k, pol] : {std::tuple{2, 4, entropy_policy::best},
-                              std::tuple{3, 2, entropy_policy::best},
-                              std::tuple{3, 1, entropy_policy::huffman_only}}) {
-    const auto q = plan_tables(std::span(&in, 1), bits, representative::mean, bucket_scope::tensor)[0];
+  for (auto [bits, k, pol] :
+       {std::tuple{2, 4, entropy_policy::best}, std::tuple{3, 2, entropy_policy::best},
+        std::tuple{3, 1, entropy_policy::huffman_only}}) {
+    const auto q =
+        plan_tables(std::span(&in, 1), bits, representative::mean, bucket_scope::tensor)[0];
     s.push_back({"lc b" + std::to_string(bits) + " k" + std::to_string(k),
                  encode_delta(in, q, {bits, k, representative::mean, pol}, recon), p.base,
                  p.cur.size()});
+  }
+  {
+    const auto q = plan_tables(std::span(&in, 1), 3, representative::mean, bucket_scope::tensor)[0];
+    s.push_back({"lc b3 k2 rounded to 12 bits",
+                 encode_delta(in, q, {3, 2, representative::mean, entropy_policy::best, 12}, recon),
+                 p.base, p.cur.size()});
   }
   s.push_back({"lossless f32", encode_exact(dtype::f32, p.cur), {}, p.cur.size()});
   const auto h = random_pair(dtype::f16, 3000, 2);
@@ -48,8 +55,8 @@ void reseal(std::vector<std::byte>& block) {
   std::memcpy(&payload, block.data() + 12, 4);
   const std::size_t avail = block.size() - block_header_size;
   const std::size_t len = std::min<std::size_t>(payload, avail);
-  const std::uint64_t sum = XXH3_64bits_withSeed(block.data() + block_header_size, len,
-                                                 XXH3_64bits(block.data(), 24));
+  const std::uint64_t sum =
+      XXH3_64bits_withSeed(block.data() + block_header_size, len, XXH3_64bits(block.data(), 24));
   std::memcpy(block.data() + 24, &sum, 8);
 }
 
@@ -85,8 +92,8 @@ TEST_CASE("lying headers and payloads with a valid checksum are refused cleanly"
   for (const auto& s : samples()) {
     INFO(s.what);
     std::vector<std::byte> out(s.out_bytes);
-    // Header fields: element count, payload size, bits, group, codec, dtype.
-    for (std::size_t at : {4, 5, 6, 8, 9, 10, 11, 12, 13, 15, 16, 17, 18, 19}) {
+    // Header fields: version, codec, dtype, rounding, element count, payload size, bits, group.
+    for (std::size_t at : {4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 15, 16, 17, 18, 19}) {
       for (int v : {0, 1, 2, 3, 7, 9, 0x7f, 0xff}) {
         auto bad = s.frame;
         bad[at] = std::byte(v);

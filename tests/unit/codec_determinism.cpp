@@ -31,7 +31,7 @@ pair_data nonnegative_pair(dtype t, std::size_t n, std::uint64_t seed) {
   return p;
 }
 
-output encode_all(int threads, dtype t, representative rep, bucket_scope scope) {
+output encode_all(int threads, dtype t, representative rep, bucket_scope scope, int round_bits) {
   tbb::global_control limit(tbb::global_control::max_allowed_parallelism, std::size_t(threads));
   tbb::task_arena arena(threads);
   output o;
@@ -43,7 +43,8 @@ output encode_all(int threads, dtype t, representative rep, bucket_scope scope) 
     for (int i = 0; i < 3; ++i) {
       o.kinds.push_back(tables[i].kind);
       auto recon = tensor(t, in[i].cur.size() / element_size(t));
-      o.frames.push_back(encode_delta(in[i], tables[i], {3, 0, rep}, recon, 65536));
+      o.frames.push_back(encode_delta(in[i], tables[i],
+                                      {3, 0, rep, entropy_policy::best, round_bits}, recon, 65536));
       o.recon.insert(o.recon.end(), recon.begin(), recon.end());
     }
     o.frames.push_back(encode_exact(t, a.cur, 65536));
@@ -57,12 +58,15 @@ TEST_CASE("identical bytes with 1, 2 and 8 threads", "[determinism]") {
   for (dtype t : {dtype::f32, dtype::bf16}) {
     for (auto rep : {representative::mean, representative::midrange}) {
       for (auto scope : {bucket_scope::checkpoint, bucket_scope::tensor}) {
-        const auto one = encode_all(1, t, rep, scope);
-        REQUIRE(one.frames.at(0).size() > 0);
-        REQUIRE(one.kinds ==
-                std::vector{delta_kind::difference, delta_kind::difference, delta_kind::ratio});
-        REQUIRE(encode_all(2, t, rep, scope) == one);
-        REQUIRE(encode_all(8, t, rep, scope) == one);
+        // Unrounded, and rounding the reconstruction (lossy_params::round_bits).
+        for (int round_bits : {0, t == dtype::f32 ? 12 : 5}) {
+          const auto one = encode_all(1, t, rep, scope, round_bits);
+          REQUIRE(one.frames.at(0).size() > 0);
+          REQUIRE(one.kinds ==
+                  std::vector{delta_kind::difference, delta_kind::difference, delta_kind::ratio});
+          REQUIRE(encode_all(2, t, rep, scope, round_bits) == one);
+          REQUIRE(encode_all(8, t, rep, scope, round_bits) == one);
+        }
       }
     }
   }

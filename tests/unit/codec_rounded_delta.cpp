@@ -1,0 +1,185 @@
+// Deltas that round their reconstruction (lossy_params::round_bits): what the decoder returns is
+// what the encoder assumed, every element has the kept mantissa bits, the closed loop holds as
+// |ũ - u| <= max(|u - ũ_prev|, 2^-(N+1)|u|) over a chain on a rounded keyframe, specials stay
+// specials, and the header says so in a way older decoders refuse.
+#include <catch2/catch.hpp>
+#include <cfloat>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+
+#include "codec/block.hpp"
+#include "codec/error.hpp"
+#include "codec/mantissa.hpp"
+#include "codec/tensor_codec.hpp"
+#include "codec_test_util.hpp"
+
+using namespace ckpt::codec;
+using namespace ckpt::test;
+
+namespace {
+
+std::vector<std::byte> rounded(dtype t, const std::vector<std::byte>& v, int keep) {
+  std::vector<std::byte> out(v.size());
+  round_mantissa(t, v, out, keep);
+  return out;
+}
+
+lossy_params rounding(int bits, int round_bits) {
+  return {bits, 0, representative::mean, entropy_policy::best, round_bits};
+}
+
+}  // namespace
+
+TEST_CASE("rounded deltas: a chain on a rounded keyframe keeps N bits and the closed loop",
+          "[rounded]") {
+  for (int keep : {12, 8}) {
+    for (bool ratio : {false, true}) {  // weights, and a positive tensor like Adam's v
+      const std::size_t n = 30011;      // not a multiple of 8: the vector and scalar paths
+      std::mt19937_64 rng(std::uint64_t(keep * 2 + ratio));
+      // Steps of about 2^-10 of a weight: above the rounding unit at both widths.
+      std::normal_distribution<float> w(0.0f, 0.05f), step(0.0f, keep == 8 ? 2e-3f : 1e-4f);
+      std::vector<float> u(n);
+      for (auto& x : u) x = ratio ? std::fabs(w(rng)) * 1e-3f + 1e-9f : w(rng);
+      auto prev = tensor(dtype::f32, n);
+      std::memcpy(prev.data(), u.data(), 4 * n);
+      prev = rounded(dtype::f32, prev, keep);  // the lossy keyframe
+      std::vector<double> worst;
+      for (int version = 1; version <= 30; ++version) {
+        auto cur = tensor(dtype::f32, n);
+        for (std::size_t i = 0; i < n; ++i) {
+          u[i] = ratio ? u[i] * (1.0f + 20 * step(rng)) : u[i] + step(rng) * (i % 10 ? 1 : 10);
+          set_f32(cur, dtype::f32, i, u[i]);
+        }
+        const delta_input in{dtype::f32, cur, prev};
+        const auto q =
+            plan_tables(std::span(&in, 1), 3, representative::mean, bucket_scope::tensor, ratio)[0];
+        REQUIRE((q.kind == delta_kind::ratio) == ratio);
+        auto recon = tensor(dtype::f32, n), decoded = tensor(dtype::f32, n);
+        const auto frame = encode_delta(in, q, rounding(3, keep), recon, 16384);
+        decode(frame, prev, decoded);
+        REQUIRE(decoded == recon);
+        REQUIRE(rounded(dtype::f32, recon, keep) == recon);  // N bits, every element
+        double w_err = 0;
+        std::size_t moved = 0;
+        for (std::size_t i = 0; i < n; ++i) {
+          const double ut = get_f32(cur, dtype::f32, i), b = get_f32(prev, dtype::f32, i);
+          const double now = get_f32(recon, dtype::f32, i);
+          const double bound = std::max(std::fabs(ut - b), std::ldexp(std::fabs(ut), -(keep + 1)));
+          INFO("keep " << keep << " ratio " << ratio << " version " << version << " element " << i);
+          REQUIRE(std::fabs(now - ut) <= bound);
+          w_err = std::max(w_err, std::fabs(now - ut) / std::max(1e-30, std::fabs(ut)));
+          moved += now != b;
+        }
+        // Rounding leaves the deltas their work: about as many elements move as without it.
+        auto unrounded = tensor(dtype::f32, n);
+        encode_delta(in, q, rounding(3, 0), unrounded, 16384);
+        std::size_t moved_unrounded = 0;
+        for (std::size_t i = 0; i < n; ++i)
+          moved_unrounded += get_f32(unrounded, dtype::f32, i) != get_f32(prev, dtype::f32, i);
+        INFO("keep " << keep << " ratio " << ratio << " version " << version << " moved " << moved
+                     << " of " << moved_unrounded);
+        REQUIRE(moved_unrounded > n / 20);
+        REQUIRE(double(moved) >= 0.9 * double(moved_unrounded));
+        worst.push_back(w_err);
+        prev = recon;
+      }
+      // No accumulation along the chain: late versions are no worse than early ones.
+      const double early = *std::max_element(worst.begin(), worst.begin() + 10);
+      const double late = *std::max_element(worst.end() - 10, worst.end());
+      INFO("keep " << keep << " ratio " << ratio << " early " << early << " late " << late);
+      REQUIRE(late <= 2.0 * early);
+    }
+  }
+}
+
+TEST_CASE("rounded deltas: specials, the top binade, escapes and the raw fallback",
+          "[rounded][edge]") {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<float> base_v = {0.0f, -0.0f,  1.0f,    FLT_MAX, -FLT_MAX, 1e-40f,
+                                     2.5f, -3.75f, 1e-3f,   inf,     0.5f,     FLT_MAX,
+                                     1.0f, 100.0f, -0.125f, 7.0f,    0.0f};
+  const std::vector<float> cur_v = {1e-38f,  0.0f,     1.0001f,  FLT_MAX,  -3.4e38f, 2e-40f,
+                                    nan,     -3.7501f, 1.1e-3f,  1.0f,     inf,      3.3e38f,
+                                    0.9999f, 100.5f,   -0.1251f, 7.00001f, -2.0f};
+  const std::size_t n = base_v.size();
+  auto base = tensor(dtype::f32, n), cur = tensor(dtype::f32, n);
+  std::memcpy(base.data(), base_v.data(), 4 * n);
+  std::memcpy(cur.data(), cur_v.data(), 4 * n);
+  base = rounded(dtype::f32, base, 12);
+  const delta_input in{dtype::f32, cur, base};
+  const auto q = plan_tables(std::span(&in, 1), 3, representative::mean, bucket_scope::tensor)[0];
+  auto recon = tensor(dtype::f32, n), out = tensor(dtype::f32, n);
+  const auto frame = encode_delta(in, q, rounding(3, 12), recon);
+  decode(frame, base, out);
+  REQUIRE(std::memcmp(out.data(), recon.data(), out.size()) == 0);  // NaN bits included
+  REQUIRE(std::memcmp(rounded(dtype::f32, recon, 12).data(), recon.data(), recon.size()) == 0);
+  for (std::size_t i = 0; i < n; ++i) {
+    const float r = get_f32(recon, dtype::f32, i), c = cur_v[i];
+    INFO("element " << i << " cur " << c << " recon " << r);
+    if (std::isnan(c)) {
+      CHECK(std::isnan(r));
+    } else if (std::isinf(c) || std::isinf(get_f32(base, dtype::f32, i))) {
+      CHECK(r == get_f32(rounded(dtype::f32, cur, 12), dtype::f32, i));  // escaped, rounded
+    } else {
+      CHECK(std::isfinite(r));
+    }
+  }
+  // A block too small to shrink falls back to a raw block: of the rounded elements.
+  std::vector<float> few_v = {0.123456789f, -7.654321f, 3.3333333f};
+  auto few = tensor(dtype::f32, 3), few_base = tensor(dtype::f32, 3);
+  std::memcpy(few.data(), few_v.data(), 12);
+  const delta_input tiny{dtype::f32, few, few_base};
+  const auto qt =
+      plan_tables(std::span(&tiny, 1), 3, representative::mean, bucket_scope::tensor)[0];
+  auto recon_t = tensor(dtype::f32, 3), out_t = tensor(dtype::f32, 3);
+  const auto raw = encode_delta(tiny, qt, rounding(3, 12), recon_t);
+  REQUIRE(read_block_header(raw).codec == block_codec::raw);
+  decode(raw, few_base, out_t);
+  REQUIRE(out_t == recon_t);
+  REQUIRE(recon_t == rounded(dtype::f32, few, 12));
+  REQUIRE(recon_t != few);
+}
+
+TEST_CASE("rounded deltas: version 2 headers, refused values and refused parameters", "[rounded]") {
+  const auto p = random_pair(dtype::f32, 5000, 4);
+  const delta_input in{dtype::f32, p.cur, p.base};
+  const auto q = plan_tables(std::span(&in, 1), 3, representative::mean, bucket_scope::tensor)[0];
+  auto recon = tensor(dtype::f32, 5000);
+  const auto plain = encode_delta(in, q, rounding(3, 0), recon);
+  const auto round12 = encode_delta(in, q, rounding(3, 12), recon);
+  CHECK(std::uint8_t(plain[4]) == block_format_version);
+  CHECK(std::uint8_t(plain[7]) == 0);
+  CHECK(std::uint8_t(round12[4]) == block_format_version_rounded);
+  CHECK(std::uint8_t(round12[7]) == 12);
+  CHECK(read_block_header(round12).round_bits == 12);
+  CHECK(read_block_header(plain).round_bits == 0);
+  // A decoder that knows only version 1 refuses the block as unsupported, not as corrupt data;
+  // this one refuses versions it does not know the same way.
+  auto future = round12;
+  future[4] = std::byte(3);
+  CHECK_THROWS_AS(read_block_header(future), ckpt::error);
+  // Rounding of 0 bits, or of all the dtype's mantissa bits, does not exist in a header.
+  for (int bad : {0, 23, 24, 255}) {
+    auto b = round12;
+    b[7] = std::byte(bad);
+    CHECK_THROWS_AS(read_block_header(b), ckpt::corrupt_error);
+  }
+  // Only lossy blocks round.
+  auto exact = encode_exact(dtype::f32, p.cur);
+  exact[4] = std::byte(block_format_version_rounded);
+  exact[7] = std::byte(12);
+  CHECK_THROWS_AS(read_block_header(exact), ckpt::corrupt_error);
+  // The encoder refuses rounding it cannot express.
+  CHECK_THROWS_AS(encode_delta(in, q, rounding(3, 23), recon), ckpt::invalid_argument);
+  CHECK_THROWS_AS(encode_delta(in, q, rounding(3, -1), recon), ckpt::invalid_argument);
+  const auto h = random_pair(dtype::bf16, 1000, 5);
+  const delta_input hin{dtype::bf16, h.cur, h.base};
+  const auto hq = plan_tables(std::span(&hin, 1), 3, representative::mean, bucket_scope::tensor)[0];
+  auto hrecon = tensor(dtype::bf16, 1000);
+  CHECK_THROWS_AS(encode_delta(hin, hq, rounding(3, 7), hrecon), ckpt::invalid_argument);
+  CHECK_NOTHROW(encode_delta(hin, hq, rounding(3, 4), hrecon));
+  CHECK(rounded(dtype::bf16, hrecon, 4) == hrecon);
+}
