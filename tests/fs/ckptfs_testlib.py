@@ -208,3 +208,14 @@ def keyframe_within(got, want, bits=KEYFRAME_BITS):
         return False
     g, w = g[~nan], w[~nan]
     return bool(((g - w).abs() <= w.abs() * 2.0 ** -(bits + 1) + 2.0 ** (-126 - bits)).all())
+
+
+def has_mantissa_bits(t, bits=KEYFRAME_BITS):
+    """Every finite element of a float32 tensor has at most `bits` mantissa bits: what a lossy
+    keyframe, and a delta on its chain, read back as (docs/codec.md, "Lossy keyframes")."""
+    import torch
+    x = t.detach().contiguous().reshape(-1).view(torch.int32)
+    finite = (x & 0x7F800000) != 0x7F800000
+    low = (1 << (23 - bits)) - 1
+    return bool(((x & low)[finite] == 0).all())
+

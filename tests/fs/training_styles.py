@@ -37,7 +37,7 @@ import torch
 from sklearn.datasets import load_digits
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ckptfs_testlib import du, keyframe_within, mounted, sha256  # noqa: E402
+from ckptfs_testlib import du, has_mantissa_bits, keyframe_within, mounted, sha256  # noqa: E402
 from scale_lib import flat_tensors  # noqa: E402
 
 SMALL = 4096  # bytes: float tensors below this are stored exact (recognise_options default)
@@ -96,7 +96,11 @@ class Checker:
             if not u.is_floating_point() or small:
                 assert torch.equal(got, u), f"{label}: {name} must be exact ({info['kind']})"
                 continue
-            if base is None:  # a keyframe: rounded to 12 mantissa bits (-o keyframe_bits)
+            # Keyframes are rounded to 12 mantissa bits (-o keyframe_bits), and so is what the
+            # deltas on them reconstruct: every float32 of the chain reads back with 12 bits.
+            if u.dtype == torch.float32:
+                assert has_mantissa_bits(got), f"{label}: {name}: more than 12 mantissa bits"
+            if base is None:
                 assert keyframe_within(got, u), f"{label}: {name}: keyframe off by more than 2^-13"
                 continue
             err = (got.double() - u.double()).abs()
