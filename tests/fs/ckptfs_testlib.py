@@ -219,3 +219,19 @@ def has_mantissa_bits(t, bits=KEYFRAME_BITS):
     low = (1 << (23 - bits)) - 1
     return bool(((x & low)[finite] == 0).all())
 
+
+def flat_tensors(obj, prefix=""):
+    """name -> tensor for every tensor in a nested checkpoint object (dicts, lists, tuples),
+    names joined with dots."""
+    import torch
+    if torch.is_tensor(obj):
+        return {prefix: obj}
+    out = {}
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            out.update(flat_tensors(v, f"{prefix}.{k}" if prefix else str(k)))
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            out.update(flat_tensors(v, f"{prefix}.{i}" if prefix else str(i)))
+    return out
+

@@ -37,7 +37,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ckptfs_testlib import daemon_log, du, info, mounted, require_fuse  # noqa: E402
+from ckptfs_testlib import daemon_log, du, flat_tensors, info, mounted, require_fuse  # noqa: E402
 from digits_lib import adamw_digits  # noqa: E402
 
 SAVES, KEEP, FACTOR = 12, 3, 1.25
@@ -91,29 +91,11 @@ def settle(ctl, mnt, store):
     raise AssertionError("the daemon did not settle its rotation work in 60 s")
 
 
-def tensors(obj):
-    """Every tensor of a (nested) state dict, by path."""
-    out = {}
-
-    def walk(o, path):
-        if isinstance(o, torch.Tensor):
-            out[path] = o
-        elif isinstance(o, dict):
-            for k, v in o.items():
-                walk(v, f"{path}/{k}")
-        elif isinstance(o, (list, tuple)):
-            for i, v in enumerate(o):
-                walk(v, f"{path}/{i}")
-
-    walk(obj, "")
-    return out
-
-
 def load_kept(mnt, kept):
     got = {}
     for d in kept:
         for name in ("model.pt", "optimizer.pt"):
-            got[(d, name)] = tensors(torch.load(f"{mnt}/{d}/{name}"))
+            got[(d, name)] = flat_tensors(torch.load(f"{mnt}/{d}/{name}"))
     return got
 
 

@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from ckptfs_testlib import keyframe_within
+from ckptfs_testlib import flat_tensors, keyframe_within  # noqa: F401 (streaming.py imports it from here)
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -83,20 +83,6 @@ class TrainingState:
 
     def nbytes(self):
         return sum(t.numel() * t.element_size() for t in flat_tensors(self.state_dict()).values())
-
-
-def flat_tensors(obj, prefix=""):
-    """name -> tensor for every tensor in a nested checkpoint object."""
-    out = {}
-    if torch.is_tensor(obj):
-        out[prefix] = obj
-    elif isinstance(obj, dict):
-        for k, v in obj.items():
-            out.update(flat_tensors(v, f"{prefix}.{k}" if prefix else str(k)))
-    elif isinstance(obj, (list, tuple)):
-        for i, v in enumerate(obj):
-            out.update(flat_tensors(v, f"{prefix}.{i}"))
-    return out
 
 
 def _index(name, numel):

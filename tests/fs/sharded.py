@@ -29,7 +29,7 @@ from sklearn.datasets import load_digits
 here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, here)
 sys.path.insert(0, os.path.join(here, "..", "formats"))
-from ckptfs_testlib import daemon_log, info, keyframe_within, mounted, require_fuse  # noqa: E402
+from ckptfs_testlib import daemon_log, flat_tensors, info, keyframe_within, mounted, require_fuse  # noqa: E402
 from real_files import read_safetensors, write_safetensors  # noqa: E402
 
 RANKS, STEPS = 4, 4
@@ -121,17 +121,6 @@ def closed_loop(label, want, got, prev):
     assert int((err > bound).sum()) == 0, f"{label}: elements outside the closed-loop bound"
 
 
-def flat_items(obj, prefix=""):
-    if isinstance(obj, torch.Tensor):
-        yield prefix, obj
-    elif isinstance(obj, dict):
-        for k, v in obj.items():
-            yield from flat_items(v, f"{prefix}.{k}")
-    elif isinstance(obj, (list, tuple)):
-        for i, v in enumerate(obj):
-            yield from flat_items(v, f"{prefix}.{i}")
-
-
 def main():
     require_fuse()
     binary = sys.argv[1]
@@ -156,8 +145,8 @@ def main():
                     assert i["lineage"] == lineages[key], f"{rel} left its lineage"
                     assert i["kind"] == ("keyframe" if first else "delta"), (rel, i)
                     if rel.endswith(".pt"):
-                        got = dict(flat_items(torch.load(f"{mnt}/{rel}")))
-                        want = dict(flat_items(torch.load(f"{plain}/{rel}")))
+                        got = flat_tensors(torch.load(f"{mnt}/{rel}"))
+                        want = flat_tensors(torch.load(f"{plain}/{rel}"))
                     else:
                         got = {k: torch.from_numpy(a.copy())
                                for k, a in read_safetensors(f"{mnt}/{rel}").items()}
