@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "codec/error.hpp"
+#include "codec/mantissa.hpp"
 #include "codec/tensor_codec.hpp"
 #include "tools/commands.hpp"
 
@@ -44,6 +45,7 @@ struct mode {
   representative rep = representative::mean;
   enum kind_t { lossy, lossless, zstd_delta } kind = lossy;
   bool relative = false;  // nonnegative tensors as ratios (the mount's relative=on)
+  int round_bits = 0;     // reconstructions rounded (a chain on a lossy keyframe), the base too
 };
 
 struct options {
@@ -149,9 +151,17 @@ std::vector<delta_input> split(const dataset& d, bucket_scope scope) {
   return in;
 }
 
-result run_lossy(const dataset& d, const mode& m, const options& o) {
+result run_lossy(const dataset& data, const mode& m, const options& o) {
+  // A chain on a lossy keyframe: its base has the kept bits already (codec.md, "Lossy
+  // keyframes").
+  dataset rounded_base;
+  if (m.round_bits) {
+    rounded_base = data;
+    round_mantissa(data.type, data.prev, rounded_base.prev, m.round_bits);
+  }
+  const dataset& d = m.round_bits ? rounded_base : data;
   const auto inputs = split(d, m.scope);
-  lossy_params p{m.bits, m.group, m.rep, m.policy};
+  lossy_params p{m.bits, m.group, m.rep, m.policy, m.round_bits};
   std::vector<std::byte> recon(d.cur.size()), decoded(d.cur.size());
   std::vector<std::vector<std::byte>> frames(inputs.size());
   const double enc = median_seconds(o.repeats, [&] {
@@ -244,6 +254,11 @@ std::vector<mode> modes(bool per_tensor_available) {
       r.relative = true;
       m.push_back(r);
     }
+    // ... on a chain of 12-bit keyframes (the mount's default keyframe_bits): rounded deltas.
+    mode r{"grouped-tensor-rel-round12", 3, 2, entropy_policy::best, bucket_scope::tensor};
+    r.relative = true;
+    r.round_bits = 12;
+    m.push_back(r);
   }
   mode l;
   l.name = "lossless";
