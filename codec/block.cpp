@@ -270,6 +270,8 @@ block_header read_block_header(std::span<const std::byte> in) {
   if (is_lossy(h.codec) &&
       (h.bits < 1 || h.bits > max_bits || h.group < 1 || h.bits * h.group > 8 || !is_float(h.type)))
     throw corrupt_error("block: bad lossy parameters");
+  // Version 1 always wrote 0 here: anything else is damage, not a rounding to ignore.
+  if (version == block_format_version && flags != 0) throw corrupt_error("block: bad flags");
   if (version == block_format_version_rounded) {
     if (!is_lossy(h.codec) || flags < 1 || flags >= mantissa_bits(h.type))
       throw corrupt_error("block: bad rounding");

@@ -46,9 +46,10 @@ struct lossy_params {
   // round_mantissa), 0 for none; 1 .. the dtype's mantissa bits - 1. With a base whose values
   // all have at most this many bits (a lossy keyframe, or a version coded so), every version of
   // the chain has them too, and a rewrite of any of them as a keyframe is as cheap as a lossy
-  // keyframe. The closed loop then holds as |ũ - u| <= max(|u - ũ_prev|, 2^-(round_bits+1)|u|)
-  // (2^-round_bits in the top binade): escaped elements and blocks stored raw keep the rounded
-  // value. With a base that has more bits, an element left at its base moves by the rounding.
+  // keyframe. With such a base the closed loop |ũ - u| <= |u - ũ_prev| still holds for every
+  // element (escapes and blocks stored raw hold the value rounded to nearest, which no N-bit
+  // base is closer than). With a base that has more bits, an element left at its base moves by
+  // the rounding: callers round only on bases that have the bits.
   int round_bits = 0;
 };
 int default_group(int bits) noexcept;  // 8, 4, 2, 2 for bits 1..4

@@ -3,9 +3,33 @@
 // (rekey, retention.cpp). The filesystem's rewriter thread asks after deletions.
 #include <algorithm>
 
+#include "codec/mantissa.hpp"
 #include "fs/content/content_impl.hpp"
 
 namespace ckpt::fs {
+namespace {
+
+// What rewriting `named` as a keyframe will cost, from the keyframe `key` of its chain. A rekey
+// codes the version's reconstruction exactly: each mantissa bit it has beyond the keyframe's is
+// noise to the coder (counted as if every byte were fp32, an overestimate for anything else),
+// never more than the file's logical size. On a lossy keyframe the deltas round to its bits,
+// so the usual estimate is the keyframe itself. A version recorded before its bits were
+// (rounded_bits -1) is taken as unrounded, and such a keyframe as rounded to what the mount
+// rounds to now (what that store's keyframes were rounded to, unless the option changed since).
+std::uint64_t rewrite_cost(const version_rec& named, const version_rec& key, int keyframe_bits) {
+  constexpr int all = codec::mantissa_bits(codec::dtype::f32);
+  const int named_bits = named.rounded_bits > 0 ? named.rounded_bits : all;
+  const int key_bits = key.rounded_bits > 0    ? key.rounded_bits
+                       : key.rounded_bits == 0 ? all
+                       : keyframe_bits > 0     ? std::min(keyframe_bits, all)
+                                               : all;
+  if (named_bits <= key_bits) return key.obj.size;
+  return std::max(
+      key.obj.size,
+      std::min(named.size, key.obj.size + named.size * std::uint64_t(named_bits - key_bits) / 32));
+}
+
+}  // namespace
 
 void content_store::impl::hint_chain(std::uint64_t v) {
   auto it = versions.find(v);
@@ -40,13 +64,7 @@ std::vector<content_store::chain_rewrite> content_store::chains_to_rewrite(doubl
         freeable = freeable && !r.refs && r.dependents == 1 && r.donors.empty() && !m.is_head(r);
         if (freeable) hidden += r.obj.size;
         if (r.kind != version_kind::delta) {
-          // What the rewrite will cost: a keyframe of this lineage. A rekey codes the
-          // version's reconstruction exactly; deltas on a rounded (lossy) keyframe round theirs
-          // to the same bits, and deltas on an exact keyframe do not round, so in both cases the
-          // rewrite costs about what the chain's keyframe cost. (A chain whose deltas were
-          // coded before deltas rounded, on a rounded keyframe, is underestimated: its rewrite
-          // costs up to the dropped mantissa bits more.)
-          keyframe = r.obj.size;
+          keyframe = rewrite_cost(named, r, m.opt.keyframe_bits);
           break;
         }
       }

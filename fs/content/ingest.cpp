@@ -274,6 +274,13 @@ void content_store::impl::note_rounding(version_meta& meta) const {
     if (f.rounded) meta.coding.keyframe_bits = opt.keyframe_bits;
 }
 
+int rounded_bits_of(const version_meta& meta) {
+  if (meta.coding.keyframe_bits <= 0) return 0;
+  for (const auto& f : meta.tensors)
+    if (codec::is_float(f.type) && !f.rounded) return 0;
+  return meta.coding.keyframe_bits;
+}
+
 content_store::impl::tensor_job content_store::impl::job_for(
     std::size_t index, const format::tensor_info& t, const cache_item* base_meta,
     const std::unordered_map<std::string, std::size_t>& base_by_name) const {
@@ -553,6 +560,7 @@ content_ref content_store::impl::record_version(std::string_view path, version_m
   r.created_ns = meta.created_ns;
   r.refs = 1;
   r.donors = donors;
+  r.rounded_bits = rounded_bits_of(meta);
   {
     std::lock_guard lock(m.mu);
     // The donors are pinned by the staged file's reader (of the version it was opened over, which

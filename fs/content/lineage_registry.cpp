@@ -51,6 +51,7 @@ json content_store::impl::version_json(const version_rec& r) {
          {"ct", r.created_ns}};
   if (!r.donors.empty()) j["d"] = r.donors;
   if (r.donors_released) j["dr"] = true;
+  if (r.rounded_bits >= 0) j["rb"] = r.rounded_bits;
   return j;
 }
 
@@ -73,6 +74,7 @@ void content_store::impl::apply_version(const json& j) {
   r.created_ns = j.value("ct", std::int64_t(0));
   r.donors = j.value("d", std::vector<std::uint64_t>{});
   r.donors_released = j.value("dr", false);
+  r.rounded_bits = j.value("rb", -1);
   // Stores from before the feature record: their donors need it in the next snapshot too.
   if (!r.donors.empty() || r.donors_released) shared_extents = true;
   next_version = std::max(next_version, r.id + 1);

@@ -636,3 +636,56 @@ TEST_CASE("rotation: hidden versions between a kept best checkpoint and newer on
   for (const auto& v : s.content.versions()) CHECK(v.refs > 0);  // the run is gone
   CHECK(s.content.versions().size() == 3);
 }
+
+TEST_CASE("rotation: a rewrite's estimate follows the mantissa bits of its chain",
+          "[content][heads]") {
+  // The keyframe written under one keyframe_bits, the deltas after a remount under another:
+  // deltas round only on a base with no more bits than they keep (8 -> 8, 8 -> 12), and the
+  // estimate of rewriting the oldest named delta is the keyframe where its bits are the
+  // keyframe's, more where they are not; never much below what the rewrite then writes.
+  for (auto [first_kb, later_kb] : {std::pair{8, 8}, {0, 8}, {8, 12}, {12, 8}}) {
+    INFO("keyframe_bits " << first_kb << " then " << later_kb);
+    temp_dir d;
+    fs::content_options opt;
+    opt.keyframe_bits = first_kb;
+    std::mt19937 rng(9);
+    std::normal_distribution<float> n(0, 1);
+    std::vector<float> w(200000);
+    for (auto& x : w) x = n(rng);
+    auto put = [&](fs::content_store& c, int i) {
+      for (auto& x : w) x += 0.01f * n(rng);
+      return c.put("run/step_" + std::to_string(i) + ".safetensors",
+                   format::memory_source(safetensors({{"w", w}})));
+    };
+    std::vector<fs::content_ref> refs;
+    {
+      opened s(d.path, opt);
+      refs.push_back(put(s.content, 0));
+      s.journal.sync();
+    }
+    opt.keyframe_bits = later_kb;
+    opened s(d.path, opt, refs);
+    for (int i = 1; i < 4; ++i) refs.push_back(put(s.content, i));
+    const int delta_bits = s.content.detail(refs[2]).coding.keyframe_bits;
+    CHECK(delta_bits == (first_kb && first_kb <= later_kb ? later_kb : 0));
+    const auto key = s.content.info(refs[0]);
+    REQUIRE(key.kind == "keyframe");
+    s.content.unref(refs[0]);
+    s.content.unref(refs[1]);
+    const auto todo = s.content.chains_to_rewrite(1e-9);
+    REQUIRE(todo.size() == 1);
+    REQUIRE(todo[0].version == refs[2].version);
+    const std::uint64_t est = todo[0].keyframe_bytes;
+    const std::uint64_t logical = s.content.info(refs[2]).logical_bytes;
+    // (stored_bytes and the object's size differ by its framing: 1 KiB is plenty.)
+    const std::uint64_t want =
+        delta_bits == first_kb || (!delta_bits && !first_kb)
+            ? key.stored_bytes    // the same bits as the keyframe
+            : key.stored_bytes +  // more: the keyframe plus the extra bits' noise
+                  logical * std::uint64_t((delta_bits ? delta_bits : 23) - first_kb) / 32;
+    CHECK(double(est) == Approx(double(want)).margin(1024));
+    REQUIRE(s.content.rekey(refs[2].version) > 0);
+    const std::uint64_t wrote = s.content.info(refs[2]).stored_bytes;
+    CHECK(double(wrote) <= 1.15 * double(est));
+  }
+}
