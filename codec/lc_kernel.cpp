@@ -70,12 +70,6 @@ void encode_scalar(const std::byte* cur_b, const std::byte* base_b, std::size_t 
 }
 
 #if defined(__AVX2__)
-// fp32 encoder, eight elements at a time. The surviving keys are at most 15, so the key ->
-// (symbol, representative) lookup is a chain of compares and blends instead of gathers.
-// Eight elements holding a non-finite delta (or, for ratios, an element to escape) are redone
-// by encode_scalar right there, which keeps the escapes in ascending order.
-// Same arithmetic as encode_scalar<f32, K> (IEEE add, sub, mul and div are exact-rounded in
-// both), so the two agree bit for bit.
 // round_word on eight fp32 at once (drop >= 1).
 inline __m256 round8(__m256 v, __m128i drop, __m256i half_less_one, __m256i keep_mask) {
   const __m256i exp_mask = _mm256_set1_epi32(0x7f800000);
@@ -89,6 +83,12 @@ inline __m256 round8(__m256 v, __m128i drop, __m256i half_less_one, __m256i keep
   return _mm256_castsi256_ps(r);
 }
 
+// fp32 encoder, eight elements at a time. The surviving keys are at most 15, so the key ->
+// (symbol, representative) lookup is a chain of compares and blends instead of gathers.
+// Eight elements holding a non-finite delta (or, for ratios, an element to escape) are redone
+// by encode_scalar right there, which keeps the escapes in ascending order.
+// Same arithmetic as encode_scalar<f32, K> (IEEE add, sub, mul and div are exact-rounded in
+// both; the rounding is round_word's integer arithmetic), so the two agree bit for bit.
 template <delta_kind K, bool Round>
 void encode_f32_avx2(const float* cur, const float* base, std::size_t n, const quant_table& q,
                      int drop, float* recon, std::uint8_t* symbols,
