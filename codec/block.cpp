@@ -339,11 +339,8 @@ void decode_block(std::span<const std::byte> in, const std::byte* base, std::byt
       thread_local std::vector<std::uint8_t> groups;
       groups.resize((n + h.group - 1) / h.group);
       decode_bytes(r.get_bytes(r.remaining()), groups);
-      lc_decode_symbols(h.type, kind, base, n, groups.data(), h.bits, h.group, rep.data(), out);
-      if (h.round_bits) {
-        const std::span<std::byte> all(out, n * esize);
-        round_mantissa(h.type, all, all, h.round_bits);
-      }
+      lc_decode_symbols(h.type, kind, base, n, groups.data(), h.bits, h.group, rep.data(),
+                        h.round_bits, out);
       for (std::uint32_t e = 0; e < nesc; ++e) {
         std::uint32_t i;
         std::memcpy(&i, idx_bytes.data() + 4 * e, 4);

@@ -178,7 +178,7 @@ void encode_f32_avx2(const float* cur, const float* base, std::size_t n, const q
 
 template <dtype T, delta_kind D, int K>
 void decode_groups(const std::byte* base_b, std::size_t n, const std::uint8_t* groups, int bits,
-                   int k_runtime, const float* rep, std::byte* out_b) {
+                   int k_runtime, const float* rep, int drop, std::byte* out_b) {
   using S = typename element<T>::storage;
   const S* base = reinterpret_cast<const S*>(base_b);
   S* out = reinterpret_cast<S*>(out_b);
@@ -194,6 +194,9 @@ void decode_groups(const std::byte* base_b, std::size_t n, const std::uint8_t* g
   // fp32 with 2 or 4 symbols a group (b = 3, 4 and b = 2): eight elements per step, their
   // representatives loaded straight from the table rows; the same IEEE add/mul as reconstruct.
   if constexpr (T == dtype::f32 && (K == 2 || K == 4)) {
+    const __m128i drop_v = _mm_cvtsi32_si128(drop);
+    const __m256i half_less_one = _mm256_set1_epi32(drop ? (1 << (drop - 1)) - 1 : 0);
+    const __m256i keep_mask = _mm256_set1_epi32(drop ? ~((1 << drop) - 1) : -1);
     const float* b = reinterpret_cast<const float*>(base_b);
     float* o = reinterpret_cast<float*>(out_b);
     for (; g + 8 / K <= full; g += 8 / K) {
@@ -209,8 +212,9 @@ void decode_groups(const std::byte* base_b, std::size_t n, const std::uint8_t* g
         r = _mm256_set_m128(_mm_load_ps(table[groups[g + 1]]), _mm_load_ps(table[groups[g]]));
       }
       const __m256 x = _mm256_loadu_ps(b + g * K);
-      _mm256_storeu_ps(o + g * K,
-                       D == delta_kind::difference ? _mm256_add_ps(x, r) : _mm256_mul_ps(x, r));
+      __m256 v = D == delta_kind::difference ? _mm256_add_ps(x, r) : _mm256_mul_ps(x, r);
+      if (drop) v = round8(v, drop_v, half_less_one, keep_mask);  // in the register: one pass
+      _mm256_storeu_ps(o + g * K, v);
     }
   }
 #endif
@@ -219,40 +223,40 @@ void decode_groups(const std::byte* base_b, std::size_t n, const std::uint8_t* g
     S* o = out + g * k;
     const S* bs = base + g * k;
     if constexpr (K != 0) {
-      for (int j = 0; j < K; ++j) o[j] = reconstruct<T, D>(bs[j], r[j]);
+      for (int j = 0; j < K; ++j) o[j] = rounded<T>(reconstruct<T, D>(bs[j], r[j]), drop);
     } else {
-      for (int j = 0; j < k; ++j) o[j] = reconstruct<T, D>(bs[j], r[j]);
+      for (int j = 0; j < k; ++j) o[j] = rounded<T>(reconstruct<T, D>(bs[j], r[j]), drop);
     }
   }
   for (std::size_t i = full * k; i < n; ++i)
-    out[i] = reconstruct<T, D>(base[i], table[groups[full]][i - full * k]);
+    out[i] = rounded<T>(reconstruct<T, D>(base[i], table[groups[full]][i - full * k]), drop);
 }
 
 template <dtype T, delta_kind D>
 void decode_k(const std::byte* base, std::size_t n, const std::uint8_t* groups, int bits, int k,
-              const float* rep, std::byte* out) {
+              const float* rep, int drop, std::byte* out) {
   switch (k) {
     case 1:
-      return decode_groups<T, D, 1>(base, n, groups, bits, k, rep, out);
+      return decode_groups<T, D, 1>(base, n, groups, bits, k, rep, drop, out);
     case 2:
-      return decode_groups<T, D, 2>(base, n, groups, bits, k, rep, out);
+      return decode_groups<T, D, 2>(base, n, groups, bits, k, rep, drop, out);
     case 4:
-      return decode_groups<T, D, 4>(base, n, groups, bits, k, rep, out);
+      return decode_groups<T, D, 4>(base, n, groups, bits, k, rep, drop, out);
     case 8:
-      return decode_groups<T, D, 8>(base, n, groups, bits, k, rep, out);
+      return decode_groups<T, D, 8>(base, n, groups, bits, k, rep, drop, out);
     default:
-      return decode_groups<T, D, 0>(base, n, groups, bits, k, rep, out);
+      return decode_groups<T, D, 0>(base, n, groups, bits, k, rep, drop, out);
   }
 }
 
 template <dtype T>
 void decode_dispatch(delta_kind kind, const std::byte* base, std::size_t n,
-                     const std::uint8_t* groups, int bits, int k, const float* rep,
+                     const std::uint8_t* groups, int bits, int k, const float* rep, int drop,
                      std::byte* out) {
   if (kind == delta_kind::ratio)
-    decode_k<T, delta_kind::ratio>(base, n, groups, bits, k, rep, out);
+    decode_k<T, delta_kind::ratio>(base, n, groups, bits, k, rep, drop, out);
   else
-    decode_k<T, delta_kind::difference>(base, n, groups, bits, k, rep, out);
+    decode_k<T, delta_kind::difference>(base, n, groups, bits, k, rep, drop, out);
 }
 
 template <dtype T>
@@ -329,14 +333,17 @@ void pack_groups(const std::uint8_t* symbols, std::size_t n, int bits, int k,
 
 void lc_decode_symbols(dtype t, delta_kind kind, const std::byte* base, std::size_t n,
                        const std::uint8_t* groups, int bits, int k, const float* rep,
-                       std::byte* out) {
+                       int round_bits, std::byte* out) {
+  if (round_bits < 0 || (is_float(t) && round_bits >= mantissa_bits(t)))
+    throw invalid_argument("codec: round_bits must be 0 or below the dtype's mantissa bits");
+  const int drop = round_bits ? mantissa_bits(t) - round_bits : 0;
   switch (t) {
     case dtype::f32:
-      return decode_dispatch<dtype::f32>(kind, base, n, groups, bits, k, rep, out);
+      return decode_dispatch<dtype::f32>(kind, base, n, groups, bits, k, rep, drop, out);
     case dtype::f16:
-      return decode_dispatch<dtype::f16>(kind, base, n, groups, bits, k, rep, out);
+      return decode_dispatch<dtype::f16>(kind, base, n, groups, bits, k, rep, drop, out);
     case dtype::bf16:
-      return decode_dispatch<dtype::bf16>(kind, base, n, groups, bits, k, rep, out);
+      return decode_dispatch<dtype::bf16>(kind, base, n, groups, bits, k, rep, drop, out);
     case dtype::bytes:
       break;
   }
