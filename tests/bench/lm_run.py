@@ -71,7 +71,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fs"))
-from ckptfs_testlib import daemon_log, du, info, mounted, require_fuse  # noqa: E402
+from ckptfs_testlib import daemon_log, du, flat_tensors, info, mounted, require_fuse  # noqa: E402
 
 CORPUS = "/usr/share/perl/5.36.0/pod"
 KEEP = 3
@@ -240,19 +240,6 @@ def read_checkpoint(root, step):
     return {name: torch.load(os.path.join(d, name), map_location="cpu") for name in FILES}
 
 
-def tensors(obj, prefix=""):
-    if torch.is_tensor(obj):
-        return {prefix: obj}
-    out = {}
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            out.update(tensors(v, f"{prefix}.{k}" if prefix else str(k)))
-    elif isinstance(obj, (list, tuple)):
-        for i, v in enumerate(obj):
-            out.update(tensors(v, f"{prefix}.{i}"))
-    return out
-
-
 def tensor_class(name):
     last = name.rsplit(".", 1)[-1]
     return last if last in ("exp_avg", "exp_avg_sq") else (
@@ -357,7 +344,7 @@ def ratio_run(binary, work, setting, ref, checks, label):
                     out["fixed_bytes"] += v["stored_bytes"] - tb
                 back = read_checkpoint(root, step)
                 for name in ("pytorch_model.bin", "optimizer.pt"):
-                    want, got = tensors(state[name], name), tensors(back[name], name)
+                    want, got = flat_tensors(state[name], name), flat_tensors(back[name], name)
                     for k, t in want.items():
                         if not t.is_floating_point() or t.numel() < 1024:
                             continue
@@ -387,11 +374,15 @@ def rotation_run(binary, work, setting, ref):
     os.makedirs(mnt)
     os.makedirs(plain)
     ratios, written = [], []
+    new_bytes = plain_written = 0  # stored bytes of each new version; bytes saved to plain
     try:
         with mounted(binary, store, mnt, *options(setting)):
             for step, state in sorted(ref.snapshots.items()):
                 write_checkpoint(mnt, step, state)
                 write_checkpoint(plain, step, state)
+                for name in state:
+                    new_bytes += info(f"{mnt}/checkpoint-{step}/{name}")["stored_bytes"]
+                    plain_written += os.path.getsize(f"{plain}/checkpoint-{step}/{name}")
                 rotate(mnt)
                 rotate(plain)
                 s = settle(ctl_of(binary), mnt, store)
@@ -399,7 +390,9 @@ def rotation_run(binary, work, setting, ref):
             written = [s["rotation"]["written_bytes"], s["rotation"]["freed_bytes"]]
     finally:
         shutil.rmtree(d, ignore_errors=True)
-    return {"ratios": ratios, "rewrite_written_freed": written}
+    # Bytes written to the store (new versions + rewrites) against what plain was written.
+    return {"ratios": ratios, "rewrite_written_freed": written,
+            "written_to_store": new_bytes + written[0], "written_to_plain": plain_written}
 
 
 def restore_run(binary, work, job, ref, setting, perturb, checks, label):
@@ -434,12 +427,12 @@ def restore_run(binary, work, job, ref, setting, perturb, checks, label):
                     t, c = pending.pop(0)
                     state = read_checkpoint(mnt, c)
                     if perturb:
-                        want, got = tensors(saved[c]), tensors(state)
+                        want, got = flat_tensors(saved[c]), flat_tensors(state)
                         if want.keys() != got.keys() or not all(
                                 torch.equal(want[k], got[k]) for k in want):
                             checks.append(f"{label}: lossless restore of step {c} not exact")
                         g = torch.Generator().manual_seed(job.seed * 100003 + c)
-                        for x in tensors(state).values():
+                        for x in flat_tensors(state).values():
                             if x.is_floating_point():
                                 sign = torch.randint(0, 2, x.shape, generator=g).to(x.dtype)
                                 x.mul_(1 + perturb * (sign * 2 - 1))
@@ -560,12 +553,15 @@ def report(runs, args, corpus_info):
         lines += ["", f"Rotation (save_total_limit={KEEP}, seed {runs[0]['seed']}): rotated plain "
                   "directory / store after each save (every 4th save shown; min from the 4th "
                   "save on):", "",
-                  "| setting | " + " | ".join(str(i + 1) for i in range(0, n, 4)) + " | min |",
-                  "|---|" + "---|" * (len(range(0, n, 4)) + 1)]
+                  "| setting | " + " | ".join(str(i + 1) for i in range(0, n, 4)) +
+                  " | min | written / plain written |",
+                  "|---|" + "---|" * (len(range(0, n, 4)) + 2)]
         for label, x in rot:
+            w = (f"{x['written_to_store'] / x['written_to_plain']:.2f}"
+                 if x.get("written_to_plain") else "-")
             lines.append(f"| {label} | " + " | ".join(f"{x['ratios'][i]:.2f}"
                                                       for i in range(0, n, 4)) +
-                         f" | {min(x['ratios'][KEEP:]):.2f} |")
+                         f" | {min(x['ratios'][KEEP:]):.2f} | {w} |")
     return "\n".join(lines), summary
 
 

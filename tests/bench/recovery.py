@@ -466,7 +466,7 @@ def restore(workload, seed, state, setting, it):
     (the noise control perturbs the state first)."""
     if setting.perturb:
         g = torch.Generator().manual_seed(seed * 100003 + it)
-        for t in tensors(state).values():
+        for t in testlib.flat_tensors(state).values():
             if t.is_floating_point():
                 sign = torch.randint(0, 2, t.shape, generator=g).to(t.dtype) * 2 - 1
                 t.mul_(1 + setting.perturb * sign)
@@ -476,22 +476,8 @@ def restore(workload, seed, state, setting, it):
     return model, opt
 
 
-def tensors(obj, prefix=""):
-    """name -> tensor for every tensor in a nested checkpoint object."""
-    if torch.is_tensor(obj):
-        return {prefix: obj}
-    out = {}
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            out.update(tensors(v, f"{prefix}.{k}" if prefix else str(k)))
-    elif isinstance(obj, (list, tuple)):
-        for i, v in enumerate(obj):
-            out.update(tensors(v, f"{prefix}.{i}"))
-    return out
-
-
 def bit_identical(a, b):
-    ta, tb = tensors(a), tensors(b)
+    ta, tb = testlib.flat_tensors(a), testlib.flat_tensors(b)
     return ta.keys() == tb.keys() and all(
         ta[k].dtype == tb[k].dtype and ta[k].shape == tb[k].shape and
         torch.equal(raw_bytes(ta[k]), raw_bytes(tb[k])) for k in ta)
@@ -509,7 +495,7 @@ def float_counts(state):
     """(every float element, elements ckptfs codes lossily with optimizer=lossy, same with
     optimizer=exact): tensors under 4 KiB are stored exact."""
     total = coded = coded_no_opt = 0
-    for name, t in tensors(state).items():
+    for name, t in testlib.flat_tensors(state).items():
         if not t.is_floating_point():
             continue
         total += t.numel()
