@@ -242,7 +242,7 @@ void encode_exact_block(dtype t, const std::byte* data, std::size_t n,
   end_block(out, at);
 }
 
-block_header read_block_header(std::span<const std::byte> in) {
+block_header read_block_header(std::span<const std::byte> in, bool whole_block) {
   byte_reader r(in);
   if (r.get<std::uint32_t>() != block_magic) throw corrupt_error("block: bad magic");
   const auto version = r.get<std::uint8_t>();
@@ -279,7 +279,7 @@ block_header read_block_header(std::span<const std::byte> in) {
   }
   if (h.codec == block_codec::float_lossless && !is_float(h.type))
     throw corrupt_error("block: lossless float block of non-float type");
-  if (h.total_size() > in.size()) throw corrupt_error("block: truncated");
+  if (whole_block && h.total_size() > in.size()) throw corrupt_error("block: truncated");
   return h;
 }
 

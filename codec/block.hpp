@@ -67,8 +67,9 @@ struct block_header {
 };
 
 // Reads and validates a header (magic, version, enumerations, sizes within `in`); the checksum is
-// checked by decode_block. Throws corrupt_error.
-block_header read_block_header(std::span<const std::byte> in);
+// checked by decode_block. Throws corrupt_error. whole_block = false: `in` may hold the header
+// alone (block_header_size bytes), as when walking blocks on disk; the payload is not required.
+block_header read_block_header(std::span<const std::byte> in, bool whole_block = true);
 
 // Appends one lossy block of n elements. `recon` (n elements of type t) receives exactly what
 // decode_block will return for it.

@@ -176,7 +176,10 @@ void encode_f32_avx2(const float* cur, const float* base, std::size_t n, const q
 }
 #endif
 
-template <dtype T, delta_kind D, int K>
+// Round: every element rounded with `drop` bits gone, in the same pass (instantiated for the
+// fp32 vector path only, so that every other decode compiles exactly as without rounding; those
+// round in a second pass, lc_decode_symbols).
+template <dtype T, delta_kind D, int K, bool Round = false>
 void decode_groups(const std::byte* base_b, std::size_t n, const std::uint8_t* groups, int bits,
                    int k_runtime, const float* rep, int drop, std::byte* out_b) {
   using S = typename element<T>::storage;
@@ -213,7 +216,7 @@ void decode_groups(const std::byte* base_b, std::size_t n, const std::uint8_t* g
       }
       const __m256 x = _mm256_loadu_ps(b + g * K);
       __m256 v = D == delta_kind::difference ? _mm256_add_ps(x, r) : _mm256_mul_ps(x, r);
-      if (drop) v = round8(v, drop_v, half_less_one, keep_mask);  // in the register: one pass
+      if constexpr (Round) v = round8(v, drop_v, half_less_one, keep_mask);
       _mm256_storeu_ps(o + g * K, v);
     }
   }
@@ -223,40 +226,58 @@ void decode_groups(const std::byte* base_b, std::size_t n, const std::uint8_t* g
     S* o = out + g * k;
     const S* bs = base + g * k;
     if constexpr (K != 0) {
-      for (int j = 0; j < K; ++j) o[j] = rounded<T>(reconstruct<T, D>(bs[j], r[j]), drop);
+      for (int j = 0; j < K; ++j)
+        o[j] = rounded<T>(reconstruct<T, D>(bs[j], r[j]), Round ? drop : 0);
     } else {
-      for (int j = 0; j < k; ++j) o[j] = rounded<T>(reconstruct<T, D>(bs[j], r[j]), drop);
+      for (int j = 0; j < k; ++j)
+        o[j] = rounded<T>(reconstruct<T, D>(bs[j], r[j]), Round ? drop : 0);
     }
   }
   for (std::size_t i = full * k; i < n; ++i)
-    out[i] = rounded<T>(reconstruct<T, D>(base[i], table[groups[full]][i - full * k]), drop);
+    out[i] =
+        rounded<T>(reconstruct<T, D>(base[i], table[groups[full]][i - full * k]), Round ? drop : 0);
 }
 
+// Returns whether the elements came out rounded (fp32 with 2 or 4 symbols a group, the
+// mount's coding); the caller rounds the others in a second pass.
 template <dtype T, delta_kind D>
-void decode_k(const std::byte* base, std::size_t n, const std::uint8_t* groups, int bits, int k,
+bool decode_k(const std::byte* base, std::size_t n, const std::uint8_t* groups, int bits, int k,
               const float* rep, int drop, std::byte* out) {
+  constexpr bool fused = T == dtype::f32;
   switch (k) {
     case 1:
-      return decode_groups<T, D, 1>(base, n, groups, bits, k, rep, drop, out);
+      decode_groups<T, D, 1>(base, n, groups, bits, k, rep, 0, out);
+      return false;
     case 2:
-      return decode_groups<T, D, 2>(base, n, groups, bits, k, rep, drop, out);
+      if (fused && drop) {
+        decode_groups<T, D, 2, true>(base, n, groups, bits, k, rep, drop, out);
+        return true;
+      }
+      decode_groups<T, D, 2>(base, n, groups, bits, k, rep, 0, out);
+      return false;
     case 4:
-      return decode_groups<T, D, 4>(base, n, groups, bits, k, rep, drop, out);
+      if (fused && drop) {
+        decode_groups<T, D, 4, true>(base, n, groups, bits, k, rep, drop, out);
+        return true;
+      }
+      decode_groups<T, D, 4>(base, n, groups, bits, k, rep, 0, out);
+      return false;
     case 8:
-      return decode_groups<T, D, 8>(base, n, groups, bits, k, rep, drop, out);
+      decode_groups<T, D, 8>(base, n, groups, bits, k, rep, 0, out);
+      return false;
     default:
-      return decode_groups<T, D, 0>(base, n, groups, bits, k, rep, drop, out);
+      decode_groups<T, D, 0>(base, n, groups, bits, k, rep, 0, out);
+      return false;
   }
 }
 
 template <dtype T>
-void decode_dispatch(delta_kind kind, const std::byte* base, std::size_t n,
+bool decode_dispatch(delta_kind kind, const std::byte* base, std::size_t n,
                      const std::uint8_t* groups, int bits, int k, const float* rep, int drop,
                      std::byte* out) {
   if (kind == delta_kind::ratio)
-    decode_k<T, delta_kind::ratio>(base, n, groups, bits, k, rep, drop, out);
-  else
-    decode_k<T, delta_kind::difference>(base, n, groups, bits, k, rep, drop, out);
+    return decode_k<T, delta_kind::ratio>(base, n, groups, bits, k, rep, drop, out);
+  return decode_k<T, delta_kind::difference>(base, n, groups, bits, k, rep, drop, out);
 }
 
 template <dtype T>
@@ -337,17 +358,24 @@ void lc_decode_symbols(dtype t, delta_kind kind, const std::byte* base, std::siz
   if (round_bits < 0 || (is_float(t) && round_bits >= mantissa_bits(t)))
     throw invalid_argument("codec: round_bits must be 0 or below the dtype's mantissa bits");
   const int drop = round_bits ? mantissa_bits(t) - round_bits : 0;
+  bool done = false;
   switch (t) {
     case dtype::f32:
-      return decode_dispatch<dtype::f32>(kind, base, n, groups, bits, k, rep, drop, out);
-    case dtype::f16:
-      return decode_dispatch<dtype::f16>(kind, base, n, groups, bits, k, rep, drop, out);
-    case dtype::bf16:
-      return decode_dispatch<dtype::bf16>(kind, base, n, groups, bits, k, rep, drop, out);
-    case dtype::bytes:
+      done = decode_dispatch<dtype::f32>(kind, base, n, groups, bits, k, rep, drop, out);
       break;
+    case dtype::f16:
+      done = decode_dispatch<dtype::f16>(kind, base, n, groups, bits, k, rep, drop, out);
+      break;
+    case dtype::bf16:
+      done = decode_dispatch<dtype::bf16>(kind, base, n, groups, bits, k, rep, drop, out);
+      break;
+    case dtype::bytes:
+      throw invalid_argument("codec: lossy coding needs a float dtype");
   }
-  throw invalid_argument("codec: lossy coding needs a float dtype");
+  if (round_bits && !done) {
+    const std::span<std::byte> all(out, n * element_size(t));
+    round_mantissa(t, all, all, round_bits);
+  }
 }
 
 }  // namespace ckpt::codec

@@ -178,9 +178,10 @@ struct version_rec {
   // releases them; donors_released then refuses readers).
   std::vector<std::uint64_t> donors;
   bool donors_released = false;
-  // Mantissa bits every coded float frame reads back with (a lossy keyframe, the rounded deltas
-  // on its chain, their rekeys); 0: some frame has all of its bits; -1: unknown (recorded before
-  // it was). What rotation's estimate of a rewrite's cost goes by (chain_rewrite.cpp).
+  // Mantissa bits the version's rounded frames read back with (a lossy keyframe, the rounded
+  // deltas on its chain, their rekeys: rounded_bits_of); 0: none rounded, or a delta frame that
+  // could have been kept all its bits; -1: unknown (recorded before it was). What rotation's
+  // estimate of a rewrite's cost goes by (chain_rewrite.cpp).
   int rounded_bits = -1;
 };
 // rounded_bits of a version's metadata (see version_rec).

@@ -275,10 +275,15 @@ void content_store::impl::note_rounding(version_meta& meta) const {
 }
 
 int rounded_bits_of(const version_meta& meta) {
-  if (meta.coding.keyframe_bits <= 0) return 0;
+  // kb is set only where a frame was rounded. Frames that cost the same in a keyframe and in a
+  // rewrite do not count: lossless ones that were not rounded (kept exact on purpose, e.g.
+  // optimizer=exact; a rewrite copies them as they are) and deltas of a dtype with no more
+  // mantissa bits than kb (bf16, f16 at kb 12: never rounded anywhere).
+  const int kb = meta.coding.keyframe_bits;
+  if (kb <= 0) return 0;
   for (const auto& f : meta.tensors)
-    if (codec::is_float(f.type) && !f.rounded) return 0;
-  return meta.coding.keyframe_bits;
+    if (f.mode == tensor_mode::delta && !f.rounded && codec::mantissa_bits(f.type) > kb) return 0;
+  return kb;
 }
 
 content_store::impl::tensor_job content_store::impl::job_for(

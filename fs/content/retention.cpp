@@ -159,7 +159,7 @@ void content_store::impl::copy_encoded(const cache_item& from, std::uint64_t at,
   for (std::uint64_t pos = 0; pos < len;) {
     if (len - pos < sizeof header) throw corrupt_error("content: a frame ends inside a block");
     objects.read(from.obj_id, from.data_base + at + pos, header);
-    const codec::block_header h = codec::read_block_header(header);
+    const codec::block_header h = codec::read_block_header(header, /*whole_block=*/false);
     if (h.total_size() > len - pos || h.total_size() > slab.cur.capacity())
       throw corrupt_error("content: a block runs past its frame");
     const std::span<std::byte> block(slab.cur.data(), h.total_size());

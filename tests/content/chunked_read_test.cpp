@@ -137,3 +137,39 @@ TEST_CASE("versions without a block index (older stores) read the same, also und
   // verify --deep accepts both kinds of version.
   for (const auto& r : refs) REQUIRE(s.content.verify(r.version, true, {}).empty());
 }
+
+TEST_CASE("a rekey gives an unindexed version's lossless frames a block index",
+          "[content][chunked]") {
+  // A delta version written without block indexes (an older store) with a lossless frame (Adam's
+  // state under optimizer=exact): rewriting it as a keyframe walks that frame's blocks on disk,
+  // header by header, to index them (retention.cpp, copy_encoded).
+  temp_dir d;
+  fs::content_options opt;
+  opt.block_index = false;
+  opt.exact_optimizer = true;
+  std::mt19937_64 rng(13);
+  drifting_weights w(600'000, rng), extra(300'000, rng);
+  std::vector<fs::content_ref> refs;
+  std::vector<bytes> served;
+  {
+    opened s(d.path, opt);
+    for (int v = 0; v < 2; ++v) {
+      w.step(rng);
+      extra.step(rng);
+      refs.push_back(s.content.put("run/step_" + std::to_string(v) + ".safetensors",
+                                   format::memory_source(safetensors(
+                                       {{"w", w.values}, {"state.0.exp_avg", extra.values}}))));
+    }
+    REQUIRE(s.content.info(refs[1]).kind == "delta");
+    for (const auto& r : refs) served.push_back(read_all(s.content, r));
+    s.journal.sync();
+  }
+  opt.block_index = true;
+  opened s(d.path, opt, refs);
+  REQUIRE(s.content.rekey(refs[1].version) > 0);
+  CHECK(s.content.info(refs[1]).kind == "keyframe");
+  s.content.drop_caches();
+  CHECK(same(read_all(s.content, refs[1]), served[1]));
+  random_reads(s.content, refs[1], served[1], 9);
+  CHECK(s.content.verify(refs[1].version, true, {}).empty());
+}
