@@ -156,8 +156,6 @@ void encode_delta_block(dtype t, const std::byte* cur, const std::byte* base, st
   const std::size_t esize = element_size(t);
   const std::size_t ngroups = (n + k - 1) / k;
   if (!is_float(t)) throw invalid_argument("codec: lossy coding needs a float dtype");
-  if (p.round_bits < 0 || p.round_bits >= mantissa_bits(t))
-    throw invalid_argument("codec: round_bits must be 0 or below the dtype's mantissa bits");
   thread_local std::vector<std::uint8_t> symbols, groups;
   thread_local std::vector<std::uint32_t> escapes;
   symbols.resize(n + 8);

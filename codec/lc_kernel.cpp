@@ -33,6 +33,13 @@ typename element<T>::storage rounded(typename element<T>::storage v, int drop) {
   }
 }
 
+// Mantissa bits a rounding to round_bits drops (0: none); refuses what a block cannot say.
+int dropped_bits(dtype t, int round_bits) {
+  if (round_bits < 0 || round_bits >= mantissa_bits(t))
+    throw invalid_argument("codec: round_bits must be 0 or below the dtype's mantissa bits");
+  return round_bits ? mantissa_bits(t) - round_bits : 0;
+}
+
 template <dtype T, delta_kind K>
 void encode_scalar(const std::byte* cur_b, const std::byte* base_b, std::size_t first,
                    std::size_t last, const quant_table& q, int drop, std::byte* recon_b,
@@ -240,34 +247,37 @@ void decode_groups(const std::byte* base_b, std::size_t n, const std::uint8_t* g
 
 // Returns whether the elements came out rounded (fp32 with 2 or 4 symbols a group, the
 // mount's coding); the caller rounds the others in a second pass.
+// K symbols a group with every element rounded by `drop` bits: in the kernel's registers for
+// fp32 (returns true), else left to the caller's second pass (returns false).
+template <dtype T, delta_kind D, int K>
+bool decode_fused(const std::byte* base, std::size_t n, const std::uint8_t* groups, int bits, int k,
+                  const float* rep, int drop, std::byte* out) {
+  if constexpr (T == dtype::f32 && (K == 2 || K == 4)) {
+    if (drop) {
+      decode_groups<T, D, K, true>(base, n, groups, bits, k, rep, drop, out);
+      return true;
+    }
+  }
+  decode_groups<T, D, K>(base, n, groups, bits, k, rep, 0, out);
+  return false;
+}
+
+// Returns whether the elements came out rounded (fp32 with 2 or 4 symbols a group, the
+// mount's coding); the caller rounds the others in a second pass.
 template <dtype T, delta_kind D>
 bool decode_k(const std::byte* base, std::size_t n, const std::uint8_t* groups, int bits, int k,
               const float* rep, int drop, std::byte* out) {
-  constexpr bool fused = T == dtype::f32;
   switch (k) {
     case 1:
-      decode_groups<T, D, 1>(base, n, groups, bits, k, rep, 0, out);
-      return false;
+      return decode_fused<T, D, 1>(base, n, groups, bits, k, rep, drop, out);
     case 2:
-      if (fused && drop) {
-        decode_groups<T, D, 2, true>(base, n, groups, bits, k, rep, drop, out);
-        return true;
-      }
-      decode_groups<T, D, 2>(base, n, groups, bits, k, rep, 0, out);
-      return false;
+      return decode_fused<T, D, 2>(base, n, groups, bits, k, rep, drop, out);
     case 4:
-      if (fused && drop) {
-        decode_groups<T, D, 4, true>(base, n, groups, bits, k, rep, drop, out);
-        return true;
-      }
-      decode_groups<T, D, 4>(base, n, groups, bits, k, rep, 0, out);
-      return false;
+      return decode_fused<T, D, 4>(base, n, groups, bits, k, rep, drop, out);
     case 8:
-      decode_groups<T, D, 8>(base, n, groups, bits, k, rep, 0, out);
-      return false;
+      return decode_fused<T, D, 8>(base, n, groups, bits, k, rep, drop, out);
     default:
-      decode_groups<T, D, 0>(base, n, groups, bits, k, rep, 0, out);
-      return false;
+      return decode_fused<T, D, 0>(base, n, groups, bits, k, rep, drop, out);
   }
 }
 
@@ -297,9 +307,7 @@ void lc_encode_symbols(dtype t, const std::byte* cur, const std::byte* base, std
                        const quant_table& q, int round_bits, std::byte* recon,
                        std::uint8_t* symbols, std::vector<std::uint32_t>& escapes) {
   if (!is_float(t)) throw invalid_argument("codec: lossy coding needs a float dtype");
-  if (round_bits < 0 || round_bits >= mantissa_bits(t))
-    throw invalid_argument("codec: round_bits must be 0 or below the dtype's mantissa bits");
-  const int drop = round_bits ? mantissa_bits(t) - round_bits : 0;
+  const int drop = dropped_bits(t, round_bits);
   switch (t) {
     case dtype::f32: {
 #if defined(__AVX2__)
@@ -355,9 +363,8 @@ void pack_groups(const std::uint8_t* symbols, std::size_t n, int bits, int k,
 void lc_decode_symbols(dtype t, delta_kind kind, const std::byte* base, std::size_t n,
                        const std::uint8_t* groups, int bits, int k, const float* rep,
                        int round_bits, std::byte* out) {
-  if (round_bits < 0 || (is_float(t) && round_bits >= mantissa_bits(t)))
-    throw invalid_argument("codec: round_bits must be 0 or below the dtype's mantissa bits");
-  const int drop = round_bits ? mantissa_bits(t) - round_bits : 0;
+  if (!is_float(t)) throw invalid_argument("codec: lossy coding needs a float dtype");
+  const int drop = dropped_bits(t, round_bits);
   bool done = false;
   switch (t) {
     case dtype::f32:
