@@ -9,6 +9,10 @@
 
 #include "codec/error.hpp"
 
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#endif
+
 namespace ckpt::codec {
 namespace {
 
@@ -44,11 +48,40 @@ error_sums piece_sums(dtype t, const std::byte* cur, const std::byte* recon, std
 
 // f32, the common case, without a branch per element: the write path measures every slab it
 // codes. A piece with a NaN or infinity (the sums stop being finite) is summed again above.
+// The lanes are summed in a fixed order, so the result depends on the build's instruction set
+// only, never on the thread count.
 error_sums piece_sums_f32(const std::byte* cur, const std::byte* recon, std::size_t n) {
+  std::size_t i = 0;
+  error_sums s;
+#if defined(__AVX2__) && defined(__FMA__)
+  // In registers: the portable loop below went through the stack (its arrays) and stalled on
+  // store forwarding, which made it cost more than the quantisation it measures (perf of a
+  // 4 GiB delta save: 11% of the daemon's CPU).
+  __m256d err[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(),
+                    _mm256_setzero_pd()};
+  __m256d ref[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(),
+                    _mm256_setzero_pd()};
+  const auto* u = reinterpret_cast<const float*>(cur);
+  const auto* r = reinterpret_cast<const float*>(recon);
+  for (; i + 16 <= n; i += 16) {
+    for (int h = 0; h < 4; ++h) {
+      const __m256d ud = _mm256_cvtps_pd(_mm_loadu_ps(u + i + 4 * h));
+      const __m256d rd = _mm256_cvtps_pd(_mm_loadu_ps(r + i + 4 * h));
+      const __m256d d = _mm256_sub_pd(rd, ud);
+      err[h] = _mm256_fmadd_pd(d, d, err[h]);
+      ref[h] = _mm256_fmadd_pd(ud, ud, ref[h]);
+    }
+  }
+  alignas(32) double e[4], f[4];
+  for (int h = 0; h < 4; ++h) {
+    _mm256_store_pd(e, err[h]);
+    _mm256_store_pd(f, ref[h]);
+    for (int k = 0; k < 4; ++k) s.merge({e[k], f[k]});
+  }
+#else
   constexpr std::size_t lanes = 8;
   double err[lanes] = {}, ref[lanes] = {};
   float u[lanes], r[lanes];
-  std::size_t i = 0;
   for (; i + lanes <= n; i += lanes) {
     std::memcpy(u, cur + i * 4, sizeof u);
     std::memcpy(r, recon + i * 4, sizeof r);
@@ -58,8 +91,9 @@ error_sums piece_sums_f32(const std::byte* cur, const std::byte* recon, std::siz
       ref[k] += double(u[k]) * double(u[k]);
     }
   }
-  error_sums s = piece_sums(dtype::f32, cur + i * 4, recon + i * 4, n - i);
   for (std::size_t k = 0; k < lanes; ++k) s.merge({err[k], ref[k]});
+#endif
+  s.merge(piece_sums(dtype::f32, cur + i * 4, recon + i * 4, n - i));
   if (!std::isfinite(s.err) || !std::isfinite(s.ref)) return piece_sums(dtype::f32, cur, recon, n);
   return s;
 }
