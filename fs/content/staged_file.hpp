@@ -67,6 +67,13 @@ class staged_file {
   // After the stream's reader is gone (joined): the buffer is an ordinary staged file again, and
   // overwrite() works even if the stream went stale (a put of the finished file follows).
   virtual void end_stream() {}
+  // The stream is done with [0, end): it read those bytes and wrote what replaces them, and only
+  // the commit touches them again (the exact regions read, the zip CRC fields overwritten). A
+  // buffer short of memory moves such bytes to its backing file to make room for new ones,
+  // rather than spill new bytes the stream has still to read (which it would read back from the
+  // disk and then overwrite there: each byte through the page cache three times instead of
+  // once). Ascending; a smaller end than before is ignored.
+  virtual void settle(std::uint64_t end) { (void)end; }
 
   // A file opened over a stored version and changed in part: that version, and the [offset,
   // end) ranges (ascending, each starting on a 1 MiB boundary) whose bytes are still exactly that

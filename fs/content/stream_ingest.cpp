@@ -125,6 +125,7 @@ void content_store::impl::run_stream(stream& s) {
       const tensor_job j = job_for(index, t, base_meta.get(), base_by_name);
       const auto sink = [&](std::uint64_t off, std::span<const std::byte> recon) {
         if (j.rewrites()) staged.overwrite(t.offset + off, recon);
+        staged.settle(t.offset + off + recon.size());
       };
       s.results_.back() =
           encode_tensor(data, t, j, s.bc_.base, nullptr, params, slabs, *s.out_, sink);

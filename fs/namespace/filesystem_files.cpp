@@ -155,6 +155,19 @@ void filesystem::write(std::uint64_t fh, std::uint64_t offset, std::span<const s
                        bool kill_priv) {
   if (offset > max_file_size || data.size() > max_file_size - offset)
     fail(EFBIG, "write past the maximum file size");
+  {
+    // A writer ahead of its stream waits for it to free memory instead of spilling raw bytes
+    // the stream would read back from the disk (write_buffer::wait_for_room); without the lock,
+    // so that nothing else waits with it.
+    std::shared_ptr<write_buffer> streamed;
+    {
+      lock_t lk(mu_);
+      const auto it = rt_.find(handle_at(fh).ino);
+      if (it != rt_.end() && it->second.stream && it->second.stream_buf == it->second.buf)
+        streamed = it->second.buf;
+    }
+    if (streamed) streamed->wait_for_room(offset, data.size());
+  }
   lock_t lk(mu_);
   ino_t ino = handle_at(fh).ino;
   if (!handle_at(fh).writable) fail(EBADF, "handle not open for writing");

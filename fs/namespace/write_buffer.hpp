@@ -20,6 +20,7 @@
 // store, which may rewrite it in place into the head image of a checkpoint lineage, move its
 // memory into the staging file and keep that file.
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -99,6 +100,16 @@ class write_buffer final : public staged_file {
   void end_stream() override;
   bool await(std::uint64_t end) override;
   bool stale() const override;
+  void settle(std::uint64_t end) override;
+  // Called by the writer before write(offset, n bytes), without the filesystem's lock: while a
+  // stream follows this buffer and is behind it, and the write needs a chunk the budget has no
+  // room for, waits until the stream settles one of this buffer's chunks in memory (settle()),
+  // whose memory the write then reuses, instead of spilling the write's bytes raw. Returns at
+  // once when waiting cannot give memory back: no stream, a stale one, a stream waiting for
+  // bytes itself (a writer out of order), no chunk of this buffer in memory ahead of the
+  // stream. A wait that sees the stream settle nothing for kRoomWait ends it for good: the
+  // buffer spills as it did before streams.
+  void wait_for_room(std::uint64_t offset, std::size_t n);
 
  private:
   // The unlocked bodies of the public calls (mu_ held by the caller).
@@ -116,9 +127,16 @@ class write_buffer final : public staged_file {
     chunk_memory mem;        // in memory (else in the staging file, or a hole)
     std::size_t filled = 0;  // memory chunks: bytes [0, filled) are data, the rest reads as zeros
     bool in_file = false;    // lives in the staging file at its own offset
+    bool direct = false;     // in_file, written by direct I/O: read the same way
   };
   chunk& place(std::uint64_t index);  // gives an untouched chunk memory, or a place in the file
-  void drop_chunk(chunk& c);          // gives back its memory or staging space
+  // A chunk in memory wholly below settled_ (the stream is done with it), written to the staging
+  // file to hand its memory to a new chunk; none: chunks_.end().
+  std::map<std::uint64_t, chunk>::iterator settled_chunk();
+  void drop_chunk(chunk& c);  // gives back its memory or staging space
+  // Writes a memory chunk's bytes to its place in the staging file (fd_ open): whole chunks
+  // by direct I/O where the file allows it (then true), else through the page cache.
+  bool write_to_file(std::uint64_t index, const chunk& c) const;
   bool from_base(std::uint64_t index) const;  // not own, and below base_limit_
   chunk& own(std::uint64_t index);            // place(), filled from the base if it read from it
   void materialize_base();                    // every chunk that reads from the base becomes own
@@ -132,7 +150,8 @@ class write_buffer final : public staged_file {
   // Bytes of chunks placed in the staging file, as counted in budget_->spilled(); drop_memory()
   // hands them over to the head image (the file is its image from then on).
   std::uint64_t spilled_ = 0;
-  int fd_ = -1;  // the staging file, once a chunk needed it
+  int fd_ = -1;   // the staging file, once a chunk needed it
+  int dfd_ = -1;  // the same file opened for direct I/O (O_DIRECT), or -1 where not supported
   std::uint64_t size_ = 0;
   std::atomic<bool> modified_{false};  // overwritten in place by the content store
   std::shared_ptr<const content_reader> base_;
@@ -145,6 +164,7 @@ class write_buffer final : public staged_file {
   // Streaming. contiguous_: [0, contiguous_) written; ahead_: written runs past it (from, end),
   // at most kAheadMax of them, else the buffer is no longer streamable.
   static constexpr std::size_t kAheadMax = 4096;
+  static constexpr auto kRoomWait = std::chrono::seconds(1);
   std::uint64_t contiguous_ = 0;
   std::map<std::uint64_t, std::uint64_t> ahead_;
   bool unstreamable_ = false;
@@ -152,6 +172,11 @@ class write_buffer final : public staged_file {
   enum class stream_state { none, open, complete, cancelled, done };
   std::atomic<stream_state> stream_{stream_state::none};  // changed under mu_
   mutable std::uint64_t consumed_ = 0;                    // the stream read everything below this
+  std::uint64_t settled_ = 0;  // the stream is done with everything below this (settle())
+  bool stream_waits_ = false;  // the stream is in await() for bytes not written yet
+  bool no_room_wait_ = false;  // a wait_for_room() timed out: never again
+  mutable std::condition_variable_any room_cv_;  // settled_ moved, or the stream ended
+  std::uint64_t evicted_below_ = 0;  // chunk index: no settled chunk below it is in memory
   bool stale_ = false;
 };
 

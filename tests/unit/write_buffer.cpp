@@ -10,6 +10,10 @@
 #include <thread>
 #include <vector>
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include "codec/error.hpp"
 #include "fs/namespace/write_buffer.hpp"
 
@@ -309,4 +313,202 @@ TEST_CASE("write_buffer: runs ahead of the mark merge, past the limit a stream w
   scattered.complete_stream();
   waiter.join();
   CHECK(got.load() == 1);
+}
+
+TEST_CASE("write_buffer: chunks a stream settled make room for new ones instead of a raw spill",
+          "[namespace][stream]") {
+  staging_dir dir;
+  constexpr std::size_t mib = std::size_t(1) << 20;
+  auto budget = std::make_shared<memory_budget>(2 * mib);  // two chunks fit in memory
+  write_buffer buf(budget, dir.path.string());
+  const auto data = pattern(6 * mib, 8);
+  auto chunk_of = [&](std::size_t i) { return std::span(data).subspan(i * mib, mib); };
+  buf.write(0, chunk_of(0));
+  buf.write(mib, chunk_of(1));
+  // Settling means nothing without a stream: chunk 2 spills raw.
+  buf.settle(2 * mib);
+  buf.write(2 * mib, chunk_of(2));
+  const int fd = buf.backing_file();
+  std::vector<std::byte> in_file(mib);
+  auto file_chunk = [&](std::size_t i) {
+    REQUIRE(::pread(fd, in_file.data(), mib, off_t(i * mib)) == ssize_t(mib));
+    return in_file;
+  };
+  auto equal = [](const std::vector<std::byte>& a, std::span<const std::byte> b) {
+    return std::equal(a.begin(), a.end(), b.begin(), b.end());
+  };
+  CHECK(equal(file_chunk(2), chunk_of(2)));
+  CHECK(budget->spilled() == mib);
+
+  buf.begin_stream();
+  std::vector<std::byte> out(mib);
+  REQUIRE(buf.await(2 * mib));
+  buf.read_fully(0, out);
+  const auto recon = pattern(mib, 99);  // the stream's reconstruction of chunk 0
+  buf.overwrite(0, recon);
+  buf.settle(mib);
+  // Chunk 3 gets chunk 0's memory: chunk 0's reconstruction is written to the file, chunk 3's
+  // bytes are not (the file still reads zeros there).
+  buf.write(3 * mib, chunk_of(3));
+  buf.backing_file();  // sized to the file again
+  CHECK(equal(file_chunk(0), recon));
+  CHECK(file_chunk(3) == std::vector<std::byte>(mib));
+  CHECK(budget->used() == 2 * mib);
+  CHECK(budget->spilled() == 2 * mib);
+  // Chunk 1 is not settled (the stream is not done with it): chunk 4 spills raw.
+  buf.write(4 * mib, chunk_of(4));
+  buf.backing_file();
+  CHECK(equal(file_chunk(4), chunk_of(4)));
+  CHECK(equal(file_chunk(1), std::vector<std::byte>(mib)));  // chunk 1 still in memory
+  // Every byte reads as written (chunk 0 as overwritten), wherever it lives.
+  std::vector<std::byte> all(5 * mib);
+  buf.read_fully(0, all);
+  CHECK(std::equal(all.begin(), all.begin() + mib, recon.begin()));
+  CHECK(std::equal(all.begin() + mib, all.end(), data.begin() + mib));
+  CHECK_FALSE(buf.stale());
+  buf.complete_stream();
+  buf.end_stream();
+  // No stream any more: nothing settled is moved.
+  buf.write(5 * mib, chunk_of(5));
+  buf.backing_file();
+  CHECK(equal(file_chunk(5), chunk_of(5)));
+}
+
+namespace {
+
+// Pages of [off, off + n) of `fd` in the page cache.
+std::size_t resident_pages(int fd, std::uint64_t off, std::size_t n) {
+  void* m = ::mmap(nullptr, n, PROT_READ, MAP_SHARED, fd, off_t(off));
+  REQUIRE(m != MAP_FAILED);
+  const long page = ::sysconf(_SC_PAGESIZE);
+  std::vector<unsigned char> v((n + std::size_t(page) - 1) / std::size_t(page));
+  REQUIRE(::mincore(m, n, v.data()) == 0);
+  ::munmap(m, n);
+  return std::size_t(std::count_if(v.begin(), v.end(), [](unsigned char c) { return c & 1; }));
+}
+
+bool supports_direct_io(const boost::filesystem::path& dir) {
+  const auto p = dir / "direct_probe";
+  const int fd = ::open(p.c_str(), O_RDWR | O_CREAT | O_DIRECT, 0600);
+  if (fd >= 0) ::close(fd);
+  boost::filesystem::remove(p);
+  return fd >= 0;
+}
+
+}  // namespace
+
+TEST_CASE("write_buffer: whole chunks go to the staging file by direct I/O and read back exactly",
+          "[namespace][stream]") {
+  staging_dir dir;
+  constexpr std::size_t mib = std::size_t(1) << 20;
+  auto budget = std::make_shared<memory_budget>(2 * mib);
+  write_buffer buf(budget, dir.path.string());
+  const std::size_t size = 5 * mib + 12345;  // a partial last chunk
+  const auto data = pattern(size, 17);
+  buf.write(0, std::span(data).first(2 * mib));
+  buf.begin_stream();
+  std::vector<std::byte> out(2 * mib);
+  REQUIRE(buf.await(2 * mib));
+  buf.read_fully(0, out);
+  buf.settle(2 * mib);
+  buf.write(2 * mib, std::span(data).subspan(2 * mib));  // chunks 0 and 1 make room
+  buf.complete_stream();
+  buf.end_stream();
+  const int fd = buf.backing_file();
+  if (supports_direct_io(dir.path)) {
+    // Settled chunks went around the page cache; the raw spill (chunks past memory) did not.
+    CHECK(resident_pages(fd, 0, 2 * mib) == 0);
+    CHECK(resident_pages(fd, 4 * mib, mib) > 0);
+  }
+  // As a head image is published: what is still in memory goes to the file, then the memory.
+  buf.copy_memory_to_file();
+  buf.drop_memory();
+  // Reads at any offset and length, across chunks and the partial last one, from wherever the
+  // bytes are.
+  std::mt19937 rng(3);
+  for (int i = 0; i < 200; ++i) {
+    const std::size_t off = rng() % size;
+    const std::size_t n = 1 + rng() % std::min<std::size_t>(size - off, 3 * mib);
+    std::vector<std::byte> got(n);
+    buf.read_fully(off, got);
+    REQUIRE(std::equal(got.begin(), got.end(), data.begin() + std::ptrdiff_t(off)));
+  }
+  // And the file itself holds them (the kernel reads it directly under passthrough).
+  std::vector<std::byte> file(size);
+  REQUIRE(::pread(fd, file.data(), size, 0) == ssize_t(size));
+  CHECK(file == data);
+}
+
+TEST_CASE("write_buffer: a writer ahead of its stream waits for room, never for a stream waiting",
+          "[namespace][stream]") {
+  using namespace std::chrono_literals;
+  staging_dir dir;
+  constexpr std::size_t mib = std::size_t(1) << 20;
+  const auto data = pattern(4 * mib, 21);
+  auto chunk_of = [&](std::size_t i) { return std::span(data).subspan(i * mib, mib); };
+  auto elapsed = [](auto since) { return std::chrono::steady_clock::now() - since; };
+
+  SECTION("no stream, or room in the budget: no wait") {
+    auto budget = std::make_shared<memory_budget>(mib);
+    write_buffer buf(budget, dir.path.string());
+    buf.write(0, chunk_of(0));
+    const auto t = std::chrono::steady_clock::now();
+    buf.wait_for_room(mib, mib);  // the budget is full, but nothing streams
+    buf.begin_stream();
+    buf.wait_for_room(0, mib);  // a chunk it has already
+    CHECK(elapsed(t) < 500ms);
+  }
+  SECTION("the wait ends when the stream settles a chunk, whose memory the write then takes") {
+    auto budget = std::make_shared<memory_budget>(2 * mib);
+    write_buffer buf(budget, dir.path.string());
+    buf.write(0, chunk_of(0));
+    buf.write(mib, chunk_of(1));
+    buf.begin_stream();
+    std::atomic<bool> done{false};
+    std::thread writer([&] {
+      buf.wait_for_room(2 * mib, mib);
+      done = true;
+      buf.write(2 * mib, chunk_of(2));
+    });
+    std::this_thread::sleep_for(200ms);
+    CHECK_FALSE(done.load());  // the budget is full and chunks 0-1 are the stream's to settle
+    std::vector<std::byte> out(mib);
+    REQUIRE(buf.await(mib));
+    buf.read_fully(0, out);
+    buf.settle(mib);
+    writer.join();
+    CHECK(done.load());
+    CHECK(budget->spilled() == mib);  // chunk 0 went to the file; chunk 2 is in its memory
+    const int fd = buf.backing_file();
+    std::vector<std::byte> in_file(mib);
+    REQUIRE(::pread(fd, in_file.data(), mib, off_t(2 * mib)) == ssize_t(mib));
+    CHECK(in_file == std::vector<std::byte>(mib));  // not spilled raw
+  }
+  SECTION("a stream waiting for bytes lets the writer spill at once (an out-of-order writer)") {
+    auto budget = std::make_shared<memory_budget>(2 * mib);
+    write_buffer buf(budget, dir.path.string());
+    buf.write(mib, chunk_of(1));  // chunk 0 not written yet
+    buf.write(2 * mib, chunk_of(2));
+    buf.begin_stream();
+    std::thread stream([&] { CHECK(buf.await(mib)); });
+    std::this_thread::sleep_for(100ms);  // the stream waits for chunk 0
+    const auto t = std::chrono::steady_clock::now();
+    buf.wait_for_room(3 * mib, mib);
+    CHECK(elapsed(t) < 500ms);
+    buf.write(3 * mib, chunk_of(3));
+    buf.write(0, chunk_of(0));  // what the stream waits for
+    stream.join();
+  }
+  SECTION("a stream that settles nothing for a second ends the waiting for good") {
+    auto budget = std::make_shared<memory_budget>(mib);
+    write_buffer buf(budget, dir.path.string());
+    buf.write(0, chunk_of(0));
+    buf.begin_stream();
+    auto t = std::chrono::steady_clock::now();
+    buf.wait_for_room(mib, mib);
+    CHECK(elapsed(t) >= 900ms);
+    t = std::chrono::steady_clock::now();
+    buf.wait_for_room(2 * mib, mib);
+    CHECK(elapsed(t) < 500ms);
+  }
 }
