@@ -9,7 +9,7 @@
 //
 // Thread safety: read_fully() and copy_memory_to_file() may run concurrently with each other; the
 // other calls need exclusive access (the head image's lock provides it). While a stream is open
-// (below), the writer's writes may run concurrently with every call.
+// (below), the writer's writes may run concurrently with every call (settle() included).
 //
 // Streaming writes: the content store may encode a file while it is still being written
 // (content_store::stream). From the filesystem's begin_stream() until complete_stream() (the

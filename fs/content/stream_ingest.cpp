@@ -57,6 +57,7 @@ class content_store::stream {
 namespace {
 
 constexpr std::uint64_t kUnknownSize = std::uint64_t(1) << 62;  // a stream's file is growing
+constexpr std::uint64_t kEverything = ~std::uint64_t(0);        // settle(): the whole file
 
 bool same_tensor(const format::tensor_info& a, const format::tensor_info& b) {
   return a.name == b.name && a.type == b.type && a.shape == b.shape && a.offset == b.offset &&
@@ -121,7 +122,10 @@ void content_store::impl::run_stream(stream& s) {
       const std::size_t index = s.found_.size();
       s.found_.push_back(t);
       s.results_.emplace_back();
-      if (!t.compress) continue;
+      if (!t.compress) {
+        staged.settle(t.offset + t.length);  // kept exact: only the commit reads it
+        continue;
+      }
       const tensor_job j = job_for(index, t, base_meta.get(), base_by_name);
       const auto sink = [&](std::uint64_t off, std::span<const std::byte> recon) {
         if (j.rewrites()) staged.overwrite(t.offset + off, recon);
@@ -133,7 +137,8 @@ void content_store::impl::run_stream(stream& s) {
       streamed_bytes.fetch_add(t.length);
     }
     s.walked_ = s.found_.size() == walk.predicted().size();
-    // The rest waits for the commit.
+    // The rest waits for the commit; nothing here reads the buffer before it.
+    staged.settle(kEverything);
     if (!staged.await_complete()) {
       s.dropped_ = "the file was not stored";
     } else if (staged.stale()) {
@@ -249,6 +254,9 @@ std::shared_ptr<content_store::stream> content_store::start_stream(
   try {
     s->thread_ = std::jthread([m = impl_.get(), raw = s.get()] {
       m->run_stream(*raw);
+      // Declined, dropped or done: the stream reads nothing more before the commit, so its
+      // writer must not wait for it to make room (write_buffer::wait_for_room).
+      raw->staged_->settle(kEverything);
       m->streams_running.fetch_sub(1);
     });
   } catch (...) {

@@ -162,6 +162,7 @@ void filesystem::write(std::uint64_t fh, std::uint64_t offset, std::span<const s
     std::shared_ptr<write_buffer> streamed;
     {
       lock_t lk(mu_);
+      if (!handle_at(fh).writable) fail(EBADF, "handle not open for writing");
       const auto it = rt_.find(handle_at(fh).ino);
       if (it != rt_.end() && it->second.stream && it->second.stream_buf == it->second.buf)
         streamed = it->second.buf;

@@ -62,8 +62,11 @@ constexpr std::size_t kDirectAlign = 4096;
 
 // Reads [off, off + n) of a chunk written directly, through an aligned bounce buffer: the
 // destination is the caller's (any alignment), and the file range is widened to whole blocks
-// inside the chunk. Bytes past the end of the file read as zeros.
-void pread_direct(int dfd, std::byte* p, std::size_t n, std::uint64_t off,
+// inside the chunk. Bytes past the end of the file read as zeros. False when the filesystem
+// refuses the transfer (EINVAL): the caller reads through the page cache instead, which is
+// coherent with direct writes. The bounce buffer is one chunk per thread that reads (FUSE
+// workers, streams), inside the daemon's fixed overhead.
+bool pread_direct(int dfd, std::byte* p, std::size_t n, std::uint64_t off,
                   std::uint64_t chunk_end) {
   struct free_deleter {
     void operator()(std::byte* b) const { std::free(b); }
@@ -76,8 +79,19 @@ void pread_direct(int dfd, std::byte* p, std::size_t n, std::uint64_t off,
   const std::uint64_t from = off / kDirectAlign * kDirectAlign;
   const std::uint64_t to =
       std::min(chunk_end, (off + n + kDirectAlign - 1) / kDirectAlign * kDirectAlign);
-  pread_zeros(dfd, bounce.get(), std::size_t(to - from), from);
+  const std::size_t len = std::size_t(to - from);
+  ssize_t r;
+  do {
+    r = ::pread(dfd, bounce.get(), len, off_t(from));
+  } while (r < 0 && errno == EINTR);
+  if (r < 0) {
+    if (errno == EINVAL) return false;
+    throw_errno(errno, "staging file read");
+  }
+  // Short only at the end of the file (a truncate inside the chunk): zeros from there.
+  if (std::size_t(r) < len) std::memset(bounce.get() + r, 0, len - std::size_t(r));
   std::memcpy(p, bounce.get() + (off - from), n);
+  return true;
 }
 
 }  // namespace
@@ -87,6 +101,7 @@ write_buffer::write_buffer(std::shared_ptr<memory_budget> budget, std::string st
 
 write_buffer::~write_buffer() {
   for (auto& [i, c] : chunks_) budget_->recycle(std::move(c.mem));
+  if (spare_) budget_->recycle(std::move(spare_));
   budget_->give(taken_);
   uncount_spill(spilled_);
   if (dfd_ >= 0) ::close(dfd_);
@@ -129,22 +144,17 @@ write_buffer::chunk& write_buffer::place(std::uint64_t index) {
     }
     c.filled = 0;
     taken_ += chunk_bytes;
-  } else if (const auto old = settled_chunk(); old != chunks_.end()) {
-    // Its bytes go to the file now (they would at the head's publication anyway), its memory
-    // to the new chunk: the budget is unchanged, one more chunk counts as spilled.
+  } else if (spare_ || settled_chunk() != chunks_.end()) {
+    // The memory of a chunk the stream is done with: moved to the file by wait_for_room()
+    // already (spare_, without the filesystem's lock), or here.
     try {
-      if (fd_ < 0) open_staging();
-      old->second.direct = write_to_file(old->first, old->second);
+      if (!spare_) make_spare();
     } catch (...) {
       chunks_.erase(index);
       throw;
     }
-    c.mem = std::move(old->second.mem);
+    c.mem = std::move(spare_);
     c.filled = 0;
-    old->second.in_file = true;
-    old->second.filled = 0;
-    spilled_ += chunk_bytes;
-    budget_->note_spilled(chunk_bytes);
   } else {
     try {
       if (fd_ < 0) open_staging();
@@ -170,11 +180,27 @@ void write_buffer::set_base(std::shared_ptr<const content_reader> base, std::uin
   base_runs_ = std::move(base_runs);
 }
 
+void write_buffer::make_spare() {
+  const auto old = settled_chunk();
+  // Its bytes go to the file now (they would at the head's publication anyway), its memory to
+  // spare_: the budget is unchanged, one more chunk counts as spilled.
+  if (fd_ < 0) open_staging();
+  old->second.direct = write_to_file(old->first, old->second);
+  spare_ = std::move(old->second.mem);
+  old->second.in_file = true;
+  old->second.filled = 0;
+  spilled_ += chunk_bytes;
+  budget_->note_spilled(chunk_bytes);
+}
+
 bool write_buffer::write_to_file(std::uint64_t index, const chunk& c) const {
   const std::uint64_t off = index * chunk_bytes;
   const std::size_t n = std::size_t(std::min<std::uint64_t>(c.filled, size_ - off));
   if (dfd_ >= 0 && n == chunk_bytes) {
-    const ssize_t w = ::pwrite(dfd_, c.mem.data(), n, off_t(off));
+    ssize_t w;
+    do {
+      w = ::pwrite(dfd_, c.mem.data(), n, off_t(off));
+    } while (w < 0 && errno == EINTR);
     if (w == ssize_t(n)) return true;
     if (w < 0 && errno != EINVAL) throw_errno(errno, "staging file write");
     // EINVAL (the filesystem refuses this transfer) or a short write: the page cache then.
@@ -214,8 +240,13 @@ void write_buffer::wait_for_room(std::uint64_t offset, std::size_t n) {
     bool needs_chunk = false;
     for (std::uint64_t i = offset / chunk_bytes; i * chunk_bytes < offset + n; ++i)
       needs_chunk |= !chunks_.count(i);
-    if (!needs_chunk || budget_->used() + chunk_bytes <= budget_->limit()) return false;
-    if (settled_chunk() != chunks_.end()) return false;  // place() reuses it at once
+    if (!needs_chunk || spare_ || budget_->used() + chunk_bytes <= budget_->limit()) return false;
+    if (settled_chunk() != chunks_.end()) {
+      // Moved to the file here, where the writer holds no filesystem lock: a slow disk then
+      // delays this writer only.
+      make_spare();
+      return false;
+    }
     // Only a chunk of ours in memory that the stream has yet to settle can give memory back.
     for (auto it = chunks_.lower_bound(settled_ / chunk_bytes); it != chunks_.end(); ++it)
       if (it->second.mem) return true;
@@ -394,9 +425,8 @@ std::size_t write_buffer::read_locked(std::uint64_t offset, std::span<std::byte>
         throw io_error(EIO, "base version read short");
       if (have < n) std::memset(out.data() + pos + have, 0, n - have);
     } else if (c && c->in_file) {
-      if (c->direct && dfd_ >= 0)
-        pread_direct(dfd_, out.data() + pos, n, off, (idx + 1) * chunk_bytes);
-      else
+      if (!c->direct || dfd_ < 0 ||
+          !pread_direct(dfd_, out.data() + pos, n, off, (idx + 1) * chunk_bytes))
         pread_zeros(fd_, out.data() + pos, n, off);
     } else {
       std::size_t have = 0;  // bytes of data (the rest of the range reads as zeros)
@@ -677,6 +707,7 @@ void write_buffer::drop_memory() {
     c.in_file = true;
     c.filled = 0;
   }
+  if (spare_) budget_->recycle(std::move(spare_));
   budget_->give(taken_);
   taken_ = 0;
   // The whole file is the published head image now: the head store counts it, not as a spill.

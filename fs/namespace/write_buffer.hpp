@@ -2,9 +2,10 @@
 // The bytes of a file being written: writes at any offset, reads, truncate. Held in 1 MiB chunks.
 // A chunk lives in memory while the shared memory_budget has room; chunks written when it has
 // none go to an anonymous staging file (O_TMPFILE in STORE/staging, so a crash leaves nothing
-// behind), at their own offsets. Chunks already in memory stay there: a file a little larger than
-// the budget costs a little disk I/O, not a copy of everything. Chunks are kept in a sparse map:
-// holes cost nothing, whatever the file size (a truncate to 1 TiB is one number).
+// behind), at their own offsets. Chunks already in memory stay there (a file a little larger than
+// the budget costs a little disk I/O, not a copy of everything), except while a stream follows
+// the file: chunks it is done with then move to the file to make room (settle()). Chunks are kept
+// in a sparse map: holes cost nothing, whatever the file size (a truncate to 1 TiB is one number).
 //
 // Thread safety: every call locks the buffer (shared for reads), so the content store may read
 // a file it streams (staged_file, "Streaming writes") while the filesystem writes it. The owner
@@ -130,9 +131,11 @@ class write_buffer final : public staged_file {
     bool direct = false;     // in_file, written by direct I/O: read the same way
   };
   chunk& place(std::uint64_t index);  // gives an untouched chunk memory, or a place in the file
-  // A chunk in memory wholly below settled_ (the stream is done with it), written to the staging
-  // file to hand its memory to a new chunk; none: chunks_.end().
+  // A chunk in memory wholly below settled_ (the stream is done with it), whose memory a new
+  // chunk may take once its bytes are in the staging file; none: chunks_.end().
   std::map<std::uint64_t, chunk>::iterator settled_chunk();
+  // Writes settled_chunk() (there is one) to the staging file and keeps its memory in spare_.
+  void make_spare();
   void drop_chunk(chunk& c);  // gives back its memory or staging space
   // Writes a memory chunk's bytes to its place in the staging file (fd_ open): whole chunks
   // by direct I/O where the file allows it (then true), else through the page cache.
@@ -147,6 +150,7 @@ class write_buffer final : public staged_file {
   std::string staging_dir_;
   std::map<std::uint64_t, chunk> chunks_;  // by chunk index; absent: a hole
   std::uint64_t taken_ = 0;                // bytes taken from the budget
+  chunk_memory spare_;  // a settled chunk's memory for the next new chunk (counted in taken_)
   // Bytes of chunks placed in the staging file, as counted in budget_->spilled(); drop_memory()
   // hands them over to the head image (the file is its image from then on).
   std::uint64_t spilled_ = 0;
