@@ -117,8 +117,8 @@ void write_buffer::uncount_spill(std::uint64_t n) {
 void write_buffer::open_staging() {
   try {
     fd_ = store::detail::open_unlinked(staging_dir_, "buf");
-    // The same file again for direct I/O; where the filesystem has none (tmpfs), every
-    // transfer goes through the page cache.
+    // The same file again for direct I/O; where the filesystem refuses it, every transfer goes
+    // through the page cache.
     const std::string self = "/proc/self/fd/" + std::to_string(fd_);
     dfd_ = ::open(self.c_str(), O_RDWR | O_DIRECT | O_CLOEXEC);
   } catch (const io_error& e) {
@@ -218,7 +218,10 @@ std::map<std::uint64_t, write_buffer::chunk>::iterator write_buffer::settled_chu
   for (; it != chunks_.end() && (it->first + 1) * chunk_bytes <= settled_; ++it)
     if (it->second.mem) break;
   if (it == chunks_.end() || (it->first + 1) * chunk_bytes > settled_) {
-    evicted_below_ = std::max(evicted_below_, settled_ / chunk_bytes);
+    // None in memory below here; chunks placed later may be (settle() of the whole file runs
+    // ahead of the writer), so never past the chunks there are.
+    const std::uint64_t next = chunks_.empty() ? 0 : chunks_.rbegin()->first + 1;
+    evicted_below_ = std::max(evicted_below_, std::min(settled_ / chunk_bytes, next));
     return chunks_.end();
   }
   evicted_below_ = it->first;

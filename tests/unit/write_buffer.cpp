@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <thread>
 #include <vector>
@@ -562,4 +563,31 @@ TEST_CASE("write_buffer: a writer ahead of its stream waits for room, never for 
     buf.wait_for_room(2 * mib, mib);
     CHECK(elapsed(t) < 500ms);
   }
+}
+
+TEST_CASE("write_buffer: after a stream settled the whole file, chunks written later make room too",
+          "[namespace][stream]") {
+  staging_dir dir;
+  constexpr std::size_t mib = std::size_t(1) << 20;
+  auto budget = std::make_shared<memory_budget>(mib);  // one chunk
+  const auto data = pattern(4 * mib, 31);
+  auto chunk_of = [&](std::size_t i) { return std::span(data).subspan(i * mib, mib); };
+  write_buffer buf(budget, dir.path.string());
+  std::optional<write_buffer> other(std::in_place, budget, dir.path.string());
+  other->write(0, chunk_of(0));  // holds the budget's only chunk
+  buf.begin_stream();
+  buf.settle(~std::uint64_t(0));    // the stream has finished (declined, or done with its walk)
+  buf.write(0, chunk_of(0));        // no memory, nothing of this buffer's to move: spilled raw
+  other.reset();                    // the memory comes back
+  buf.write(mib, chunk_of(1));      // in memory
+  buf.write(2 * mib, chunk_of(2));  // chunk 1 moves to the file, chunk 2 takes its memory
+  const int fd = buf.backing_file();
+  std::vector<std::byte> in_file(mib);
+  REQUIRE(::pread(fd, in_file.data(), mib, off_t(mib)) == ssize_t(mib));
+  CHECK(std::equal(in_file.begin(), in_file.end(), chunk_of(1).begin()));
+  REQUIRE(::pread(fd, in_file.data(), mib, off_t(2 * mib)) == ssize_t(mib));
+  CHECK(in_file == std::vector<std::byte>(mib));  // chunk 2 is in memory, not spilled
+  std::vector<std::byte> all(3 * mib);
+  buf.read_fully(0, all);
+  CHECK(std::equal(all.begin(), all.end(), data.begin()));
 }
