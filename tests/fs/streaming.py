@@ -21,6 +21,11 @@ files larger than head_min are delta-coded while torch writes them.
             and closed: its stream stops at the unlink (status: none running before the close),
             the daemon carries on, and the next save of the run is still a delta on the last
             stored version.
+  flow      A checkpoint six times buffer= saved twice: the writer waits for its stream
+            instead of spilling raw bytes, so the daemon writes the delta's file about once (its
+            head image; /proc/PID/io wchar at most 1.35x the file, where raw spills and the
+            reconstruction written over them made it 1.84x), both versions are streamed
+            and read back within the closed-loop bound.
 
 Usage: streaming.py CKPTFS CKPTCTL
 """
@@ -212,9 +217,45 @@ def unlink(binary, ctl, work):
     print("unlink: stream cancelled, the next save a delta on the last stored version")
 
 
+def daemon_written(pid):
+    for line in open(f"/proc/{pid}/io"):
+        if line.startswith("wchar:"):
+            return int(line.split()[1])
+    raise AssertionError("no wchar in /proc/PID/io")
+
+
+def flow(binary, ctl, work):
+    state = TrainingState(384 * MiB, params=4, small=6, seed=9)
+    store, mnt = f"{work}/flow-store", f"{work}/flow-mnt"
+    saved, read, kinds = [], [], []
+    with mounted(binary, store, mnt, *OPTS) as proc:
+        os.makedirs(f"{mnt}/run")
+        for k in range(2):
+            if k:
+                state.step()
+                time.sleep(2)  # the keyframe's head image published, off the delta's count
+            saved.append(sample(state.state_dict()))
+            path = f"{mnt}/run/step_{k}.pt"
+            before = daemon_written(proc.pid)
+            save(state.state_dict(), path, "fsync")
+            written = daemon_written(proc.pid) - before
+            size = os.path.getsize(path)
+            kinds.append(stat(ctl, path)["kind"])
+            print(f"flow: v{k} {kinds[-1]}, daemon wrote {written / size:.2f}x the file")
+            if k:
+                assert written <= 1.35 * size, f"the delta's save wrote {written / size:.2f}x"
+        s = status(ctl, mnt)
+        assert s["used"] == 2 and s["dropped"] == 0, s
+        read = [sample(torch.load(f"{mnt}/run/step_{k}.pt")) for k in range(2)]
+    assert kinds == ["keyframe", "delta"], kinds
+    for k in range(2):
+        check(f"flow v{k}", saved[k], read[k], read[k - 1] if k else None, kinds[k])
+
+
 def main():
     binary, ctl = sys.argv[1], sys.argv[2]
     with scratch_dir("ckptfs-streaming-") as work:
+        flow(binary, ctl, work)
         same(binary, ctl, work)
         rewrite(binary, ctl, work)
         unlink(binary, ctl, work)
