@@ -105,24 +105,44 @@ double error_sums::relative() const noexcept {
   return ref > 0 ? std::sqrt(err / ref) : INFINITY;
 }
 
+namespace {
+
+void check_spans(dtype t, std::span<const std::byte> cur, std::span<const std::byte> recon) {
+  if (!is_float(t)) throw invalid_argument("codec: fidelity of a non-float tensor");
+  if (cur.size() != recon.size() || cur.size() % element_size(t))
+    throw invalid_argument("codec: fidelity of spans that differ in size");
+}
+
+constexpr std::size_t kPiece = std::size_t(1) << 16;  // elements summed together, then merged
+
+error_sums piece_at(dtype t, std::span<const std::byte> cur, std::span<const std::byte> recon,
+                    std::size_t i) {
+  const std::size_t es = element_size(t), n = cur.size() / es;
+  const std::size_t first = i * kPiece, cnt = std::min(kPiece, n - first);
+  return t == dtype::f32 ? piece_sums_f32(cur.data() + first * es, recon.data() + first * es, cnt)
+                         : piece_sums(t, cur.data() + first * es, recon.data() + first * es, cnt);
+}
+
+}  // namespace
+
 error_sums measure_error(dtype t, std::span<const std::byte> cur,
                          std::span<const std::byte> recon) {
-  if (!is_float(t)) throw invalid_argument("codec: fidelity of a non-float tensor");
-  const std::size_t es = element_size(t);
-  if (cur.size() != recon.size() || cur.size() % es)
-    throw invalid_argument("codec: fidelity of spans that differ in size");
-  constexpr std::size_t piece = std::size_t(1) << 16;  // elements
-  const std::size_t n = cur.size() / es, pieces = (n + piece - 1) / piece;
+  check_spans(t, cur, recon);
+  const std::size_t pieces = (cur.size() / element_size(t) + kPiece - 1) / kPiece;
   std::vector<error_sums> part(pieces);
-  tbb::parallel_for(std::size_t(0), pieces, [&](std::size_t i) {
-    const std::size_t first = i * piece;
-    const std::size_t cnt = std::min(piece, n - first);
-    part[i] = t == dtype::f32
-                  ? piece_sums_f32(cur.data() + first * es, recon.data() + first * es, cnt)
-                  : piece_sums(t, cur.data() + first * es, recon.data() + first * es, cnt);
-  });
+  tbb::parallel_for(std::size_t(0), pieces,
+                    [&](std::size_t i) { part[i] = piece_at(t, cur, recon, i); });
   error_sums all;
   for (const auto& p : part) all.merge(p);
+  return all;
+}
+
+error_sums measure_error_serial(dtype t, std::span<const std::byte> cur,
+                                std::span<const std::byte> recon) {
+  check_spans(t, cur, recon);
+  const std::size_t pieces = (cur.size() / element_size(t) + kPiece - 1) / kPiece;
+  error_sums all;
+  for (std::size_t i = 0; i < pieces; ++i) all.merge(piece_at(t, cur, recon, i));
   return all;
 }
 

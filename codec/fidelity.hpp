@@ -25,5 +25,9 @@ struct error_sums {
 // depend on the thread count). Elements that are NaN or infinite in either are skipped. Throws
 // invalid_argument for a non-float dtype or spans of different or partial sizes.
 error_sums measure_error(dtype t, std::span<const std::byte> cur, std::span<const std::byte> recon);
+// The same sums on the calling thread, for a caller that is parallel already (the encoder measures
+// each block right after coding it, while the block is in the core's cache).
+error_sums measure_error_serial(dtype t, std::span<const std::byte> cur,
+                                std::span<const std::byte> recon);
 
 }  // namespace ckpt::codec

@@ -104,18 +104,23 @@ std::vector<quant_table> plan_tables(std::span<const delta_input> inputs, int bi
 
 void encode_delta_into(const delta_input& in, const quant_table& q, const lossy_params& p,
                        std::span<std::byte> recon, std::vector<std::byte>& out,
-                       std::size_t block_bytes) {
+                       std::size_t block_bytes, error_sums* error) {
   check_pair(in);
   if (recon.size() != in.cur.size()) throw invalid_argument("codec: recon buffer size");
   const std::size_t es = element_size(in.type), n = in.cur.size() / es;
   const std::size_t per = elements_per_block(in.type, block_bytes);
   const std::size_t nblocks = (n + per - 1) / per;
   std::vector<std::vector<std::byte>> parts(nblocks);
+  std::vector<error_sums> errors(error ? nblocks : 0);
   tbb::parallel_for(std::size_t(0), nblocks, [&](std::size_t b) {
     const std::size_t first = b * per, cnt = std::min(per, n - first);
     encode_delta_block(in.type, in.cur.data() + first * es, in.base.data() + first * es, cnt, q, p,
                        recon.data() + first * es, parts[b]);
+    if (error)
+      errors[b] = measure_error_serial(in.type, in.cur.subspan(first * es, cnt * es),
+                                       recon.subspan(first * es, cnt * es));
   });
+  for (const auto& e : errors) error->merge(e);
   append_all(parts, out);
 }
 

@@ -10,6 +10,7 @@
 
 #include "codec/block.hpp"
 #include "codec/dtype.hpp"
+#include "codec/fidelity.hpp"
 #include "codec/quantizer.hpp"
 
 namespace ckpt::codec {
@@ -55,9 +56,11 @@ std::vector<std::byte> encode_exact(dtype t, std::span<const std::byte> data,
 
 // The same, appending to `out`: callers that code many tensors reuse one buffer instead of
 // faulting in fresh pages for every frame (that costs more than the coding itself).
+// With `error`, also adds how far recon is from cur (measure_error's sums, block by block in
+// order: the same whatever the thread count), measured as each block is coded.
 void encode_delta_into(const delta_input& in, const quant_table& q, const lossy_params& p,
                        std::span<std::byte> recon, std::vector<std::byte>& out,
-                       std::size_t block_bytes = default_block_bytes);
+                       std::size_t block_bytes = default_block_bytes, error_sums* error = nullptr);
 void encode_exact_into(dtype t, std::span<const std::byte> data, std::vector<std::byte>& out,
                        std::size_t block_bytes = default_block_bytes);
 

@@ -134,10 +134,10 @@ content_store::impl::tensor_result content_store::impl::encode_tensor(
       const std::span<std::byte> out_recon(slab.recon.data(), n);
       codec::lossy_params p = params_for(params, table.kind);
       p.round_bits = j.keep_bits;
-      codec::encode_delta_into(in, table, p, out_recon, slab.enc);
-      recon = out_recon;
       if (!f.error) f.error.emplace();
-      f.error->merge(codec::measure_error(j.type, cur, recon));
+      codec::encode_delta_into(in, table, p, out_recon, slab.enc, codec::default_block_bytes,
+                               &*f.error);
+      recon = out_recon;
     } else if (j.keep_bits) {
       const std::span<std::byte> out_recon(slab.recon.data(), n);
       codec::round_mantissa(j.type, cur, out_recon, j.keep_bits);

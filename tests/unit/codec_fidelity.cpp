@@ -11,6 +11,8 @@
 #include "codec/dtype.hpp"
 #include "codec/error.hpp"
 #include "codec/fidelity.hpp"
+#include "codec/quantizer.hpp"
+#include "codec/tensor_codec.hpp"
 
 using namespace ckpt::codec;
 
@@ -92,4 +94,34 @@ TEST_CASE("fidelity: a non-finite element in a piece's tail is skipped too", "[c
   const error_sums s = measure_error(dtype::f32, f32s(u), f32s(r));
   CHECK(s.err == Approx(19 * 0.25));
   CHECK(s.ref == Approx(19 * 4.0));
+}
+
+TEST_CASE("fidelity: the encoder's own sums are measure_error's, whatever the thread count",
+          "[codec][fidelity]") {
+  std::mt19937 rng(8);
+  std::normal_distribution<float> d(0, 1);
+  std::vector<float> base(700'001), cur(base.size());  // several blocks and a partial one
+  for (std::size_t i = 0; i < base.size(); ++i) {
+    base[i] = d(rng);
+    cur[i] = base[i] + 0.01f * d(rng);
+  }
+  const auto cb = f32s(base), cc = f32s(cur);
+  const delta_input in{dtype::f32, cc, cb};
+  const quant_table q =
+      select_buckets(gather_stats(std::span(&in, 1), false, delta_kind::difference), 3,
+                     representative::mean, delta_kind::difference);
+  auto run = [&](int threads) {
+    tbb::global_control limit(tbb::global_control::max_allowed_parallelism, threads);
+    std::vector<std::byte> recon(cc.size()), out;
+    error_sums e;
+    encode_delta_into(in, q, lossy_params{}, recon, out, default_block_bytes, &e);
+    return std::pair{e, measure_error(dtype::f32, cc, recon)};
+  };
+  const auto [one, one_ref] = run(1);
+  const auto [many, many_ref] = run(4);
+  CHECK(one.err == many.err);  // bitwise
+  CHECK(one.ref == many.ref);
+  CHECK(one.err == Approx(one_ref.err).epsilon(1e-12));
+  CHECK(one.ref == Approx(one_ref.ref).epsilon(1e-12));
+  CHECK(one.err > 0);
 }
