@@ -245,8 +245,6 @@ void decode_groups(const std::byte* base_b, std::size_t n, const std::uint8_t* g
         rounded<T>(reconstruct<T, D>(base[i], table[groups[full]][i - full * k]), Round ? drop : 0);
 }
 
-// Returns whether the elements came out rounded (fp32 with 2 or 4 symbols a group, the
-// mount's coding); the caller rounds the others in a second pass.
 // K symbols a group with every element rounded by `drop` bits: in the kernel's registers for
 // fp32 (returns true), else left to the caller's second pass (returns false).
 template <dtype T, delta_kind D, int K>

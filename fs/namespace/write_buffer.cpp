@@ -237,25 +237,22 @@ void write_buffer::settle(std::uint64_t end) {
 
 void write_buffer::wait_for_room(std::uint64_t offset, std::size_t n) {
   std::unique_lock lock(mu_);
-  const auto waiting_helps = [&] {
-    if (no_room_wait_ || stream_.load() != stream_state::open || stale_ || stream_waits_)
-      return false;
+  for (;;) {
+    if (no_room_wait_ || stream_.load() != stream_state::open || stale_ || stream_waits_) return;
     bool needs_chunk = false;
     for (std::uint64_t i = offset / chunk_bytes; i * chunk_bytes < offset + n; ++i)
       needs_chunk |= !chunks_.count(i);
-    if (!needs_chunk || spare_ || budget_->used() + chunk_bytes <= budget_->limit()) return false;
+    if (!needs_chunk || spare_ || budget_->used() + chunk_bytes <= budget_->limit()) return;
     if (settled_chunk() != chunks_.end()) {
       // Moved to the file here, where the writer holds no filesystem lock: a slow disk then
       // delays this writer only.
       make_spare();
-      return false;
+      return;
     }
     // Only a chunk of ours in memory that the stream has yet to settle can give memory back.
-    for (auto it = chunks_.lower_bound(settled_ / chunk_bytes); it != chunks_.end(); ++it)
-      if (it->second.mem) return true;
-    return false;
-  };
-  while (waiting_helps()) {
+    auto it = chunks_.lower_bound(settled_ / chunk_bytes);
+    while (it != chunks_.end() && !it->second.mem) ++it;
+    if (it == chunks_.end()) return;
     const std::uint64_t before = settled_;
     if (room_cv_.wait_for(lock, kRoomWait) == std::cv_status::timeout && settled_ == before) {
       no_room_wait_ = true;
