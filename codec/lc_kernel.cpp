@@ -340,11 +340,45 @@ void lc_encode_symbols(dtype t, const std::byte* cur, const std::byte* base, std
 
 void pack_groups(const std::uint8_t* symbols, std::size_t n, int bits, int k,
                  std::uint8_t* groups) {
+  const std::size_t full = n / k;
+  std::size_t g = 0;
+#if defined(__AVX2__)
+  // The default groups (k = 2, 4, 8 with k * bits <= 8), 32 symbols a step: a multiply-add of
+  // byte pairs by (1, 2^bits) puts s0 + s1 << bits in a 16-bit lane, a second one of 16-bit pairs
+  // by (1, 2^(2 bits)) four symbols in a 32-bit lane; one bit a symbol is a byte mask. Every sum
+  // is below 256 (symbols < 2^bits), so the saturating packs do not clip. Same bits as the loop.
+  const __m256i pair_mul = _mm256_set1_epi16(std::int16_t(1 | (1 << (8 + bits))));
+  const __m256i quad_mul = _mm256_set1_epi32(1 | (1 << (16 + 2 * bits)));
+  if (k == 2 || (k == 4 && bits <= 2) || (k == 8 && bits == 1)) {
+    for (; (g + 32 / k) <= full; g += 32 / std::size_t(k)) {
+      const __m256i s = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(symbols + g * k));
+      if (k == 8) {
+        const std::uint32_t m = std::uint32_t(_mm256_movemask_epi8(_mm256_slli_epi16(s, 7)));
+        std::memcpy(groups + g, &m, 4);
+        continue;
+      }
+      __m256i v = _mm256_maddubs_epi16(s, pair_mul);
+      if (k == 4) {
+        v = _mm256_madd_epi16(v, quad_mul);
+        v = _mm256_packus_epi32(v, v);
+      }
+      v = _mm256_packus_epi16(v, v);
+      // Each 128-bit lane now starts with its own groups: 8 bytes (k = 2) or 4 (k = 4).
+      const __m128i lo = _mm256_castsi256_si128(v), hi = _mm256_extracti128_si256(v, 1);
+      if (k == 2) {
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(groups + g), _mm_unpacklo_epi64(lo, hi));
+      } else {
+        const std::uint64_t both = std::uint32_t(_mm_cvtsi128_si32(lo)) |
+                                   std::uint64_t(std::uint32_t(_mm_cvtsi128_si32(hi))) << 32;
+        std::memcpy(groups + g, &both, 8);
+      }
+    }
+  }
+#endif
   // Byte j of an 8-byte load holds symbol j; shifting it right by j*(8-bits) lands it at bit
   // j*bits of the low byte, and no other byte reaches the low byte while k*bits <= 8.
   const unsigned step = 8 - bits;
-  const std::size_t full = n / k;
-  for (std::size_t g = 0; g < full; ++g) {
+  for (; g < full; ++g) {
     std::uint64_t x;
     std::memcpy(&x, symbols + g * k, 8);
     std::uint64_t v = 0;

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <map>
 #include <random>
+#include <span>
+#include <vector>
 
 #include "codec/error.hpp"
 #include "codec/quantizer.hpp"
@@ -130,4 +132,47 @@ TEST_CASE("stats equal a plain per-element reference, across lane flushes and ki
       }
     }
   }
+}
+
+TEST_CASE("nonnegative: every bit pattern class at every lane, tail and chunk position",
+          "[quantizer]") {
+  // (storage bits, nonnegative?) per dtype: the values that sit on either side of each test.
+  struct probe {
+    std::uint32_t bits;
+    bool ok;
+  };
+  const std::vector<probe> f32 = {
+      {0x00000000u, true},  {0x80000000u, true},   // +0, -0
+      {0x00000001u, true},  {0x7f7fffffu, true},   // smallest subnormal, largest finite
+      {0x7f800000u, true},                         // +inf
+      {0x80000001u, false}, {0xbf800000u, false},  // -subnormal, -1
+      {0xff800000u, false},                        // -inf
+      {0x7f800001u, false}, {0x7fc00000u, false}, {0xffc00000u, false}};  // NaNs
+  const std::vector<probe> f16 = {{0x0000, true},   {0x8000, true},  {0x0001, true},
+                                  {0x7bff, true},   {0x7c00, true},  {0x8001, false},
+                                  {0xbc00, false},  {0xfc00, false}, {0x7c01, false},
+                                  {0x7e00, false},  {0xfe00, false}};
+  const std::vector<probe> bf16 = {{0x0000, true},   {0x8000, true},  {0x0001, true},
+                                   {0x7f7f, true},   {0x7f80, true},  {0x8001, false},
+                                   {0xbf80, false},  {0xff80, false}, {0x7f81, false},
+                                   {0x7fc0, false},  {0xffc0, false}};
+  auto run = [](dtype t, const std::vector<probe>& probes, auto word) {
+    using W = decltype(word);
+    for (std::size_t n : {1, 15, 16, 17, 33, 4095, 4096, 4097, 9000}) {
+      std::vector<W> v(n, W(0x3f));  // a small positive value everywhere else
+      auto bytes = [&] { return std::as_bytes(std::span(v)); };
+      REQUIRE(nonnegative(t, bytes()));
+      for (std::size_t at : {std::size_t(0), n / 2, n - 1, std::min<std::size_t>(n - 1, 4096)}) {
+        for (const probe& p : probes) {
+          v[at] = W(p.bits);
+          CAPTURE(name(t), n, at, p.bits);
+          REQUIRE(nonnegative(t, bytes()) == p.ok);
+          v[at] = W(0x3f);
+        }
+      }
+    }
+  };
+  run(dtype::f32, f32, std::uint32_t{});
+  run(dtype::f16, f16, std::uint16_t{});
+  run(dtype::bf16, bf16, std::uint16_t{});
 }
