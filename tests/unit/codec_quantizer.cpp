@@ -2,7 +2,9 @@
 #include <bit>
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <limits>
 #include <map>
+#include <tuple>
 #include <random>
 #include <span>
 #include <vector>
@@ -107,6 +109,16 @@ TEST_CASE("stats equal a plain per-element reference, across lane flushes and ki
         base[i] = kind == delta_kind::ratio ? std::abs(w(rng)) + 1e-3f : w(rng);
         cur[i] = crowded ? base[i] + 1e-4f : base[i] * u(rng) + (i % 7 == 0 ? w(rng) : 0.0f);
       }
+      // Edge pairs throughout (vector lanes and the scalar tail alike): equal values (0 / 0
+      // and -0 / +0 included), infinities, NaN, subnormals; their deltas land in keys 0 and 255.
+      const float inf = std::numeric_limits<float>::infinity();
+      const float nan = std::numeric_limits<float>::quiet_NaN();
+      const float sub = std::numeric_limits<float>::denorm_min();
+      const std::pair<float, float> edges[] = {{0.0f, 0.0f}, {-0.0f, 0.0f}, {0.5f, 0.5f},
+                                               {inf, 1.0f},  {1.0f, 0.0f},  {nan, 1.0f},
+                                               {inf, inf},   {sub, 1.0f},   {3 * sub, sub}};
+      for (std::size_t i = 5, e = 0; i < n; i += 97, ++e)
+        std::tie(cur[i], base[i]) = edges[e % std::size(edges)];
       delta_stats ref;
       for (std::size_t i = 0; i < n; ++i) {
         const std::uint32_t d = std::bit_cast<std::uint32_t>(
