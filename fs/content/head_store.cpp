@@ -130,13 +130,17 @@ head_store::head_store(std::string dir) : dir_(std::move(dir)) {
     throw_errno(errno, "cannot create the heads directory " + dir_);
   dir_fd_ = ::open(dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dir_fd_ < 0) throw_errno(errno, "cannot open the heads directory " + dir_);
+  releaser_ = std::jthread([this](std::stop_token stop) { releaser(stop); });
   worker_ = std::jthread([this](std::stop_token stop) { worker(stop); });
 }
 
 head_store::~head_store() {
   worker_.request_stop();
+  releaser_.request_stop();
   cv_.notify_all();
   if (worker_.joinable()) worker_.join();
+  if (releaser_.joinable()) releaser_.join();
+  to_release_.clear();
   ::close(dir_fd_);
 }
 
@@ -290,6 +294,30 @@ void head_store::drop(std::uint64_t version) {
   // A name the worker is creating right now is removed by the worker (it checks afterwards).
   if (image->published_fd() >= 0)
     ::unlinkat(dir_fd_, file_name(image->version(), image->checksum()).c_str(), 0);
+  {
+    std::lock_guard lock(mu_);
+    to_release_.push_back(std::move(image));
+  }
+  cv_.notify_all();
+}
+
+void head_store::releaser(std::stop_token stop) {
+  for (;;) {
+    std::shared_ptr<head_image> image;
+    {
+      std::unique_lock lock(mu_);
+      if (!cv_.wait(lock, stop, [&] { return !to_release_.empty(); })) return;
+      image = std::move(to_release_.front());
+      to_release_.pop_front();
+      ++releasing_;
+    }
+    image.reset();  // the close (and the freeing of its blocks) where it was the last reference
+    {
+      std::lock_guard lock(mu_);
+      --releasing_;
+    }
+    cv_.notify_all();
+  }
 }
 
 head_store::stats head_store::stat() const {
@@ -308,7 +336,10 @@ head_store::stats head_store::stat() const {
 
 void head_store::wait_published() {
   std::unique_lock lock(mu_);
-  cv_.wait(lock, [&] { return to_publish_.empty() && to_rebuild_.empty() && publishing_ == 0; });
+  cv_.wait(lock, [&] {
+    return to_publish_.empty() && to_rebuild_.empty() && publishing_ == 0 && to_release_.empty() &&
+           releasing_ == 0;
+  });
 }
 
 void head_store::worker(std::stop_token stop) {

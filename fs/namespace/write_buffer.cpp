@@ -691,9 +691,18 @@ int write_buffer::backing_file() {
 }
 
 void write_buffer::copy_memory_to_file() const {
-  std::shared_lock lock(mu_);
-  for (const auto& [i, c] : chunks_)
-    if (c.mem && c.filled) write_to_file(i, c);
+  // The lock a chunk at a time, not over the whole copy: publishing a head image writes up to
+  // buffer= to the disk (about a second per GiB here), and meanwhile the stream's last settle()
+  // and end_stream(), on the committing fsync's path, wait for the exclusive lock (measured:
+  // 0.57 s of a 2 GiB delta's 6.2 s save+fsync).
+  for (std::uint64_t next = 0;;) {
+    std::shared_lock lock(mu_);
+    auto it = chunks_.lower_bound(next);
+    while (it != chunks_.end() && !(it->second.mem && it->second.filled)) ++it;
+    if (it == chunks_.end()) return;
+    write_to_file(it->first, it->second);
+    next = it->first + 1;
+  }
 }
 
 void write_buffer::drop_memory() {
