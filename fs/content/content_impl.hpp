@@ -251,6 +251,10 @@ struct content_store::impl {
   cache::lru_cache<cache_key, cache_item, cache_key_hash> chunks;
   // The write path's working memory (puts and rekeys wait for a set).
   encode_slots slots;
+  // Bases read ahead: a delta tensor of several slabs reads the next slab's base while it codes
+  // this one, into two buffers of a set from here (cur and base; recon is never touched, so
+  // never resident), when one is free. As many sets as `slots`.
+  encode_slots base_ahead;
   // Head images of large lineages (null: heads off, or their directory unusable: heads_error).
   std::unique_ptr<head_store> heads;
   std::string heads_error;

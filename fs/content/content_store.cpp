@@ -21,7 +21,8 @@ content_store::impl::impl(store::object_store& o, store::journal& j, content_opt
           chunk_budget(op.cache_bytes) / (kChunkBlocks * codec::default_block_bytes) +
               prefetch_workers() + 4)),
       chunks(chunk_budget(op.cache_bytes)),
-      slots(std::max(2u, std::thread::hardware_concurrency()), kSlabBytes) {
+      slots(std::max(2u, std::thread::hardware_concurrency()), kSlabBytes),
+      base_ahead(slots.count(), kSlabBytes) {
   if (!opt.heads_dir.empty()) {
     try {
       heads = std::make_unique<head_store>(opt.heads_dir);
@@ -108,7 +109,7 @@ content_store::resources content_store::usage() const {
   r.chunk_budget = impl_->chunks.budget();
   r.encode_slots = impl_->slots.count();
   r.encodes_running = impl_->slots.in_use();
-  r.encode_memory = impl_->slots.resident_bytes();
+  r.encode_memory = impl_->slots.resident_bytes() + impl_->base_ahead.resident_bytes();
   if (impl_->heads) {
     const auto h = impl_->heads->stat();
     r.heads = h.images;

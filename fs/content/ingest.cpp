@@ -4,11 +4,15 @@
 // slab of the base's reconstruction, the new reconstruction and its encoding; encode_slots.hpp).
 // Neither the file, its encoding nor its reconstruction is ever whole in memory. The version's
 // record is appended last.
+#include <tbb/task_group.h>
+
 #include <array>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <future>
 #include <optional>
+#include <system_error>
 #include <unordered_map>
 
 #include "codec/error.hpp"
@@ -106,6 +110,14 @@ content_store::impl::tensor_result content_store::impl::encode_tensor(
   const bool range = opt.rep == codec::representative::midrange;
   std::shared_ptr<const cache_item> base_whole;
   std::uint64_t frame_at = 0;
+  // Read-ahead of the base (below): its buffers outlive the read in flight (declared first).
+  std::optional<encode_slots::lease> ahead_set =
+      j.base_tensor && t.length > kSlabBytes ? base_ahead.try_acquire() : std::nullopt;
+  std::future<void> ahead;  // the next slab's base, into ahead_buffer(slab index + 1)
+  auto ahead_buffer = [&](std::uint64_t slab_index) {
+    encode_slots::slabs& a = ahead_set->get();
+    return slab_index % 2 ? a.base.data() : a.cur.data();
+  };
   for (std::uint64_t s = 0; s < t.length; s += kSlabBytes) {
     const std::size_t n = std::size_t(std::min<std::uint64_t>(kSlabBytes, t.length - s));
     // A stream waits for the slab's bytes before it takes working memory.
@@ -115,12 +127,39 @@ content_store::impl::tensor_result content_store::impl::encode_tensor(
     if (!slabs.fixed) lease.emplace(slots.acquire());
     encode_slots::slabs& slab = slabs.fixed ? *slabs.fixed : lease->get();
     const std::span<std::byte> cur(slab.cur.data(), n);
-    src.read(t.offset + s, cur);
+    const std::uint64_t index = s / kSlabBytes;
+    const std::span<std::byte> base(ahead_set ? ahead_buffer(index) : slab.base.data(), n);
+    if (ahead.valid()) {  // read while the previous slab was coded
+      src.read(t.offset + s, cur);
+      ahead.get();
+    } else if (j.base_tensor) {
+      // The slab and its base at once: the base is read from the disk (a published head image,
+      // by direct I/O) or decoded, while the slab is copied out of the staged file.
+      tbb::task_group g;
+      g.run([&] { read_recon_slab(base_id, *j.base_tensor, s, base, base_whole); });
+      src.read(t.offset + s, cur);
+      g.wait();
+    } else {
+      src.read(t.offset + s, cur);
+    }
+    if (ahead_set && s + n < t.length) {
+      // The next slab's base while this one is coded: the read waits for the disk, and on its
+      // own thread (not a TBB worker) it leaves both cores to the coding. Its buffer held the
+      // base of the slab before this one, which is done.
+      const std::uint64_t next = s + n;
+      const std::span<std::byte> into(ahead_buffer(index + 1), std::size_t(std::min<std::uint64_t>(
+                                                                   kSlabBytes, t.length - next)));
+      try {
+        ahead = std::async(std::launch::async, [this, &base_whole, &j, base_id, next, into] {
+          read_recon_slab(base_id, *j.base_tensor, next, into, base_whole);
+        });
+      } catch (const std::system_error&) {
+        // No thread for it: the next slab reads its base itself, as without read-ahead.
+      }
+    }
     std::span<const std::byte> recon = cur;
     slab.enc.clear();
     if (j.base_tensor) {
-      const std::span<std::byte> base(slab.base.data(), n);
-      read_recon_slab(base_id, *j.base_tensor, s, base, base_whole);
       const codec::delta_input in{j.type, cur, base};
       const codec::delta_kind kind = codec::choose_kind(in, opt.relative);
       // Per slab, unless the paper's whole-checkpoint scope shares one table per kind: a table
@@ -148,12 +187,20 @@ content_store::impl::tensor_result content_store::impl::encode_tensor(
     } else {
       codec::encode_exact_into(j.type, cur, slab.enc);
     }
-    if (opt.block_index) index_slab(f, slab.enc, frame_at);
-    out.append(slab.enc);
-    frame_at += slab.enc.size();
-    XXH3_64bits_update(&digest, recon.data(), recon.size());
-    res.crc = format::crc32(res.crc, recon);
-    if (recon_sink) recon_sink(s, recon);
+    {
+      // The digests on another core while this thread appends the encoding and then hands the
+      // reconstruction to the sink: one core was idle through these passes (a stream thread
+      // spent 40% of its time in them). The append stays on this thread (the object writer's
+      // ring takes submissions from one thread), and the sink runs only after it succeeded.
+      tbb::task_group g;
+      g.run([&] { XXH3_64bits_update(&digest, recon.data(), recon.size()); });
+      g.run([&] { res.crc = format::crc32(res.crc, recon); });
+      if (opt.block_index) index_slab(f, slab.enc, frame_at);
+      out.append(slab.enc);
+      frame_at += slab.enc.size();
+      if (recon_sink) recon_sink(s, recon);
+      g.wait();
+    }
   }
   f.encoded_bytes = frame_at;
   f.digest = XXH3_64bits_digest(&digest);
