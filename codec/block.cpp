@@ -14,6 +14,7 @@
 #include "codec/huffman.hpp"
 #include "codec/lc_kernel.hpp"
 #include "codec/mantissa.hpp"
+#include "codec/planes.hpp"
 
 namespace ckpt::codec {
 
@@ -91,45 +92,6 @@ void put_raw_block(dtype t, const std::byte* data, std::size_t n, std::vector<st
   const std::size_t at = begin_block(out, h);
   out.insert(out.end(), data, data + n * element_size(t));
   end_block(out, at);
-}
-
-// Byte planes of the element words rotated left by one bit: the fp32/bf16 exponent then fills one
-// plane on its own (the only compressible one for trained weights) and the sign joins the low
-// mantissa byte.
-void to_planes(dtype t, const std::byte* in, std::size_t n, std::uint8_t* planes) {
-  if (t == dtype::f32) {
-    const auto* w = reinterpret_cast<const std::uint32_t*>(in);
-    for (std::size_t i = 0; i < n; ++i) {
-      const std::uint32_t r = std::rotl(w[i], 1);
-      planes[i] = std::uint8_t(r);
-      planes[n + i] = std::uint8_t(r >> 8);
-      planes[2 * n + i] = std::uint8_t(r >> 16);
-      planes[3 * n + i] = std::uint8_t(r >> 24);
-    }
-  } else {
-    const auto* w = reinterpret_cast<const std::uint16_t*>(in);
-    for (std::size_t i = 0; i < n; ++i) {
-      const std::uint16_t r = std::rotl(w[i], 1);
-      planes[i] = std::uint8_t(r);
-      planes[n + i] = std::uint8_t(r >> 8);
-    }
-  }
-}
-
-// Planes by pointer: a stored plane is read where it lies in the payload, not copied first.
-void from_planes(dtype t, const std::array<const std::uint8_t*, 4>& p, std::size_t n,
-                 std::byte* out) {
-  if (t == dtype::f32) {
-    auto* w = reinterpret_cast<std::uint32_t*>(out);
-    for (std::size_t i = 0; i < n; ++i) {
-      const std::uint32_t r = std::uint32_t(p[0][i]) | std::uint32_t(p[1][i]) << 8 |
-                              std::uint32_t(p[2][i]) << 16 | std::uint32_t(p[3][i]) << 24;
-      w[i] = std::rotr(r, 1);
-    }
-  } else {
-    auto* w = reinterpret_cast<std::uint16_t*>(out);
-    for (std::size_t i = 0; i < n; ++i) w[i] = std::rotr(std::uint16_t(p[0][i] | p[1][i] << 8), 1);
-  }
 }
 
 // Mantissa planes of trained floats are nearly uniform; a 1-in-16 sample tells so without a full
