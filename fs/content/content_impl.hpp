@@ -13,6 +13,7 @@
 //   retention.cpp         management: rekey (prune's rewrite), verify, garbage collection
 //   content_object.cpp    the object of one version: streamed data area, metadata trailer
 //   encode_slots.cpp      the write path's working memory: a fixed number of slab sets
+//   base_prefetch.cpp     read-ahead of a delta tensor's next base slab, while a slab is coded
 //   content_store.cpp     construction and the small public helpers
 #include <algorithm>
 #include <array>
@@ -39,6 +40,7 @@
 #include "codec/error.hpp"
 #include "codec/tensor_codec.hpp"
 #include "codec/xxh3.hpp"
+#include "fs/content/base_prefetch.hpp"
 #include "fs/content/buffer_pool.hpp"
 #include "fs/content/content_store.hpp"
 #include "fs/content/encode_slots.hpp"
@@ -251,10 +253,9 @@ struct content_store::impl {
   cache::lru_cache<cache_key, cache_item, cache_key_hash> chunks;
   // The write path's working memory (puts and rekeys wait for a set).
   encode_slots slots;
-  // Bases read ahead: a delta tensor of several slabs reads the next slab's base while it codes
-  // this one, into two buffers of a set from here (cur and base; recon is never touched, so
-  // never resident), when one is free. As many sets as `slots`.
-  encode_slots base_ahead;
+  // Bases read ahead while a slab is coded (base_prefetch.hpp): two units, whatever the cores
+  // (64 MiB at most); an encode without one reads its bases in turn.
+  base_prefetch base_ahead;
   // Head images of large lineages (null: heads off, or their directory unusable: heads_error).
   std::unique_ptr<head_store> heads;
   std::string heads_error;

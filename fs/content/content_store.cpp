@@ -22,7 +22,7 @@ content_store::impl::impl(store::object_store& o, store::journal& j, content_opt
               prefetch_workers() + 4)),
       chunks(chunk_budget(op.cache_bytes)),
       slots(std::max(2u, std::thread::hardware_concurrency()), kSlabBytes),
-      base_ahead(slots.count(), kSlabBytes) {
+      base_ahead(2, kSlabBytes) {
   if (!opt.heads_dir.empty()) {
     try {
       heads = std::make_unique<head_store>(opt.heads_dir);

@@ -17,22 +17,6 @@ encode_slots::lease encode_slots::acquire() {
     return false;
   });
   busy_[i] = true;
-  make(i);
-  return lease(this, i);
-}
-
-std::optional<encode_slots::lease> encode_slots::try_acquire() {
-  std::lock_guard lock(mu_);
-  for (std::size_t i = 0; i < busy_.size(); ++i) {
-    if (busy_[i]) continue;
-    busy_[i] = true;
-    make(i);
-    return lease(this, i);
-  }
-  return std::nullopt;
-}
-
-encode_slots::slabs& encode_slots::make(std::size_t i) {
   slabs& s = sets_[i];
   if (!s.cur.data()) {  // made on first use, under the lock: a set is made once
     try {
@@ -45,7 +29,7 @@ encode_slots::slabs& encode_slots::make(std::size_t i) {
       throw;
     }
   }
-  return s;
+  return lease(this, i);
 }
 
 void encode_slots::give_back(std::size_t index) {

@@ -9,7 +9,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
-#include <optional>
 #include <vector>
 
 #include "fs/store/page_buffer.hpp"
@@ -42,8 +41,6 @@ class encode_slots {
     std::size_t index_;
   };
   lease acquire();
-  // A set if one is free now, else none (never waits): for optional work such as read-ahead.
-  std::optional<lease> try_acquire();
 
   std::size_t count() const noexcept { return sets_.size(); }
   std::size_t in_use() const;
@@ -51,7 +48,6 @@ class encode_slots {
 
  private:
   void give_back(std::size_t index);
-  slabs& make(std::size_t index);  // under mu_: allocates a set on its first use
   const std::size_t slab_bytes_;
   mutable std::mutex mu_;
   std::condition_variable free_cv_;

@@ -130,8 +130,18 @@ head_store::head_store(std::string dir) : dir_(std::move(dir)) {
     throw_errno(errno, "cannot create the heads directory " + dir_);
   dir_fd_ = ::open(dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dir_fd_ < 0) throw_errno(errno, "cannot open the heads directory " + dir_);
-  releaser_ = std::jthread([this](std::stop_token stop) { releaser(stop); });
-  worker_ = std::jthread([this](std::stop_token stop) { worker(stop); });
+  try {
+    releaser_ = std::jthread([this](std::stop_token stop) { releaser(stop); });
+    worker_ = std::jthread([this](std::stop_token stop) { worker(stop); });
+  } catch (...) {
+    if (releaser_.joinable()) {
+      releaser_.request_stop();
+      cv_.notify_all();
+      releaser_.join();
+    }
+    ::close(dir_fd_);
+    throw;
+  }
 }
 
 head_store::~head_store() {

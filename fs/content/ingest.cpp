@@ -110,14 +110,10 @@ content_store::impl::tensor_result content_store::impl::encode_tensor(
   const bool range = opt.rep == codec::representative::midrange;
   std::shared_ptr<const cache_item> base_whole;
   std::uint64_t frame_at = 0;
-  // Read-ahead of the base (below): its buffers outlive the read in flight (declared first).
-  std::optional<encode_slots::lease> ahead_set =
+  // Read-ahead of the base (below). Declared after what its reads use: the lease waits for a
+  // read in flight before it goes.
+  std::optional<base_prefetch::lease> ahead =
       j.base_tensor && t.length > kSlabBytes ? base_ahead.try_acquire() : std::nullopt;
-  std::future<void> ahead;  // the next slab's base, into ahead_buffer(slab index + 1)
-  auto ahead_buffer = [&](std::uint64_t slab_index) {
-    encode_slots::slabs& a = ahead_set->get();
-    return slab_index % 2 ? a.base.data() : a.cur.data();
-  };
   for (std::uint64_t s = 0; s < t.length; s += kSlabBytes) {
     const std::size_t n = std::size_t(std::min<std::uint64_t>(kSlabBytes, t.length - s));
     // A stream waits for the slab's bytes before it takes working memory.
@@ -128,10 +124,10 @@ content_store::impl::tensor_result content_store::impl::encode_tensor(
     encode_slots::slabs& slab = slabs.fixed ? *slabs.fixed : lease->get();
     const std::span<std::byte> cur(slab.cur.data(), n);
     const std::uint64_t index = s / kSlabBytes;
-    const std::span<std::byte> base(ahead_set ? ahead_buffer(index) : slab.base.data(), n);
-    if (ahead.valid()) {  // read while the previous slab was coded
+    const std::span<std::byte> base(ahead ? (*ahead)->buffer(index) : slab.base.data(), n);
+    if (ahead && (*ahead)->in_flight()) {  // read while the previous slab was coded
       src.read(t.offset + s, cur);
-      ahead.get();
+      (*ahead)->wait();
     } else if (j.base_tensor) {
       // The slab and its base at once: the base is read from the disk (a published head image,
       // by direct I/O) or decoded, while the slab is copied out of the staged file.
@@ -142,20 +138,16 @@ content_store::impl::tensor_result content_store::impl::encode_tensor(
     } else {
       src.read(t.offset + s, cur);
     }
-    if (ahead_set && s + n < t.length) {
-      // The next slab's base while this one is coded: the read waits for the disk, and on its
-      // own thread (not a TBB worker) it leaves both cores to the coding. Its buffer held the
-      // base of the slab before this one, which is done.
+    if (ahead && s + n < t.length) {
+      // The next slab's base while this one is coded, into the buffer that held the base of
+      // the slab before this one (done).
       const std::uint64_t next = s + n;
-      const std::span<std::byte> into(ahead_buffer(index + 1), std::size_t(std::min<std::uint64_t>(
-                                                                   kSlabBytes, t.length - next)));
-      try {
-        ahead = std::async(std::launch::async, [this, &base_whole, &j, base_id, next, into] {
-          read_recon_slab(base_id, *j.base_tensor, next, into, base_whole);
-        });
-      } catch (const std::system_error&) {
-        // No thread for it: the next slab reads its base itself, as without read-ahead.
-      }
+      const std::span<std::byte> into(
+          (*ahead)->buffer(index + 1),
+          std::size_t(std::min<std::uint64_t>(kSlabBytes, t.length - next)));
+      (*ahead)->start([this, &base_whole, &j, base_id, next, into] {
+        read_recon_slab(base_id, *j.base_tensor, next, into, base_whole);
+      });
     }
     std::span<const std::byte> recon = cur;
     slab.enc.clear();

@@ -41,7 +41,9 @@ class staged_file {
   // and sized to size(); its descriptor stays owned by this object. Throws io_error.
   virtual int backing_file() = 0;
   // Writes the bytes held in memory into the backing file (after backing_file()). Throws
-  // io_error (ENOSPC...). Reads may run meanwhile: the memory is only read.
+  // io_error (ENOSPC...). Reads may run meanwhile: the memory is only read. Not atomic against
+  // other calls: the write buffer takes its lock a chunk at a time, so that the stream's last
+  // calls need not wait for the whole copy (head images are not written once published).
   virtual void copy_memory_to_file() const = 0;
   // After copy_memory_to_file(): frees the memory; every byte is read from the file from now on.
   virtual void drop_memory() = 0;

@@ -6,6 +6,9 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <random>
 
 #include "codec/error.hpp"
@@ -14,6 +17,7 @@
 #include "codec/format/source.hpp"
 #include "codec/mantissa.hpp"
 #include "content_test_util.hpp"
+#include "fs/content/head_store.hpp"
 #include "tests/unit/format_test_util.hpp"
 
 using namespace ckpt;
@@ -31,8 +35,11 @@ class memory_staged final : public fs::staged_file {
   }
   std::uint64_t size() const override { return size_; }
   void read_fully(std::uint64_t off, std::span<std::byte> out) const override {
+    // No Catch macros here: the write path reads bases on threads of its own, and Catch2 is not
+    // thread-safe. A failure throws, and fails the put that reads.
     if (in_file_) {
-      REQUIRE(::pread(fd_, out.data(), out.size(), off_t(off)) == ssize_t(out.size()));
+      if (::pread(fd_, out.data(), out.size(), off_t(off)) != ssize_t(out.size()))
+        throw ckpt::io_error(EIO, "memory_staged: short read");
       return;
     }
     std::memcpy(out.data(), bytes_.data() + off, out.size());
@@ -47,8 +54,9 @@ class memory_staged final : public fs::staged_file {
     if (fd_ < 0) throw ckpt::io_error(errno, "O_TMPFILE");
     return fd_;
   }
-  void copy_memory_to_file() const override {
-    REQUIRE(::pwrite(fd_, bytes_.data(), bytes_.size(), 0) == ssize_t(bytes_.size()));
+  void copy_memory_to_file() const override {  // on the head store's worker thread
+    if (::pwrite(fd_, bytes_.data(), bytes_.size(), 0) != ssize_t(bytes_.size()))
+      throw ckpt::io_error(EIO, "memory_staged: short write");
   }
   void drop_memory() override {
     in_file_ = true;
@@ -470,4 +478,71 @@ TEST_CASE("keyframe_bits leaves lossless stores and exact optimizer state exact"
     CHECK(floats_at(out, at_b, b.size()) == b.values);  // optimizer state: exact
     CHECK(floats_at(out, at_b - 4 * a.size(), a.size()) == rounded(a.values, 8));
   }
+}
+
+namespace {
+
+// A staged file whose destruction (the close of a dropped head image) blocks until the test
+// opens a gate, or 10 s pass.
+struct close_gate {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool open = false, closed = false;
+};
+
+class gated_staged final : public fs::staged_file {
+ public:
+  gated_staged(std::shared_ptr<close_gate> g, std::string dir)
+      : gate_(std::move(g)), dir_(std::move(dir)) {}
+  ~gated_staged() override {
+    std::unique_lock lock(gate_->mu);
+    gate_->cv.wait_for(lock, std::chrono::seconds(10), [&] { return gate_->open; });
+    if (fd_ >= 0) ::close(fd_);
+    gate_->closed = true;
+  }
+  std::uint64_t size() const override { return 4096; }
+  void read_fully(std::uint64_t, std::span<std::byte> out) const override {
+    std::memset(out.data(), 0, out.size());
+  }
+  void overwrite(std::uint64_t, std::span<const std::byte>) override {}
+  bool modified() const override { return false; }
+  int backing_file() override {
+    if (fd_ < 0) fd_ = ::open(dir_.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+    if (fd_ < 0 || ::ftruncate(fd_, 4096) != 0) throw ckpt::io_error(errno, "O_TMPFILE");
+    return fd_;
+  }
+  void copy_memory_to_file() const override {}
+  void drop_memory() override {}
+  std::uint64_t memory_bytes() const override { return 0; }
+
+ private:
+  std::shared_ptr<close_gate> gate_;
+  std::string dir_;
+  int fd_ = -1;
+};
+
+}  // namespace
+
+TEST_CASE("a dropped head image is closed off the dropping thread; wait_published waits for it",
+          "[content][heads]") {
+  // drop() runs on the commit path (the superseded head of a lineage): closing an unlinked
+  // multi-GiB image there frees its blocks before the fsync returns.
+  temp_dir d;
+  const std::string dir = (d.path / "heads").string();
+  fs::head_store heads(dir);
+  auto gate = std::make_shared<close_gate>();
+  heads.adopt(1, 42, std::make_shared<gated_staged>(gate, dir));
+  heads.wait_published();
+  REQUIRE(heads.stat().published == 1);
+  heads.drop(1);  // returns while the image's destruction waits at the gate
+  {
+    std::lock_guard lock(gate->mu);
+    CHECK_FALSE(gate->closed);
+    gate->open = true;
+  }
+  gate->cv.notify_all();
+  heads.wait_published();
+  std::lock_guard lock(gate->mu);
+  CHECK(gate->closed);
+  CHECK(heads.stat().images == 0);
 }

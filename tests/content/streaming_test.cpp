@@ -105,8 +105,9 @@ TEST_CASE("a checkpoint far larger than the cache streams through put and rekey 
     refs.push_back(s.content.put("run/step_" + std::to_string(step) + ".safetensors", src));
     const std::uint64_t grew = peak_rss() - before;
     INFO("version " << step << ": peak RSS grew by " << (grew >> 20) << " MiB");
-    // The encode slots (2+ sets of 3 x 16 MiB slabs and an encoding), the object writer's
-    // 8 MiB, the cache (64 MiB) and the codec's per-thread scratch: far below the file's
+    // The encode slots (2+ sets of 3 x 16 MiB slabs and an encoding), the base read-ahead
+    // (2 units of 2 x 16 MiB), the object writer's 8 MiB, the cache (64 MiB) and the codec's
+    // per-thread scratch: far below the file's
     // 512 MiB, which the whole-tensor write path needed three times over.
     CHECK(grew < (std::uint64_t(240) << 20));
     CHECK(s.content.info(refs.back()).kind == (step == 0 ? "keyframe" : "delta"));
