@@ -523,7 +523,7 @@ class gated_staged final : public fs::staged_file {
 
 }  // namespace
 
-TEST_CASE("a dropped head image is closed off the dropping thread; wait_published waits for it",
+TEST_CASE("a dropped head image is closed off the dropping thread, and wait_published waits for it",
           "[content][heads]") {
   // drop() runs on the commit path (the superseded head of a lineage): closing an unlinked
   // multi-GiB image there frees its blocks before the fsync returns.
