@@ -10,9 +10,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
-#include <future>
 #include <optional>
-#include <system_error>
 #include <unordered_map>
 
 #include "codec/error.hpp"
