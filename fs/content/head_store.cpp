@@ -397,7 +397,6 @@ void head_store::worker(std::stop_token stop) {
     }
     {
       std::lock_guard lock(mu_);
-      --publishing_;
       auto it = images_.find(image->version());
       const bool current = it != images_.end() && it->second == image;
       if (!current && image->published_fd() >= 0)
@@ -407,6 +406,13 @@ void head_store::worker(std::stop_token stop) {
                    file_name(image->version(), image->checksum()).c_str());
       // An image that cannot go to disk is not kept in memory either: that memory is buffer=.
       if (failed && current) images_.erase(it);
+    }
+    // Ours may be the last reference (dropped meanwhile): released before the count drops, so
+    // that wait_published() returns with dropped images released, whichever thread held them.
+    image.reset();
+    {
+      std::lock_guard lock(mu_);
+      --publishing_;
     }
     cv_.notify_all();
   }
