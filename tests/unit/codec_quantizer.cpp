@@ -4,9 +4,9 @@
 #include <cmath>
 #include <limits>
 #include <map>
-#include <tuple>
 #include <random>
 #include <span>
+#include <tuple>
 #include <vector>
 
 #include "codec/error.hpp"
@@ -160,14 +160,14 @@ TEST_CASE("nonnegative: every bit pattern class at every lane, tail and chunk po
       {0x80000001u, false}, {0xbf800000u, false},  // -subnormal, -1
       {0xff800000u, false},                        // -inf
       {0x7f800001u, false}, {0x7fc00000u, false}, {0xffc00000u, false}};  // NaNs
-  const std::vector<probe> f16 = {{0x0000, true},   {0x8000, true},  {0x0001, true},
-                                  {0x7bff, true},   {0x7c00, true},  {0x8001, false},
-                                  {0xbc00, false},  {0xfc00, false}, {0x7c01, false},
-                                  {0x7e00, false},  {0xfe00, false}};
-  const std::vector<probe> bf16 = {{0x0000, true},   {0x8000, true},  {0x0001, true},
-                                   {0x7f7f, true},   {0x7f80, true},  {0x8001, false},
-                                   {0xbf80, false},  {0xff80, false}, {0x7f81, false},
-                                   {0x7fc0, false},  {0xffc0, false}};
+  const std::vector<probe> f16 = {{0x0000, true},  {0x8000, true},  {0x0001, true},
+                                  {0x7bff, true},  {0x7c00, true},  {0x8001, false},
+                                  {0xbc00, false}, {0xfc00, false}, {0x7c01, false},
+                                  {0x7e00, false}, {0xfe00, false}};
+  const std::vector<probe> bf16 = {{0x0000, true},  {0x8000, true},  {0x0001, true},
+                                   {0x7f7f, true},  {0x7f80, true},  {0x8001, false},
+                                   {0xbf80, false}, {0xff80, false}, {0x7f81, false},
+                                   {0x7fc0, false}, {0xffc0, false}};
   auto run = [](dtype t, const std::vector<probe>& probes, auto word) {
     using W = decltype(word);
     for (std::size_t n : {1, 15, 16, 17, 33, 4095, 4096, 4097, 9000}) {
