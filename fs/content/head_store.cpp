@@ -133,12 +133,7 @@ head_store::head_store(std::string dir) : dir_(std::move(dir)) {
   try {
     releaser_ = std::jthread([this](std::stop_token stop) { releaser(stop); });
     worker_ = std::jthread([this](std::stop_token stop) { worker(stop); });
-  } catch (...) {
-    if (releaser_.joinable()) {
-      releaser_.request_stop();
-      cv_.notify_all();
-      releaser_.join();
-    }
+  } catch (...) {  // a started thread is stopped and joined by its jthread member
     ::close(dir_fd_);
     throw;
   }
@@ -150,7 +145,6 @@ head_store::~head_store() {
   cv_.notify_all();
   if (worker_.joinable()) worker_.join();
   if (releaser_.joinable()) releaser_.join();
-  to_release_.clear();
   ::close(dir_fd_);
 }
 
