@@ -181,6 +181,7 @@ void encode_exact_block(dtype t, const std::byte* data, std::size_t n,
     planes.resize(bytes);
     to_planes(t, data, n, planes.data());
     byte_writer w(out);
+    bool packed = false;
     for (std::size_t pl = 0; pl < esize; ++pl) {
       const auto plane = std::span<const std::uint8_t>(planes).subspan(pl * n, n);
       const std::size_t len_at = w.skip(4);
@@ -189,10 +190,12 @@ void encode_exact_block(dtype t, const std::byte* data, std::size_t n,
         out.insert(out.end(), reinterpret_cast<const std::byte*>(plane.data()),
                    reinterpret_cast<const std::byte*>(plane.data() + n));
       } else {
-        encode_bytes(plane, entropy_policy::best, out);
+        packed |= encode_bytes(plane, entropy_policy::best, out, nullptr, packing::allowed) ==
+                  entropy_mode::packed;
       }
       w.put_at<std::uint32_t>(len_at, std::uint32_t(out.size() - len_at - 4));
     }
+    if (packed) out[at + 4] = std::byte(block_format_version_packed);
   }
   if (out.size() - at - block_header_size >= bytes) {
     out.resize(at);
@@ -206,7 +209,8 @@ block_header read_block_header(std::span<const std::byte> in, bool whole_block) 
   byte_reader r(in);
   if (r.get<std::uint32_t>() != block_magic) throw corrupt_error("block: bad magic");
   const auto version = r.get<std::uint8_t>();
-  if (version != block_format_version && version != block_format_version_rounded)
+  if (version != block_format_version && version != block_format_version_rounded &&
+      version != block_format_version_packed)
     throw error(errc::unsupported, "block: format version " + std::to_string(version));
   block_header h;
   const auto codec = r.get<std::uint8_t>();
@@ -231,7 +235,8 @@ block_header read_block_header(std::span<const std::byte> in, bool whole_block) 
       (h.bits < 1 || h.bits > max_bits || h.group < 1 || h.bits * h.group > 8 || !is_float(h.type)))
     throw corrupt_error("block: bad lossy parameters");
   // Version 1 always wrote 0 here: anything else is damage, not a rounding to ignore.
-  if (version == block_format_version && flags != 0) throw corrupt_error("block: bad flags");
+  if (version != block_format_version_rounded && flags != 0)
+    throw corrupt_error("block: bad flags");
   if (version == block_format_version_rounded) {
     if (!is_lossy(h.codec) || flags < 1 || flags >= mantissa_bits(h.type))
       throw corrupt_error("block: bad rounding");
@@ -239,6 +244,9 @@ block_header read_block_header(std::span<const std::byte> in, bool whole_block) 
   }
   if (h.codec == block_codec::float_lossless && !is_float(h.type))
     throw corrupt_error("block: lossless float block of non-float type");
+  if (version == block_format_version_packed && h.codec != block_codec::float_lossless)
+    throw corrupt_error("block: version 3 is for lossless float blocks");
+  h.packed_planes = version == block_format_version_packed;
   if (whole_block && h.total_size() > in.size()) throw corrupt_error("block: truncated");
   return h;
 }
@@ -272,6 +280,8 @@ void decode_block(std::span<const std::byte> in, const std::byte* base, std::byt
       for (std::size_t pl = 0; pl < esize; ++pl) {
         const auto len = r.get<std::uint32_t>();
         const auto coded = r.get_bytes(len);
+        if (!h.packed_planes && !coded.empty() && coded[0] == std::byte(entropy_mode::packed))
+          throw corrupt_error("block: packed plane in a block of version 1");
         if (!coded.empty() && coded[0] == std::byte(entropy_mode::stored) &&
             coded.size() == n + 1) {
           src[pl] = reinterpret_cast<const std::uint8_t*>(coded.data() + 1);

@@ -19,6 +19,9 @@ inline constexpr std::uint8_t block_format_version = 1;
 // Lossy blocks whose reconstruction is rounded (lossy_params::round_bits) are version 2, so that
 // a decoder from before rounding refuses them instead of returning unrounded values.
 inline constexpr std::uint8_t block_format_version_rounded = 2;
+// Lossless float blocks with a bit-packed plane (entropy_mode::packed) are version 3, so that a
+// decoder from before packing refuses them as a newer format instead of as damage.
+inline constexpr std::uint8_t block_format_version_packed = 3;
 inline constexpr std::size_t block_header_size = 32;
 inline constexpr std::size_t max_block_bytes = 64u << 20;  // refuse larger on decode
 
@@ -63,6 +66,7 @@ struct block_header {
   representative rep{};
   entropy_policy policy{};
   std::uint8_t round_bits = 0;  // lossy blocks of version 2 (byte 7), else 0
+  bool packed_planes = false;   // version 3: lossless planes may be bit-packed
   std::size_t total_size() const { return block_header_size + payload_size; }
 };
 

@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "codec/bit_pack.hpp"
 #include "codec/byte_io.hpp"
 #include "codec/error.hpp"
 #include "codec/huffman.hpp"
@@ -19,12 +20,14 @@ std::string_view name(entropy_mode m) noexcept {
       return "huffman";
     case entropy_mode::rans:
       return "rans";
+    case entropy_mode::packed:
+      return "packed";
   }
   return "?";
 }
 
 entropy_mode encode_bytes(std::span<const std::uint8_t> in, entropy_policy policy,
-                          std::vector<std::byte>& out, const byte_histogram* hist) {
+                          std::vector<std::byte>& out, const byte_histogram* hist, packing pack) {
   byte_histogram own;
   if (!hist) {
     own = histogram(in);
@@ -56,11 +59,25 @@ entropy_mode encode_bytes(std::span<const std::uint8_t> in, entropy_policy polic
     rans_bits = rans::cost_bits(counts, freqs) + 8 * (3.0 * distinct + 5 + 16);
   }
 
-  // A coded stream must save at least 1/32 of the stored size to be worth its decode time:
-  // the low mantissa planes of floats save under 1% (7.97 bits per byte for Gaussian weights)
-  // yet would cost as much to decode as the exponent plane, which saves 60-70%.
-  const double worth = double(stored_bits) * (1.0 - 1.0 / 32);
+  // Bits in which the symbols differ: packing them alone decodes at memory speed (the sign plane
+  // of floats: 1 bit; a 12-bit keyframe's second mantissa plane: 4).
+  const bit_pack::layout packed = bit_pack::layout_of(*hist);
+  const bool can_pack = pack == packing::allowed && policy == entropy_policy::best &&
+                        packed.mask != 0 && packed.mask != 0xff &&
+                        8 * bit_pack::payload_size(in.size(), packed.mask) < stored_bits;
+  const std::uint64_t plain_bits =
+      can_pack ? 8 * bit_pack::payload_size(in.size(), packed.mask) : stored_bits;
+
+  // A coded stream must save at least 1/32 of the stored (or packed) size to be worth its decode
+  // time: the low mantissa planes of floats save under 1% (7.97 bits per byte for Gaussian
+  // weights) yet would cost as much to decode as the exponent plane, which saves 60-70%.
+  const double worth = double(plain_bits) * (1.0 - 1.0 / 32);
   if (policy == entropy_policy::best && worth <= rans_bits && worth <= double(huff_bits)) {
+    if (can_pack) {
+      out.push_back(std::byte(entropy_mode::packed));
+      bit_pack::encode(in, packed, out);
+      return entropy_mode::packed;
+    }
     out.push_back(std::byte(entropy_mode::stored));
     out.insert(out.end(), reinterpret_cast<const std::byte*>(in.data()),
                reinterpret_cast<const std::byte*>(in.data() + in.size()));
@@ -96,6 +113,9 @@ void decode_bytes(std::span<const std::byte> in, std::span<std::uint8_t> out) {
       return;
     case entropy_mode::rans:
       rans::decode(body, out);
+      return;
+    case entropy_mode::packed:
+      bit_pack::decode(body, out);
       return;
   }
   throw corrupt_error("entropy: unknown mode " + std::to_string(int(mode)));
