@@ -299,6 +299,10 @@ struct content_store::impl {
   // Chunked: a third of the chunk cache, so that chunks decoded ahead are not evicted before
   // their reader arrives.
   std::uint64_t chunk_read_ahead_bytes() const { return chunks.budget() / 3; }
+  // How far the kernel's reads of a file stray from its reader's own (read_ahead.hpp): more than
+  // it reads ahead (128 KiB by default: read_ahead_kb of the mount's bdi) and than a large read's
+  // 1 MiB pieces that FUSE threads serve at once.
+  static constexpr std::uint64_t kStrayBytes = 8u << 20;
 
   // ---- read_path.cpp ----
   void prefetch(std::vector<prefetch_job> jobs);

@@ -6,12 +6,13 @@ namespace ckpt::fs {
 
 read_ahead::read_ahead(std::vector<std::size_t> predicted, std::vector<std::size_t> file_order,
                        std::vector<std::uint64_t> length, std::uint64_t ahead_bytes,
-                       bool tail_early)
+                       bool tail_early, std::uint64_t stray_bytes)
     : predicted_(std::move(predicted)),
       file_(std::move(file_order)),
       length_(std::move(length)),
       ahead_bytes_(ahead_bytes),
-      tail_early_(tail_early) {
+      tail_early_(tail_early),
+      stray_bytes_(stray_bytes) {
   std::size_t n = length_.size();
   for (auto t : predicted_) n = std::max(n, t + 1);
   for (auto t : file_) n = std::max(n, t + 1);
@@ -20,6 +21,14 @@ read_ahead::read_ahead(std::vector<std::size_t> predicted, std::vector<std::size
   for (std::size_t i = 0; i < predicted_.size(); ++i) pos_predicted_[predicted_[i]] = i;
   for (std::size_t i = 0; i < file_.size(); ++i) pos_file_[file_[i]] = i;
   queued_.assign(n, false);
+  auto prefix = [&](const std::vector<std::size_t>& order) {
+    std::vector<std::uint64_t> sum(order.size() + 1, 0);
+    for (std::size_t i = 0; i < order.size(); ++i)
+      sum[i + 1] = sum[i] + (order[i] < length_.size() ? length_[order[i]] : 0);
+    return sum;
+  };
+  bytes_predicted_ = prefix(predicted_);
+  bytes_file_ = prefix(file_);
 }
 
 std::size_t read_ahead::successor(const std::vector<std::size_t>& order,
@@ -29,17 +38,28 @@ std::size_t read_ahead::successor(const std::vector<std::size_t>& order,
 }
 
 std::vector<std::size_t> read_ahead::queue_after(const std::vector<std::size_t>& order,
-                                                 std::size_t from) {
+                                                 std::size_t from, std::size_t* last,
+                                                 std::uint64_t budget) {
   std::vector<std::size_t> out;
   std::uint64_t ahead = 0;
-  for (std::size_t i = from; i < order.size() && (ahead < ahead_bytes_ || i == from); ++i) {
+  std::size_t i = from;
+  for (; i < order.size() && (ahead < budget || i == from); ++i) {
     const std::size_t t = order[i];
     ahead += t < length_.size() ? length_[t] : 0;
     if (queued_[t]) continue;
     queued_[t] = true;
     out.push_back(t);
   }
+  if (last) *last = i - 1;
   return out;
+}
+
+std::vector<std::size_t> read_ahead::follow_predicted(std::size_t t, bool jump) {
+  file_mode_ = false;
+  place_ = t;
+  // After a jump only the next tensor: a stray read that looked like one (the reader then comes
+  // back) costs one tensor's decode, not a whole budget that pushes out what the reader needs.
+  return queue_after(predicted_, pos_predicted_[t] + 1, &horizon_, jump ? 0 : ahead_bytes_);
 }
 
 std::vector<std::size_t> read_ahead::start() {
@@ -73,16 +93,30 @@ std::vector<std::size_t> read_ahead::touch(std::size_t t) {
   if (prev == t) return {};
   started_ = true;
   queued_[t] = false;  // read now: a later pass over the file may queue it again
-  if (prev != none) {
-    const std::size_t p = successor(predicted_, pos_predicted_, prev);
-    const std::size_t f = successor(file_, pos_file_, prev);
-    if (t == p && t != f)
-      file_mode_ = false;
-    else if (t == f && t != p)
-      file_mode_ = true;  // a step both orders predict changes nothing
+  const bool file_step = prev != none && t == successor(file_, pos_file_, prev);
+  if (file_mode_) {
+    if (prev != none && !file_step && t == successor(predicted_, pos_predicted_, prev))
+      return follow_predicted(t);
+    return queue_after(file_, pos_file_[t] + 1);
   }
-  return file_mode_ ? queue_after(file_, pos_file_[t] + 1)
-                    : queue_after(predicted_, pos_predicted_[t] + 1);
+  if (place_ == none) return follow_predicted(t);
+  const std::size_t pt = pos_predicted_[t], pp = pos_predicted_[place_];
+  if (pt == pp + 1) return follow_predicted(t);  // the next in predicted order
+  if (pt < pp && bytes_predicted_[pp] - bytes_predicted_[pt] <= stray_bytes_) return {};
+  const std::size_t ft = pos_file_[t], fp = pos_file_[place_];
+  // Bytes of the tensors between the reader's place and t along file order. The kernel's
+  // read-ahead past the place is checked before the predicted window: where both orders agree
+  // (torch's keys 40, 41, 42 ...) letting it move the place moved it ever further ahead of the
+  // reader, and the decodes it queued went out of the chunk cache before the reader came.
+  const bool past = ft != none && fp != none && ft > fp;
+  const std::uint64_t gap = past ? bytes_file_[ft] - bytes_file_[fp + 1] : 0;
+  if (past && gap < stray_bytes_) return {};
+  if (pt > pp && pt <= horizon_) return follow_predicted(t);  // moved on within what is queued
+  if (past && file_step) {
+    file_mode_ = true;
+    return queue_after(file_, ft + 1);
+  }
+  return follow_predicted(t, true);
 }
 
 bool read_ahead::following_file_order() const {

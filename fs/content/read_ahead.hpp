@@ -6,9 +6,19 @@
 //
 // Two candidate orders: the predicted read order (format::read_order: torch.load's storage-key
 // order) and file order (cp, sha256sum, tar: front to back). The reader's own steps pick between
-// them: a step to the file-order successor of the previous tensor that is not also its predicted
-// successor switches to file order, a step to the predicted successor that is not also the
-// file-order one switches back, and a step both (or neither) predict changes nothing.
+// them. Not every read is the reader's own step, though: the kernel reads ahead of it past the
+// end of a tensor into what follows it in the file, and FUSE threads serve a large read's pieces
+// concurrently, so they arrive out of order. Queuing read-ahead at such reads queued the wrong
+// tensors, and they pushed the right ones out of the chunk cache before their reader came (half
+// the chunks of a 1 GiB keyframe load were decoded twice). So, following the predicted order:
+//   - a read ahead of the reader's place within what is queued moves the place there;
+//   - a read at most `stray_bytes` behind the place, or less than `stray_bytes` past it along
+//     file order, queues nothing (served out of order; the kernel's read-ahead);
+//   - a step along file order farther than that switches to file order;
+//   - anything else is a jump: the predicted order is followed from there, one tensor ahead
+//     until the reader takes a step in it.
+// Following file order, a step to the predicted successor that is not also the file-order one
+// switches back; any other read follows file order from where it is.
 //
 // Pure bookkeeping (no I/O, no store); thread-safe: FUSE threads of one open file call it
 // concurrently.
@@ -27,8 +37,10 @@ class read_ahead {
   // bounds how far ahead of the reader tensors are queued (at least one is, whatever its size).
   // `tail_early`: the reader reads the end of the file right after its start (zip readers find
   // the central directory there, and the page they read holds the end of the last payload).
+  // `stray_bytes`: how far the kernel's reads stray from the reader's own (0: none do).
   read_ahead(std::vector<std::size_t> predicted, std::vector<std::size_t> file_order,
-             std::vector<std::uint64_t> length, std::uint64_t ahead_bytes, bool tail_early = false);
+             std::vector<std::uint64_t> length, std::uint64_t ahead_bytes, bool tail_early = false,
+             std::uint64_t stray_bytes = 0);
 
   // The reader opened the file and reads from its start: the first tensor in predicted order,
   // then (tail_early) the last one in file order, then the next in predicted order up to the
@@ -45,7 +57,15 @@ class read_ahead {
 
  private:
   static constexpr std::size_t none = ~std::size_t(0);
-  std::vector<std::size_t> queue_after(const std::vector<std::size_t>& order, std::size_t from);
+  // Queues what is not queued yet among the tensors of `order` from position `from` covering
+  // `budget` bytes (at least one tensor); `*last` gets the last position looked at.
+  std::vector<std::size_t> queue_after(const std::vector<std::size_t>& order, std::size_t from,
+                                       std::size_t* last = nullptr) {
+    return queue_after(order, from, last, ahead_bytes_);
+  }
+  std::vector<std::size_t> queue_after(const std::vector<std::size_t>& order, std::size_t from,
+                                       std::size_t* last, std::uint64_t budget);
+  std::vector<std::size_t> follow_predicted(std::size_t t, bool jump = false);
   std::size_t successor(const std::vector<std::size_t>& order, const std::vector<std::size_t>& pos,
                         std::size_t t) const;
 
@@ -53,12 +73,16 @@ class read_ahead {
   const std::vector<std::uint64_t> length_;
   const std::uint64_t ahead_bytes_;
   const bool tail_early_;
-  std::vector<std::size_t> pos_predicted_, pos_file_;  // tensor index -> position, or none
-  std::atomic<std::size_t> last_{none};                // fast path: same tensor again
+  const std::uint64_t stray_bytes_;
+  std::vector<std::size_t> pos_predicted_, pos_file_;        // tensor index -> position, or none
+  std::vector<std::uint64_t> bytes_predicted_, bytes_file_;  // bytes before each position
+  std::atomic<std::size_t> last_{none};                      // fast path: same tensor again
   mutable std::mutex mu_;
   std::vector<bool> queued_;  // queued and not yet read
   bool file_mode_ = false;
   bool started_ = false;
+  // Following the predicted order: the reader's place, and the last position queued after it.
+  std::size_t place_ = none, horizon_ = 0;
 };
 
 }  // namespace ckpt::fs

@@ -342,7 +342,8 @@ class content_store::impl::reader final : public content_reader {
     const bool zip = m.layout.format == format::file_format::torch_zip ||
                      m.layout.format == format::file_format::npz;
     ahead_.emplace(std::move(predicted), std::move(file_order), std::move(length),
-                   chunked ? store_.chunk_read_ahead_bytes() : store_.read_ahead_bytes(), zip);
+                   chunked ? store_.chunk_read_ahead_bytes() : store_.read_ahead_bytes(), zip,
+                   impl::kStrayBytes);
     served_.emplace(
         m.layout, original, replaced,
         [this](std::size_t t, std::uint64_t off, std::span<std::byte> out) { fill(t, off, out); });

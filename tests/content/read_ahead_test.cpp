@@ -84,3 +84,52 @@ TEST_CASE("read_ahead: a tensor read is queued again on the next pass", "[conten
   CHECK(ra.touch(0) == v{1});   // a second pass from the start
   CHECK(ra.touch(99).empty());  // not a tensor of the orders: ignored
 }
+
+TEST_CASE("read_ahead: the kernel reading past a tensor is not the reader's next step",
+          "[content][read_ahead]") {
+  // 15 stray bytes: reads up to that far past the reader's place along file order are the
+  // kernel's read-ahead, not the reader's.
+  read_ahead ra({0, 1, 4, 5, 6, 7, 2, 3}, {0, 1, 2, 3, 4, 5, 6, 7},
+                std::vector<std::uint64_t>(8, 10), 20, false, 15);
+  CHECK(ra.touch(0) == v{1, 4});
+  CHECK(ra.touch(1) == v{5});
+  CHECK(ra.touch(2).empty());  // right after 1 in the file: queues nothing
+  CHECK(ra.touch(3).empty());  // 10 bytes past: still within the stray bytes
+  CHECK_FALSE(ra.following_file_order());
+  CHECK(ra.touch(4) == v{6});  // the reader's own next step, from 1
+  CHECK_FALSE(ra.following_file_order());
+}
+
+TEST_CASE("read_ahead: reads served out of order neither move the reader back nor jump",
+          "[content][read_ahead]") {
+  read_ahead ra({0, 1, 4, 5, 6, 7, 2, 3}, {0, 1, 2, 3, 4, 5, 6, 7},
+                std::vector<std::uint64_t>(8, 10), 20, false, 15);
+  CHECK(ra.touch(0) == v{1, 4});
+  CHECK(ra.touch(4) == v{5, 6});  // ahead within what is queued: the reader moved on
+  CHECK(ra.touch(1).empty());     // 10 bytes behind, served late
+  CHECK(ra.touch(5) == v{7});
+  CHECK(ra.touch(0) == v{1});     // 30 bytes behind: a jump (the next one only)
+  CHECK(ra.touch(1) == v{4, 5});  // going on from 0 in predicted order: read again, queued again
+}
+
+TEST_CASE("read_ahead: a jump queues one tensor until the reader goes on from it",
+          "[content][read_ahead]") {
+  read_ahead ra({0, 1, 2, 3, 4, 5, 6, 7}, {0, 1, 2, 3, 4, 5, 6, 7},
+                std::vector<std::uint64_t>(8, 10), 30, false, 0);
+  CHECK(ra.touch(0) == v{1, 2, 3});
+  CHECK(ra.touch(5) == v{6});  // a jump: the next one only
+  CHECK(ra.touch(6) == v{7});  // a step from it: the whole budget (here the end)
+}
+
+TEST_CASE("read_ahead: a front-to-back reader switches to file order past the stray bytes",
+          "[content][read_ahead]") {
+  read_ahead ra({0, 4, 5, 6, 7, 1, 2, 3}, {0, 1, 2, 3, 4, 5, 6, 7},
+                std::vector<std::uint64_t>(8, 10), 20, false, 15);
+  CHECK(ra.touch(0) == v{4, 5});
+  CHECK(ra.touch(1).empty());  // could be the kernel's read-ahead
+  CHECK(ra.touch(2).empty());  // 10 bytes past 0 along the file
+  CHECK_FALSE(ra.following_file_order());
+  CHECK(ra.touch(3).empty());  // 20 bytes past: the reader's own; 4 and 5 are queued
+  CHECK(ra.following_file_order());
+  CHECK(ra.touch(4) == v{6});
+}
