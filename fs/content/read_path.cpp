@@ -309,8 +309,15 @@ class content_store::impl::reader final : public content_reader {
     std::vector<std::vector<std::size_t>> units_of(m.layout.tensors.size());
     bool chunked = false;
     for (std::size_t t = 0; t < replaced.size(); ++t) {
-      if (!replaced[t]) continue;
       const std::uint64_t len = m.layout.tensors[t].length;
+      if (!replaced[t]) {
+        // Not decoded, but a place the reader can be: read-ahead must know that the kernel's
+        // read-ahead past it touches what follows it in the file, not where the reader goes.
+        first_unit_[t] = units_.size();
+        units_of[t].push_back(units_.size());
+        units_.push_back({t, stored_tensor, len});
+        continue;
+      }
       std::uint64_t cb = 0;
       try {
         cb = store_.chain_chunk_bytes(version_, t);
@@ -331,14 +338,14 @@ class content_store::impl::reader final : public content_reader {
     std::vector<std::uint64_t> length;
     for (const auto& u : units_) length.push_back(u.bytes);
     for (auto t : format::read_order(m.layout))
-      if (replaced[t]) predicted.insert(predicted.end(), units_of[t].begin(), units_of[t].end());
-    for (std::size_t t = 0; t < replaced.size(); ++t)
-      if (replaced[t]) by_offset.push_back(t);
+      predicted.insert(predicted.end(), units_of[t].begin(), units_of[t].end());
+    for (std::size_t t = 0; t < replaced.size(); ++t) by_offset.push_back(t);
     std::sort(by_offset.begin(), by_offset.end(), [&](std::size_t a, std::size_t b) {
       return m.layout.tensors[a].offset < m.layout.tensors[b].offset;
     });
     for (auto t : by_offset)
       file_order.insert(file_order.end(), units_of[t].begin(), units_of[t].end());
+    for (auto t : by_offset) tensor_starts_.emplace_back(m.layout.tensors[t].offset, t);
     const bool zip = m.layout.format == format::file_format::torch_zip ||
                      m.layout.format == format::file_format::npz;
     ahead_.emplace(std::move(predicted), std::move(file_order), std::move(length),
@@ -387,6 +394,7 @@ class content_store::impl::reader final : public content_reader {
       // A reader that starts at the beginning will most likely read the whole file: start
       // decoding its first tensors while it reads the headers.
       if (offset == 0) queue(ahead_->start());
+      touch_stored(offset);
       return served_->read(offset, out.first(n));
     }
     store_.read_exact(version_, *meta_->meta, offset, out.first(n));
@@ -420,6 +428,19 @@ class content_store::impl::reader final : public content_reader {
   }
 
  private:
+  // A read at file offset `offset` of a tensor stored as it is (or of the zip header before it)
+  // tells read-ahead where the reader is; reads of decoded tensors do so in fill() and peek().
+  void touch_stored(std::uint64_t offset) const {
+    auto it = std::upper_bound(tensor_starts_.begin(), tensor_starts_.end(),
+                               std::pair{offset, ~std::size_t(0)});
+    if (it != tensor_starts_.begin()) {
+      const auto& [start, t] = *std::prev(it);
+      if (offset < start + meta_->meta->layout.tensors[t].length) it = std::prev(it);
+    }
+    if (it == tensor_starts_.end() || replaced_[it->second]) return;
+    queue(ahead_->touch(first_unit_[it->second]));
+  }
+
   // The unit holding byte `off` of tensor t's payload.
   std::size_t unit_at(std::size_t t, std::uint64_t off) const {
     const std::uint64_t cb = chunk_bytes_[t];
@@ -467,7 +488,7 @@ class content_store::impl::reader final : public content_reader {
     std::vector<prefetch_job> jobs;
     for (auto i : next) {
       const unit& u = units_[i];
-      jobs.push_back({version_, u.tensor, u.chunk, u.bytes, alive_});
+      if (u.chunk != stored_tensor) jobs.push_back({version_, u.tensor, u.chunk, u.bytes, alive_});
     }
     store_.prefetch(std::move(jobs));
   }
@@ -480,11 +501,14 @@ class content_store::impl::reader final : public content_reader {
   // Units of decoding and read-ahead: chunk `chunk` of `tensor`, or the whole tensor.
   struct unit {
     std::size_t tensor;
-    std::size_t chunk;  // whole_tensor for a tensor without a block index
+    std::size_t chunk;  // whole_tensor for a tensor without a block index, or stored_tensor
     std::uint64_t bytes;
   };
+  // A tensor served as it is stored: a unit of read-ahead's orders, never decoded.
+  static constexpr std::size_t stored_tensor = whole_tensor - 1;
   std::vector<unit> units_;
-  std::vector<std::size_t> first_unit_;     // per tensor: its first unit
+  std::vector<std::pair<std::uint64_t, std::size_t>> tensor_starts_;  // (offset, tensor), sorted
+  std::vector<std::size_t> first_unit_;                               // per tensor: its first unit
   std::vector<std::uint64_t> chunk_bytes_;  // per tensor: bytes per chunk, 0 = decoded whole
   mutable std::optional<read_ahead> ahead_;
   // Prefetch jobs hold it weakly: they are dropped once the last handle on this reader is gone.
