@@ -3,8 +3,9 @@
 // alone (k = popcount(mask) bits, in mask order from the lowest), LSB-first one after the other.
 // It decodes at memory speed (one BMI2 pdep per eight symbols) where a Huffman code of the same
 // near-uniform symbols decodes several times slower, and costs no more bits when the symbols are
-// near-uniform over the mask: the entropy layer takes it for the sign plane of floats and for the
-// mantissa planes that a lossy keyframe's rounding left with fixed low bits.
+// near-uniform over the mask: the entropy layer takes it for the byte planes of floats that a
+// lossy keyframe's rounding left with fixed bits (at 12 bits: the plane of the sign and 7 zero
+// mantissa bits, and the next one with 4 zero bits).
 //
 // Payload layout (the caller stores the symbol count n):
 //   u8 mask (1 .. 7 bits set) | u8 fixed (the bits outside the mask) | ceil(n·k/8) bytes of

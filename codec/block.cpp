@@ -280,13 +280,12 @@ void decode_block(std::span<const std::byte> in, const std::byte* base, std::byt
       for (std::size_t pl = 0; pl < esize; ++pl) {
         const auto len = r.get<std::uint32_t>();
         const auto coded = r.get_bytes(len);
-        if (!h.packed_planes && !coded.empty() && coded[0] == std::byte(entropy_mode::packed))
-          throw corrupt_error("block: packed plane in a block of version 1");
         if (!coded.empty() && coded[0] == std::byte(entropy_mode::stored) &&
             coded.size() == n + 1) {
           src[pl] = reinterpret_cast<const std::uint8_t*>(coded.data() + 1);
         } else {
-          decode_bytes(coded, std::span(planes.data() + pl * n, n));
+          decode_bytes(coded, std::span(planes.data() + pl * n, n),
+                       h.packed_planes ? packing::allowed : packing::off);
           src[pl] = planes.data() + pl * n;
         }
       }

@@ -59,8 +59,8 @@ entropy_mode encode_bytes(std::span<const std::uint8_t> in, entropy_policy polic
     rans_bits = rans::cost_bits(counts, freqs) + 8 * (3.0 * distinct + 5 + 16);
   }
 
-  // Bits in which the symbols differ: packing them alone decodes at memory speed (the sign plane
-  // of floats: 1 bit; a 12-bit keyframe's second mantissa plane: 4).
+  // Bits in which the symbols differ: packing them alone decodes at memory speed (in a keyframe
+  // rounded to 12 bits: plane 0, the sign beside 7 zero mantissa bits, 1 bit; plane 1, 4).
   const bit_pack::layout packed = bit_pack::layout_of(*hist);
   const bool can_pack = pack == packing::allowed && policy == entropy_policy::best &&
                         packed.mask != 0 && packed.mask != 0xff &&
@@ -95,7 +95,7 @@ entropy_mode encode_bytes(std::span<const std::uint8_t> in, entropy_policy polic
   return entropy_mode::huffman;
 }
 
-void decode_bytes(std::span<const std::byte> in, std::span<std::uint8_t> out) {
+void decode_bytes(std::span<const std::byte> in, std::span<std::uint8_t> out, packing pack) {
   if (in.empty()) throw corrupt_error("entropy: empty stream");
   const auto mode = entropy_mode(std::to_integer<std::uint8_t>(in[0]));
   const auto body = in.subspan(1);
@@ -115,6 +115,7 @@ void decode_bytes(std::span<const std::byte> in, std::span<std::uint8_t> out) {
       rans::decode(body, out);
       return;
     case entropy_mode::packed:
+      if (pack != packing::allowed) throw corrupt_error("entropy: packed stream not allowed here");
       bit_pack::decode(body, out);
       return;
   }

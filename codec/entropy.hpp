@@ -32,8 +32,9 @@ enum class entropy_policy : std::uint8_t {
 
 std::string_view name(entropy_mode m) noexcept;
 
-// Whether encode_bytes may choose entropy_mode::packed (only under entropy_policy::best). Callers
-// allow it where the block says so to older readers (block.hpp: block_format_version_packed).
+// Whether encode_bytes may choose entropy_mode::packed (only under entropy_policy::best), and
+// decode_bytes accept it: where the block says so to older readers (block.hpp:
+// block_format_version_packed).
 enum class packing : bool { off, allowed };
 
 // Appends the coded stream to `out` and returns the mode used. `hist` must be the histogram of
@@ -42,7 +43,9 @@ entropy_mode encode_bytes(std::span<const std::uint8_t> in, entropy_policy polic
                           std::vector<std::byte>& out, const byte_histogram* hist = nullptr,
                           packing pack = packing::off);
 
-// Decodes exactly out.size() symbols from the whole of `in`. Throws corrupt_error.
-void decode_bytes(std::span<const std::byte> in, std::span<std::uint8_t> out);
+// Decodes exactly out.size() symbols from the whole of `in`. Throws corrupt_error, also for a
+// packed stream where `pack` does not allow one.
+void decode_bytes(std::span<const std::byte> in, std::span<std::uint8_t> out,
+                  packing pack = packing::off);
 
 }  // namespace ckpt::codec

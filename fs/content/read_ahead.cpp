@@ -6,13 +6,14 @@ namespace ckpt::fs {
 
 read_ahead::read_ahead(std::vector<std::size_t> predicted, std::vector<std::size_t> file_order,
                        std::vector<std::uint64_t> length, std::uint64_t ahead_bytes,
-                       bool tail_early, std::uint64_t stray_bytes)
+                       bool tail_early, std::uint64_t stray_bytes, std::vector<bool> stored_tensors)
     : predicted_(std::move(predicted)),
       file_(std::move(file_order)),
       length_(std::move(length)),
       ahead_bytes_(ahead_bytes),
       tail_early_(tail_early),
-      stray_bytes_(stray_bytes) {
+      stray_bytes_(stray_bytes),
+      stored_(std::move(stored_tensors)) {
   std::size_t n = length_.size();
   for (auto t : predicted_) n = std::max(n, t + 1);
   for (auto t : file_) n = std::max(n, t + 1);
@@ -29,12 +30,16 @@ read_ahead::read_ahead(std::vector<std::size_t> predicted, std::vector<std::size
   };
   bytes_predicted_ = prefix(predicted_);
   bytes_file_ = prefix(file_);
+  for (auto it = file_.rbegin(); it != file_.rend() && tail_ == none; ++it)
+    if (!stored(*it)) tail_ = *it;
 }
 
 std::size_t read_ahead::successor(const std::vector<std::size_t>& order,
                                   const std::vector<std::size_t>& pos, std::size_t t) const {
-  if (t >= pos.size() || pos[t] == none || pos[t] + 1 >= order.size()) return none;
-  return order[pos[t] + 1];
+  if (t >= pos.size() || pos[t] == none) return none;
+  for (std::size_t i = pos[t] + 1; i < order.size(); ++i)
+    if (!stored(order[i])) return order[i];
+  return none;
 }
 
 std::vector<std::size_t> read_ahead::queue_after(const std::vector<std::size_t>& order,
@@ -42,15 +47,18 @@ std::vector<std::size_t> read_ahead::queue_after(const std::vector<std::size_t>&
                                                  std::uint64_t budget) {
   std::vector<std::size_t> out;
   std::uint64_t ahead = 0;
+  bool one = false;  // a decoded tensor looked at
   std::size_t i = from;
-  for (; i < order.size() && (ahead < budget || i == from); ++i) {
+  for (; i < order.size() && (ahead < budget || !one); ++i) {
     const std::size_t t = order[i];
+    if (stored(t)) continue;
+    one = true;
     ahead += t < length_.size() ? length_[t] : 0;
     if (queued_[t]) continue;
     queued_[t] = true;
     out.push_back(t);
   }
-  if (last) *last = i - 1;
+  if (last) *last = i == 0 ? 0 : i - 1;
   return out;
 }
 
@@ -68,9 +76,10 @@ std::vector<std::size_t> read_ahead::start() {
   started_ = true;
   if (predicted_.empty()) return {};
   std::vector<std::size_t> out = queue_after(predicted_, 0);
-  if (tail_early_ && !queued_[file_.back()]) {
-    queued_[file_.back()] = true;
-    out.insert(out.begin() + 1, file_.back());  // out[0] is predicted_[0]: queued just now
+  if (tail_early_ && tail_ != none && !queued_[tail_]) {
+    queued_[tail_] = true;
+    // out[0] is the first in predicted order: queued just now.
+    out.insert(out.begin() + std::ptrdiff_t(std::min<std::size_t>(1, out.size())), tail_);
   }
   return out;
 }
@@ -79,7 +88,7 @@ std::vector<std::size_t> read_ahead::touch(std::size_t t) {
   if (last_.load(std::memory_order_relaxed) == t) return {};
   std::lock_guard lock(mu_);
   if (t >= pos_predicted_.size() || pos_predicted_[t] == none) return {};
-  if (tail_early_ && t == file_.back()) {
+  if (tail_early_ && t == tail_) {
     // The zip tail read (not a step from its predecessor in either order): the reader comes
     // back to where it was, so this neither moves it nor queues what follows the tail.
     const std::size_t prev = last_.load();
@@ -101,13 +110,17 @@ std::vector<std::size_t> read_ahead::touch(std::size_t t) {
   }
   if (place_ == none) return follow_predicted(t);
   const std::size_t pt = pos_predicted_[t], pp = pos_predicted_[place_];
-  if (pt == pp + 1) return follow_predicted(t);  // the next in predicted order
+  // The next in predicted order (stored tensors between may never be seen: page cache), even
+  // if the kernel's read-ahead got there first: the reader goes there next anyway.
+  if (t == successor(predicted_, pos_predicted_, place_)) return follow_predicted(t);
+  if (pt == pp) return {};  // back at its place after a stray read
   if (pt < pp && bytes_predicted_[pp] - bytes_predicted_[pt] <= stray_bytes_) return {};
   const std::size_t ft = pos_file_[t], fp = pos_file_[place_];
   // Bytes of the tensors between the reader's place and t along file order. The kernel's
-  // read-ahead past the place is checked before the predicted window: where both orders agree
-  // (torch's keys 40, 41, 42 ...) letting it move the place moved it ever further ahead of the
-  // reader, and the decodes it queued went out of the chunk cache before the reader came.
+  // read-ahead past the place is checked before the rest of the predicted window: where both
+  // orders agree (torch's keys 40, 41, 42 ...) letting it move the place further than the next
+  // tensor moved it ever further ahead of the reader, and the decodes it queued went out of the
+  // chunk cache before the reader came.
   const bool past = ft != none && fp != none && ft > fp;
   const std::uint64_t gap = past ? bytes_file_[ft] - bytes_file_[fp + 1] : 0;
   if (past && gap < stray_bytes_) return {};

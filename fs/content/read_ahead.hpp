@@ -38,13 +38,16 @@ class read_ahead {
   // `tail_early`: the reader reads the end of the file right after its start (zip readers find
   // the central directory there, and the page they read holds the end of the last payload).
   // `stray_bytes`: how far the kernel's reads stray from the reader's own (0: none do).
+  // `stored_tensors[t]`: tensor t is read but never decoded (served as it is stored): a place the
+  // reader can be, never queued, costing nothing of the budget, and skipped by the orders' steps
+  // (its reads may never reach the store: the page cache may hold it).
   read_ahead(std::vector<std::size_t> predicted, std::vector<std::size_t> file_order,
              std::vector<std::uint64_t> length, std::uint64_t ahead_bytes, bool tail_early = false,
-             std::uint64_t stray_bytes = 0);
+             std::uint64_t stray_bytes = 0, std::vector<bool> stored_tensors = {});
 
-  // The reader opened the file and reads from its start: the first tensor in predicted order,
-  // then (tail_early) the last one in file order, then the next in predicted order up to the
-  // budget. Returns them once (later calls return nothing).
+  // The reader opened the file and reads from its start: the first decoded tensor in predicted
+  // order, then (tail_early) the last one in file order, then the next in predicted order up to
+  // the budget. Returns them once (later calls return nothing).
   std::vector<std::size_t> start();
 
   // The reader is reading tensor t (called for every read of its bytes; cheap when t is the
@@ -57,8 +60,8 @@ class read_ahead {
 
  private:
   static constexpr std::size_t none = ~std::size_t(0);
-  // Queues what is not queued yet among the tensors of `order` from position `from` covering
-  // `budget` bytes (at least one tensor); `*last` gets the last position looked at.
+  // Queues what is not queued yet among the decoded tensors of `order` from position `from`
+  // covering `budget` bytes (at least one tensor); `*last` gets the last position looked at.
   std::vector<std::size_t> queue_after(const std::vector<std::size_t>& order, std::size_t from,
                                        std::size_t* last = nullptr) {
     return queue_after(order, from, last, ahead_bytes_);
@@ -66,15 +69,19 @@ class read_ahead {
   std::vector<std::size_t> queue_after(const std::vector<std::size_t>& order, std::size_t from,
                                        std::size_t* last, std::uint64_t budget);
   std::vector<std::size_t> follow_predicted(std::size_t t, bool jump = false);
+  // The next decoded tensor after t in `order`, or none.
   std::size_t successor(const std::vector<std::size_t>& order, const std::vector<std::size_t>& pos,
                         std::size_t t) const;
+  bool stored(std::size_t t) const { return t < stored_.size() && stored_[t]; }
 
   const std::vector<std::size_t> predicted_, file_;
   const std::vector<std::uint64_t> length_;
   const std::uint64_t ahead_bytes_;
   const bool tail_early_;
   const std::uint64_t stray_bytes_;
-  std::vector<std::size_t> pos_predicted_, pos_file_;        // tensor index -> position, or none
+  const std::vector<bool> stored_;
+  std::size_t tail_ = none;                            // the last decoded tensor in file order
+  std::vector<std::size_t> pos_predicted_, pos_file_;  // tensor index -> position, or none
   std::vector<std::uint64_t> bytes_predicted_, bytes_file_;  // bytes before each position
   std::atomic<std::size_t> last_{none};                      // fast path: same tensor again
   mutable std::mutex mu_;

@@ -333,10 +333,15 @@ class content_store::impl::reader final : public content_reader {
         units_.push_back({t, cb ? c : whole_tensor, cb ? std::min(cb, len - c * cb) : len});
       }
     }
-    // Decode ahead in the order the reader is expected to go, among the reconstructed tensors.
+    // Decode ahead in the order the reader is expected to go, among the reconstructed tensors
+    // (the others are in the orders as places the reader can be).
     std::vector<std::size_t> predicted, file_order, by_offset;
     std::vector<std::uint64_t> length;
-    for (const auto& u : units_) length.push_back(u.bytes);
+    std::vector<bool> stored;
+    for (const auto& u : units_) {
+      length.push_back(u.bytes);
+      stored.push_back(u.chunk == stored_tensor);
+    }
     for (auto t : format::read_order(m.layout))
       predicted.insert(predicted.end(), units_of[t].begin(), units_of[t].end());
     for (std::size_t t = 0; t < replaced.size(); ++t) by_offset.push_back(t);
@@ -350,7 +355,7 @@ class content_store::impl::reader final : public content_reader {
                      m.layout.format == format::file_format::npz;
     ahead_.emplace(std::move(predicted), std::move(file_order), std::move(length),
                    chunked ? store_.chunk_read_ahead_bytes() : store_.read_ahead_bytes(), zip,
-                   impl::kStrayBytes);
+                   impl::kStrayBytes, std::move(stored));
     served_.emplace(
         m.layout, original, replaced,
         [this](std::size_t t, std::uint64_t off, std::span<std::byte> out) { fill(t, off, out); });

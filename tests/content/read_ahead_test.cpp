@@ -133,3 +133,26 @@ TEST_CASE("read_ahead: a front-to-back reader switches to file order past the st
   CHECK(ra.following_file_order());
   CHECK(ra.touch(4) == v{6});
 }
+
+TEST_CASE("read_ahead: stored tensors are places, never queued, and steps skip them",
+          "[content][read_ahead]") {
+  // Tensor 1 is served as it is stored: the page cache may hold it, so its reads may never be
+  // seen; the step from 0 to 2 is the reader's next one.
+  read_ahead ra({0, 1, 2, 3, 4, 5}, {0, 1, 2, 3, 4, 5}, std::vector<std::uint64_t>(6, 10), 20,
+                false, 15, {false, true, false, false, false, false});
+  CHECK(ra.start() == v{0, 2});  // 1 costs nothing of the budget
+  CHECK(ra.touch(0) == v{3});
+  CHECK(ra.touch(2) == v{4});  // not a read 10 bytes past the place: the next step
+  CHECK(ra.touch(1).empty());  // behind: never queued
+  CHECK(ra.touch(3) == v{5});
+}
+
+TEST_CASE("read_ahead: the zip tail is the last decoded tensor, also behind a stored one",
+          "[content][read_ahead]") {
+  read_ahead ra({0, 1, 2, 3}, {0, 1, 2, 3}, std::vector<std::uint64_t>(4, 10), 20, true, 0,
+                {false, false, false, true});
+  CHECK(ra.start() == v{0, 2, 1});  // 2, not the stored 3, is the tail's decoded tensor
+  CHECK(ra.touch(0).empty());
+  CHECK(ra.touch(2).empty());  // the tail read: nothing moves
+  CHECK(ra.touch(1) == v{2});  // in its turn, the tail is queued again
+}

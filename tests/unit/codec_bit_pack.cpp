@@ -117,7 +117,7 @@ TEST_CASE("bit_pack: bad masks, sizes and padding are refused", "[bit_pack]") {
 
 TEST_CASE("entropy: packed only where allowed, under the best policy, and when it is smaller",
           "[bit_pack][entropy]") {
-  // Signs: two symbols differing in one bit, as plane 0 of floats holds them.
+  // Two symbols differing in one bit, as plane 0 of floats rounded to 12 bits holds them.
   const auto signs = masked(100000, 0x01, 0x00, 2);
   std::vector<std::byte> a, b, c;
   CHECK(encode_bytes(signs, entropy_policy::best, a, nullptr, packing::allowed) ==
@@ -127,7 +127,7 @@ TEST_CASE("entropy: packed only where allowed, under the best policy, and when i
   CHECK(encode_bytes(signs, entropy_policy::huffman_only, c, nullptr, packing::allowed) ==
         entropy_mode::huffman);
   std::vector<std::uint8_t> out(signs.size());
-  decode_bytes(a, out);
+  decode_bytes(a, out, packing::allowed);
   CHECK(out == signs);
   // Skewed symbols within a mask still go to a coder that saves more than 1/32 of packing.
   std::vector<std::uint8_t> skewed(100000, 0x10);
@@ -183,12 +183,27 @@ TEST_CASE("a packed plane in a block of another version is refused", "[bit_pack]
   auto v1 = enc;
   v1[4] = std::byte(block_format_version);
   reseal(v1);
-  CHECK_THROWS_WITH(decode(v1, {}, back), Catch::Contains("packed plane"));
+  CHECK_THROWS_WITH(decode(v1, {}, back), Catch::Contains("packed stream not allowed"));
   reseal(enc);  // unchanged: still decodes
   decode(enc, {}, back);
   CHECK(back == rounded);
-  // A lossy codec under version 3 is refused by the header check.
-  auto lossy = enc;
-  lossy[5] = std::byte(block_codec::lc_delta);
-  CHECK_THROWS(read_block_header(lossy, false));
+  // Version 3 is for lossless float blocks with flags 0: another codec, or flags, are refused.
+  auto zstd = enc;
+  zstd[5] = std::byte(block_codec::zstd);
+  zstd[6] = std::byte(dtype::bytes);
+  CHECK_THROWS_WITH(read_block_header(zstd, false), Catch::Contains("version 3"));
+  auto flags = enc;
+  flags[7] = std::byte(12);
+  CHECK_THROWS_WITH(read_block_header(flags, false), Catch::Contains("bad flags"));
+}
+
+TEST_CASE("a packed stream is refused where the caller does not allow one", "[bit_pack][entropy]") {
+  const auto signs = masked(4096, 0x01, 0x00, 5);
+  std::vector<std::byte> enc;
+  REQUIRE(encode_bytes(signs, entropy_policy::best, enc, nullptr, packing::allowed) ==
+          entropy_mode::packed);
+  std::vector<std::uint8_t> out(signs.size());
+  CHECK_THROWS_AS(decode_bytes(enc, out), corrupt_error);  // lossy group streams, version 1 planes
+  decode_bytes(enc, out, packing::allowed);
+  CHECK(out == signs);
 }
