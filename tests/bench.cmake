@@ -10,3 +10,10 @@ add_test(NAME bench.fs_scale_quick
          COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/bench/fs_scale.py
                  $<TARGET_FILE:ckptfs> --ckptctl $<TARGET_FILE:ckptctl> --quick)
 set_tests_properties(bench.fs_scale_quick PROPERTIES TIMEOUT 600 RESOURCE_LOCK ckptfs_scale)
+
+# Cold loads of older versions at 0.1 GiB, once (about 20 s): runs end to end, the loads return.
+add_test(NAME bench.fs_cold_versions_smoke
+         COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/bench/fs_cold_versions.py
+                 $<TARGET_FILE:ckptfs> --gib 0.1 --versions 3 --loads 1,2 --repeats 1)
+set_tests_properties(bench.fs_cold_versions_smoke PROPERTIES TIMEOUT 300 RESOURCE_LOCK ckptfs_scale
+                     SKIP_RETURN_CODE 77)
