@@ -430,8 +430,12 @@ TEST_CASE("write_buffer: whole chunks go to the staging file by direct I/O and r
   // As a head image is published: what is still in memory goes to the file, then the memory.
   buf.copy_memory_to_file();
   buf.drop_memory();
-  // Reads at any offset and length, across chunks and the partial last one, from wherever the
+  // The whole file in one read (a run of chunks written directly goes in one direct read), then
+  // reads at any offset and length, across chunks and the partial last one, from wherever the
   // bytes are.
+  std::vector<std::byte> whole(size);
+  buf.read_fully(0, whole);
+  REQUIRE(whole == data);
   std::mt19937 rng(3);
   for (int i = 0; i < 200; ++i) {
     const std::size_t off = rng() % size;
