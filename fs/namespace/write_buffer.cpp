@@ -60,35 +60,26 @@ void pread_zeros(int fd, std::byte* p, std::size_t n, std::uint64_t off) {
 // multiples of kDirectAlign.
 constexpr std::size_t kDirectAlign = 4096;
 
-// Chunks read with one direct read at most: a run of chunks in the staging file is read whole
-// (the base of a delta, 16 MiB a slab), because one 1 MiB read at a time left the disk half idle
-// (fio, direct reads on the benchmark VM: 0.77 GB/s at 1 MiB, 1.6 GB/s at 16 MiB).
-constexpr std::size_t kRunChunks = 16;
-
-// Reads [off, off + n) of chunks written directly, through an aligned bounce buffer: the
+// Reads [off, off + n) of a chunk written directly, through an aligned bounce buffer: the
 // destination is the caller's (any alignment), and the file range is widened to whole blocks
-// up to `run_end` (the end of the last chunk read). Bytes past the end of the file read as
-// zeros. False when the filesystem refuses the transfer (EINVAL): the caller reads through the
-// page cache instead, which is coherent with direct writes. The bounce buffer is per thread
-// that reads (FUSE workers: a chunk or two; streams and base read-ahead: up to kRunChunks),
-// inside the daemon's fixed overhead.
-bool pread_direct(int dfd, std::byte* p, std::size_t n, std::uint64_t off, std::uint64_t run_end) {
+// inside the chunk. Bytes past the end of the file read as zeros. False when the filesystem
+// refuses the transfer (EINVAL): the caller reads through the page cache instead, which is
+// coherent with direct writes. The bounce buffer is one chunk per thread that reads (FUSE
+// workers, streams), inside the daemon's fixed overhead.
+bool pread_direct(int dfd, std::byte* p, std::size_t n, std::uint64_t off,
+                  std::uint64_t chunk_end) {
   struct free_deleter {
     void operator()(std::byte* b) const { std::free(b); }
   };
   thread_local std::unique_ptr<std::byte, free_deleter> bounce;
-  thread_local std::size_t bounce_bytes = 0;
-  const std::uint64_t from = off / kDirectAlign * kDirectAlign;
-  const std::uint64_t to =
-      std::min(run_end, (off + n + kDirectAlign - 1) / kDirectAlign * kDirectAlign);
-  const std::size_t len = std::size_t(to - from);
-  if (bounce_bytes < len) {
-    const std::size_t bytes =
-        (len + chunk_memory::bytes - 1) / chunk_memory::bytes * chunk_memory::bytes;
-    bounce.reset(static_cast<std::byte*>(std::aligned_alloc(kDirectAlign, bytes)));
-    bounce_bytes = bounce ? bytes : 0;
+  if (!bounce) {
+    bounce.reset(static_cast<std::byte*>(std::aligned_alloc(kDirectAlign, chunk_memory::bytes)));
     if (!bounce) throw std::bad_alloc();
   }
+  const std::uint64_t from = off / kDirectAlign * kDirectAlign;
+  const std::uint64_t to =
+      std::min(chunk_end, (off + n + kDirectAlign - 1) / kDirectAlign * kDirectAlign);
+  const std::size_t len = std::size_t(to - from);
   ssize_t r;
   do {
     r = ::pread(dfd, bounce.get(), len, off_t(from));
@@ -434,23 +425,9 @@ std::size_t write_buffer::read_locked(std::uint64_t offset, std::span<std::byte>
         throw io_error(EIO, "base version read short");
       if (have < n) std::memset(out.data() + pos + have, 0, n - have);
     } else if (c && c->in_file) {
-      // The chunks after it that were written directly too go in the same read.
-      std::uint64_t end = idx + 1;
-      std::size_t run = n;
-      if (c->direct && dfd_ >= 0) {
-        for (auto next = std::next(it);
-             pos + run < total && end < idx + kRunChunks && next != chunks_.end() &&
-             next->first == end && next->second.in_file && next->second.direct;
-             ++next, ++end)
-          run += std::min(chunk_bytes, total - pos - run);
-      }
       if (!c->direct || dfd_ < 0 ||
-          !pread_direct(dfd_, out.data() + pos, run, off, end * chunk_bytes)) {
+          !pread_direct(dfd_, out.data() + pos, n, off, (idx + 1) * chunk_bytes))
         pread_zeros(fd_, out.data() + pos, n, off);
-        run = n;
-      }
-      pos += run;
-      continue;
     } else {
       std::size_t have = 0;  // bytes of data (the rest of the range reads as zeros)
       if (c && c->mem && c->filled > in) have = std::min(n, c->filled - in);
