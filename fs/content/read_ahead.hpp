@@ -11,10 +11,11 @@
 // concurrently, so they arrive out of order. Queuing read-ahead at such reads queued the wrong
 // tensors, and they pushed the right ones out of the chunk cache before their reader came (half
 // the chunks of a 1 GiB keyframe load were decoded twice). So, following the predicted order:
-//   - a read ahead of the reader's place within what is queued moves the place there;
+//   - a read of the next decoded tensor in predicted order moves the reader's place there;
 //   - a read at most `stray_bytes` behind the place, or less than `stray_bytes` past it along
 //     file order, queues nothing (served out of order; the kernel's read-ahead);
-//   - a step along file order farther than that switches to file order;
+//   - a read further ahead in predicted order, within what is queued, moves the place there;
+//   - a step along file order farther than `stray_bytes` switches to file order;
 //   - anything else is a jump: the predicted order is followed from there, one tensor ahead
 //     until the reader takes a step in it.
 // Following file order, a step to the predicted successor that is not also the file-order one
