@@ -32,6 +32,8 @@ assert get("adam-gap1", "grouped", 2)["bits_per_param"] <= 0.35
 # Per-tensor buckets keep more symbols alive (that is their point), still well under the paper's.
 assert get("adam-gap1", "grouped-tensor", 2)["bits_per_param"] < get("adam-gap1", "paper", 2)["bits_per_param"] / 1.5
 assert get("gauss", "lossless", 0)["ratio"] >= 1.1
+# Keyframes rounded to 12 mantissa bits (the mount's): 1 sign bit + 12 + the exponent, ~2x.
+assert get("gauss", "lossless-round12", 0)["ratio"] >= 1.9
 # Ratio deltas (relative=on) change only nonnegative tensors: Adam's v, none of SGD's state.
 for bits in (3, 4):
     assert get("sgd-gap1", "grouped-tensor-rel", bits)["bits_per_param"] == get("sgd-gap1", "grouped-tensor", bits)["bits_per_param"]
