@@ -62,11 +62,10 @@ entropy_mode encode_bytes(std::span<const std::uint8_t> in, entropy_policy polic
   // Bits in which the symbols differ: packing them alone decodes at memory speed (in a keyframe
   // rounded to 12 bits: plane 0, the sign beside 7 zero mantissa bits, 1 bit; plane 1, 4).
   const bit_pack::layout packed = bit_pack::layout_of(*hist);
+  const std::uint64_t packed_bits = 8 * bit_pack::payload_size(in.size(), packed.mask);
   const bool can_pack = pack == packing::allowed && policy == entropy_policy::best &&
-                        packed.mask != 0 && packed.mask != 0xff &&
-                        8 * bit_pack::payload_size(in.size(), packed.mask) < stored_bits;
-  const std::uint64_t plain_bits =
-      can_pack ? 8 * bit_pack::payload_size(in.size(), packed.mask) : stored_bits;
+                        packed.mask != 0 && packed.mask != 0xff && packed_bits < stored_bits;
+  const std::uint64_t plain_bits = can_pack ? packed_bits : stored_bits;
 
   // A coded stream must save at least 1/32 of the stored (or packed) size to be worth its decode
   // time: the low mantissa planes of floats save under 1% (7.97 bits per byte for Gaussian

@@ -65,8 +65,8 @@ class head_store {
  public:
   // `dir` is created if missing. Throws io_error when it cannot be used.
   explicit head_store(std::string dir);
-  ~head_store();  // stops the worker and the releaser; unpublished images are dropped (rebuilt when
-                  // needed)
+  // Stops the worker and the releaser; unpublished images are dropped (rebuilt when needed).
+  ~head_store();
   head_store(const head_store&) = delete;
   head_store& operator=(const head_store&) = delete;
 

@@ -77,8 +77,6 @@ def main():
         os.makedirs(plain)
         stores = [(os.path.join(base, f"store{i}"), os.path.join(base, f"mnt{i}"))
                   for i in range(len(a.binaries))]
-        for i in range(len(a.binaries)):
-            os.makedirs(os.path.join(stores[i][1]), exist_ok=True)
         for v in range(1, a.versions + 1):
             if v > 1:
                 state.advance()
