@@ -66,6 +66,15 @@ void print_text(const nlohmann::json& r) {
               static_cast<unsigned long long>(ju64(enc, "in_use")),
               static_cast<unsigned long long>(ju64(enc, "slots")),
               human_bytes(jnum(enc, "memory_bytes")).c_str());
+  if (r.contains("reads")) {
+    const auto& rd = r["reads"];
+    std::printf(
+        "reads:    %s decoded for cold reads (%llu of them again: evicted before their\n"
+        "          readers were done), %s decoded through base chains for them\n",
+        plural(ju64(rd, "chunks_decoded"), "chunk").c_str(),
+        static_cast<unsigned long long>(ju64(rd, "chunks_decoded_again")),
+        plural(ju64(rd, "frames_decoded"), "frame").c_str());
+  }
   if (r.contains("streams")) {
     const auto& st = r["streams"];
     std::printf(

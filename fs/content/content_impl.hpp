@@ -43,6 +43,7 @@
 #include "fs/content/base_prefetch.hpp"
 #include "fs/content/buffer_pool.hpp"
 #include "fs/content/content_store.hpp"
+#include "fs/content/decode_tally.hpp"
 #include "fs/content/encode_slots.hpp"
 #include "fs/content/head_store.hpp"
 #include "fs/content/version_meta.hpp"
@@ -320,6 +321,7 @@ struct content_store::impl {
   void decode_chunk_into(std::uint64_t v, std::size_t t, std::size_t c, std::span<std::byte> out,
                          bool parallel);
   std::uint64_t chain_chunk_bytes(std::uint64_t v, std::size_t t);
+  decode_tally decodes;  // chunks decoded, again, frames through chains (ckptctl status)
 
   // ---- lineage_registry.cpp (callers hold mu where noted) ----
   version_rec get(std::uint64_t v) const;

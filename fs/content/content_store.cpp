@@ -121,6 +121,10 @@ content_store::resources content_store::usage() const {
   r.streamed_puts = impl_->streamed_puts.load();
   r.streams_dropped = impl_->streams_dropped.load();
   r.streamed_bytes = impl_->streamed_bytes.load();
+  const decode_tally::counts d = impl_->decodes.get();
+  r.chunks_decoded = d.chunks;
+  r.chunks_decoded_again = d.again;
+  r.chunk_frames_decoded = d.frames;
   return r;
 }
 

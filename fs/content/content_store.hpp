@@ -275,6 +275,10 @@ class content_store {
     // the stream predicted).
     std::uint64_t streams_running = 0, streamed_puts = 0, streams_dropped = 0;
     std::uint64_t streamed_bytes = 0;  // tensor bytes coded by streams since the start
+    // Cold reads since the start (decode_tally.hpp): chunks decoded into the chunk cache, of
+    // them decoded before (evicted before their readers were done), frames decoded for them
+    // through base chains.
+    std::uint64_t chunks_decoded = 0, chunks_decoded_again = 0, chunk_frames_decoded = 0;
   };
   resources usage() const;
 

@@ -208,7 +208,9 @@ std::shared_ptr<const cache_item> content_store::impl::chunk_recon(std::uint64_t
                                                                    std::uint64_t bytes,
                                                                    bool parallel) {
   read_guard guard(*this);  // the whole chain decode
-  return chunks.get_or_load({v, k_chunk, chunk_index(t, c)}, [&] {
+  const cache_key key{v, k_chunk, chunk_index(t, c)};
+  return chunks.get_or_load(key, [&] {
+    decodes.chunk(cache_key_hash{}(key));
     auto item = std::make_shared<cache_item>();
     item->home = chunk_pool;  // also when decoding throws
     item->data = chunk_pool->take(bytes);
@@ -265,6 +267,7 @@ void content_store::impl::decode_chunk_into(std::uint64_t v, std::size_t t, std:
   thread_local byte_buffer scratch;
   const std::span<const std::byte> enc =
       objects.read_uncached(m->obj_id, m->data_base + f->data_at + from, to - from, scratch);
+  decodes.frame();
   if (parallel)
     codec::decode(enc, base, out);
   else

@@ -81,6 +81,20 @@ TEST_CASE("chunked cold reads equal the written reconstruction at any offset",
       served.push_back(read_all(s.content, refs.back()));  // warm: the written reconstruction
       if (v == 0) REQUIRE(same(served.back(), file));
     }
+    // The decode work of a cold read: each of the newest version's 6 chunks (4 of the large
+    // tensor, 2 of the other) once, through the whole chain (no base is cached: a frame of each
+    // of the 4 versions per chunk), none of them a repeat; read again after the caches are
+    // dropped, every chunk is one.
+    for (int round = 0; round < 2; ++round) {
+      INFO("round " << round);
+      s.content.drop_caches();
+      const auto before = s.content.usage();
+      REQUIRE(same(read_all(s.content, refs[3]), served[3]));
+      const auto after = s.content.usage();
+      CHECK(after.chunks_decoded - before.chunks_decoded == 6);
+      CHECK(after.chunks_decoded_again - before.chunks_decoded_again == (round ? 6 : 0));
+      CHECK(after.chunk_frames_decoded - before.chunk_frames_decoded == 24);
+    }
     // Cold: every version, newest first (each decodes its chain chunk by chunk).
     s.content.drop_caches();
     for (std::size_t v = refs.size(); v-- > 0;) {
