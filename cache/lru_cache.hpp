@@ -29,6 +29,12 @@ class lru_cache {
     return it->second.value;
   }
 
+  // Cached or being loaded right now; does not count as a use (the LRU order stays).
+  bool present(const Key& k) const {
+    std::lock_guard lock(mu_);
+    return map_.count(k) || loading_.count(k);
+  }
+
   void put(const Key& k, value_ptr v, std::uint64_t bytes) {
     std::lock_guard lock(mu_);
     insert_locked(k, std::move(v), bytes);

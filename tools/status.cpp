@@ -69,10 +69,15 @@ void print_text(const nlohmann::json& r) {
   if (r.contains("reads")) {
     const auto& rd = r["reads"];
     std::printf(
-        "reads:    %s decoded for cold reads (%llu of them again: evicted before their\n"
-        "          readers were done), %s decoded through base chains for them\n",
+        "reads:    %s (%s) decoded for cold reads, %llu of them (%s) again: evicted before\n"
+        "          their readers were done; %s (%s) for the kernel's reads away from the\n"
+        "          reader; %s decoded through base chains for them\n",
         plural(ju64(rd, "chunks_decoded"), "chunk").c_str(),
+        human_bytes(jnum(rd, "decoded_bytes")).c_str(),
         static_cast<unsigned long long>(ju64(rd, "chunks_decoded_again")),
+        human_bytes(jnum(rd, "decoded_again_bytes")).c_str(),
+        plural(ju64(rd, "stray_blocks_decoded"), "block").c_str(),
+        human_bytes(jnum(rd, "stray_bytes")).c_str(),
         plural(ju64(rd, "frames_decoded"), "frame").c_str());
   }
   if (r.contains("streams")) {

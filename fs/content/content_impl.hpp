@@ -320,6 +320,10 @@ struct content_store::impl {
                                                 std::uint64_t bytes, bool parallel);
   void decode_chunk_into(std::uint64_t v, std::size_t t, std::size_t c, std::span<std::byte> out,
                          bool parallel);
+  void decode_blocks_into(std::uint64_t v, std::size_t t, std::size_t b0, std::size_t b1,
+                          std::span<std::byte> out, bool parallel);
+  void stray_blocks(std::uint64_t v, std::size_t t, std::size_t b0, std::size_t b1,
+                    std::span<std::byte> out);
   std::uint64_t chain_chunk_bytes(std::uint64_t v, std::size_t t);
   decode_tally decodes;  // chunks decoded, again, frames through chains (ckptctl status)
 

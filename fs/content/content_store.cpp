@@ -123,7 +123,11 @@ content_store::resources content_store::usage() const {
   r.streamed_bytes = impl_->streamed_bytes.load();
   const decode_tally::counts d = impl_->decodes.get();
   r.chunks_decoded = d.chunks;
+  r.chunk_bytes_decoded = d.chunk_bytes;
   r.chunks_decoded_again = d.again;
+  r.chunk_bytes_decoded_again = d.again_bytes;
+  r.stray_blocks_decoded = d.strays;
+  r.stray_bytes_decoded = d.stray_bytes;
   r.chunk_frames_decoded = d.frames;
   return r;
 }

@@ -275,10 +275,14 @@ class content_store {
     // the stream predicted).
     std::uint64_t streams_running = 0, streamed_puts = 0, streams_dropped = 0;
     std::uint64_t streamed_bytes = 0;  // tensor bytes coded by streams since the start
-    // Cold reads since the start (decode_tally.hpp): chunks decoded into the chunk cache, of
-    // them decoded before (evicted before their readers were done), frames decoded for them
-    // through base chains.
-    std::uint64_t chunks_decoded = 0, chunks_decoded_again = 0, chunk_frames_decoded = 0;
+    // Cold reads since the start (decode_tally.hpp): chunks decoded into the chunk cache and
+    // their bytes, of them decoded before (evicted before their readers were done), single
+    // blocks decoded (not cached) for the kernel's reads away from the reader, and the frames
+    // decoded for both through base chains.
+    std::uint64_t chunks_decoded = 0, chunk_bytes_decoded = 0;
+    std::uint64_t chunks_decoded_again = 0, chunk_bytes_decoded_again = 0;
+    std::uint64_t stray_blocks_decoded = 0, stray_bytes_decoded = 0;
+    std::uint64_t chunk_frames_decoded = 0;
   };
   resources usage() const;
 

@@ -101,7 +101,15 @@ std::vector<std::size_t> read_ahead::touch(std::size_t t) {
   const std::size_t prev = last_.exchange(t);
   if (prev == t) return {};
   started_ = true;
-  queued_[t] = false;  // read now: a later pass over the file may queue it again
+  // Read now: a later pass over the file may queue it again. Unless the read was the kernel's
+  // ahead of the reader (below): the reader has not been there yet, and t is still queued for
+  // it (expects()).
+  const bool was_queued = queued_[t];
+  queued_[t] = false;
+  auto ahead_of_reader = [&] {
+    queued_[t] = was_queued;
+    return std::vector<std::size_t>{};
+  };
   const bool file_step = prev != none && t == successor(file_, pos_file_, prev);
   if (file_mode_) {
     if (prev != none && !file_step && t == successor(predicted_, pos_predicted_, prev))
@@ -123,13 +131,18 @@ std::vector<std::size_t> read_ahead::touch(std::size_t t) {
   // chunk cache before the reader came.
   const bool past = ft != none && fp != none && ft > fp;
   const std::uint64_t gap = past ? bytes_file_[ft] - bytes_file_[fp + 1] : 0;
-  if (past && gap < stray_bytes_) return {};
+  if (past && gap < stray_bytes_) return ahead_of_reader();
   if (pt > pp && pt <= horizon_) return follow_predicted(t);  // moved on within what is queued
   if (past && file_step) {
     file_mode_ = true;
     return queue_after(file_, ft + 1);
   }
   return follow_predicted(t, true);
+}
+
+bool read_ahead::expects(std::size_t t) const {
+  std::lock_guard lock(mu_);
+  return file_mode_ || place_ == none || place_ == t || (t < queued_.size() && queued_[t]);
 }
 
 bool read_ahead::following_file_order() const {

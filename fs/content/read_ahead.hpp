@@ -59,6 +59,12 @@ class read_ahead {
 
   bool following_file_order() const;
 
+  // Whether the reader is at tensor t or is expected there: the place the last touch() left it
+  // (any tensor while it follows file order or before its first step), or queued for it and not
+  // read by it yet. A read of any other tensor is the kernel's, ahead of or behind the reader:
+  // worth serving, not worth decoding more than it asks for.
+  bool expects(std::size_t t) const;
+
  private:
   static constexpr std::size_t none = ~std::size_t(0);
   // Queues what is not queued yet among the decoded tensors of `order` from position `from`

@@ -210,7 +210,7 @@ std::shared_ptr<const cache_item> content_store::impl::chunk_recon(std::uint64_t
   read_guard guard(*this);  // the whole chain decode
   const cache_key key{v, k_chunk, chunk_index(t, c)};
   return chunks.get_or_load(key, [&] {
-    decodes.chunk(cache_key_hash{}(key));
+    decodes.chunk(cache_key_hash{}(key), bytes);
     auto item = std::make_shared<cache_item>();
     item->home = chunk_pool;  // also when decoding throws
     item->data = chunk_pool->take(bytes);
@@ -220,21 +220,41 @@ std::shared_ptr<const cache_item> content_store::impl::chunk_recon(std::uint64_t
   });
 }
 
-// Decodes chunk c of tensor t of version v into `out` (exactly the chunk's bytes). The base
-// chunk comes from the caches when they have it; otherwise a base with the same block geometry
-// is decoded into `out` and the delta applied in place, and any other base (a version written
-// before block indexes) is reconstructed whole.
+// Blocks [b0, b1) of tensor t of version v, decoded through the chain into `out` and not
+// cached: for reads the kernel makes away from the reader (read_ahead::at_place), whose chunk is
+// usually evicted before the reader gets there, or was read already.
+void content_store::impl::stray_blocks(std::uint64_t v, std::size_t t, std::size_t b0,
+                                       std::size_t b1, std::span<std::byte> out) {
+  read_guard guard(*this);  // the whole chain decode
+  decodes.stray(out.size());
+  decode_blocks_into(v, t, b0, b1, out, false);
+}
+
+// Decodes chunk c of tensor t of version v into `out` (exactly the chunk's bytes).
 void content_store::impl::decode_chunk_into(std::uint64_t v, std::size_t t, std::size_t c,
                                             std::span<std::byte> out, bool parallel) {
+  decode_blocks_into(v, t, c * kChunkBlocks, (c + 1) * kChunkBlocks, out, parallel);
+}
+
+// Decodes blocks [b0, b1) of tensor t of version v (b1 clamped to the frame's blocks) into `out`
+// (exactly their bytes). The base comes from the caches when they have it (the whole tensor, or
+// the chunk holding these blocks); otherwise a base with the same block geometry is decoded into
+// `out` and the delta applied in place, and any other base (a version written before block
+// indexes) is reconstructed whole.
+void content_store::impl::decode_blocks_into(std::uint64_t v, std::size_t t, std::size_t b0,
+                                             std::size_t b1, std::span<std::byte> out,
+                                             bool parallel) {
   const auto m = meta_of(v);
   const tensor_frame* f = frame_of(*m, t);
   if (!f || f->blocks.empty()) throw corrupt_error("content: tensor has no block index");
   const std::uint64_t length = m->meta->layout.tensors.at(t).length;
-  const std::uint64_t cb = chunk_bytes(*f), begin = std::uint64_t(c) * cb;
-  const std::size_t b0 = c * kChunkBlocks;
-  if (b0 >= f->blocks.size() || begin >= length || out.size() != std::min(cb, length - begin))
-    throw corrupt_error("content: chunk outside its tensor");
-  const std::size_t b1 = std::min(b0 + kChunkBlocks, f->blocks.size());
+  const std::uint64_t block = std::uint64_t(f->block_elements) * codec::element_size(f->type);
+  b1 = std::min(b1, f->blocks.size());
+  const std::uint64_t begin = b0 * block;
+  if (b0 >= b1 || begin >= length || out.size() != std::min(b1 * block, length) - begin)
+    throw corrupt_error("content: blocks outside their tensor");
+  const std::size_t c = b0 / kChunkBlocks;  // the chunk holding them (b1 is in it too)
+  if (b1 > (c + 1) * kChunkBlocks) throw corrupt_error("content: blocks span two chunks");
 
   std::shared_ptr<const cache_item> held;  // keeps a cached base alive while it is read
   std::span<const std::byte> base;
@@ -250,10 +270,12 @@ void content_store::impl::decode_chunk_into(std::uint64_t v, std::size_t t, std:
       base = std::span<const std::byte>(held->data).subspan(begin, out.size());
     } else if (same_geometry &&
                (held = chunks.get({base_id, k_chunk, chunk_index(f->base_tensor, c)}))) {
-      if (held->data.size() != out.size()) throw corrupt_error("content: base size mismatch");
-      base = held->data;
+      const std::uint64_t chunk_at = c * kChunkBlocks * block, at = begin - chunk_at;
+      if (held->data.size() != std::min(chunk_at + kChunkBlocks * block, length) - chunk_at)
+        throw corrupt_error("content: base size mismatch");
+      base = std::span<const std::byte>(held->data).subspan(at, out.size());
     } else if (same_geometry) {
-      decode_chunk_into(base_id, f->base_tensor, c, out, parallel);
+      decode_blocks_into(base_id, f->base_tensor, b0, b1, out, parallel);
       base = out;
     } else {
       held = tensor_recon(base_id, f->base_tensor);
@@ -429,7 +451,9 @@ class content_store::impl::reader final : public content_reader {
     if (auto w = cb ? store_.cache.get({version_, k_tensor, t}) : store_.tensor_recon(version_, t))
       return {w, std::span<const std::byte>(w->data.data() + in_seg, len)};
     const std::size_t c = std::size_t(in_seg / cb);
-    if (in_seg % cb + len > units_[unit_at(t, in_seg)].bytes) return {};  // spans two: read()
+    const std::size_t ui = unit_at(t, in_seg);
+    if (in_seg % cb + len > units_[ui].bytes) return {};  // spans two: read()
+    if (is_stray(t, c, ui, in_seg % cb, len)) return {};  // read() decodes a block for it
     auto r = chunk(t, c);
     const std::span<const std::byte> bytes(r->data.data() + in_seg % cb, len);
     return {std::move(r), bytes};
@@ -476,12 +500,43 @@ class content_store::impl::reader final : public content_reader {
         std::memcpy(out.data(), r->data.data() + off, out.size());
         return;
       }
-      r = chunk(t, c);
       const std::size_t n = std::size_t(std::min<std::uint64_t>(out.size(), u.bytes - off % cb));
-      std::memcpy(out.data(), r->data.data() + off % cb, n);
+      if (!stray(t, c, ui, off % cb, out.first(n))) {
+        r = chunk(t, c);
+        std::memcpy(out.data(), r->data.data() + off % cb, n);
+      }
       out = out.subspan(n);
       off += n;
     }
+  }
+
+  // Serves `out` (bytes from `at` of chunk c of tensor t, unit ui) with one block decoded for it,
+  // if it is a read the kernel makes away from the reader: a few pages (its read-ahead past a
+  // record, at most kStrayReadBytes) of a chunk of several blocks that read-ahead did not
+  // expect the reader at and nobody has decoded or is decoding. torch.load reads records in
+  // storage-key order, not file order, so the chunk such a read falls in was mostly read before
+  // or is read much later: decoding it whole (4 MiB for a few pages) decoded most chunks at the
+  // start of a large tensor twice under small caches (fs.cold_reads). False: read it as usual.
+  bool stray(std::size_t t, std::size_t c, std::size_t ui, std::uint64_t at,
+             std::span<std::byte> out) const {
+    if (!is_stray(t, c, ui, at, out.size())) return false;
+    const std::uint64_t block = chunk_bytes_[t] / kChunkBlocks;
+    const unit& u = units_[ui];
+    const std::uint64_t b = at / block;
+    thread_local std::vector<std::byte> decoded;  // one block per FUSE thread, reused
+    decoded.resize(std::size_t(std::min(block, u.bytes - b * block)));
+    const std::size_t first = c * kChunkBlocks + std::size_t(b);
+    store_.stray_blocks(version_, t, first, first + 1, decoded);
+    std::memcpy(out.data(), decoded.data() + (at - b * block), out.size());
+    return true;
+  }
+  static constexpr std::uint64_t kStrayReadBytes = 256u << 10;
+  bool is_stray(std::size_t t, std::size_t c, std::size_t ui, std::uint64_t at,
+                std::size_t len) const {
+    const std::uint64_t block = chunk_bytes_[t] / kChunkBlocks;
+    if (units_[ui].bytes <= block || len > kStrayReadBytes || len == 0) return false;
+    if (at / block != (at + len - 1) / block) return false;
+    return !ahead_->expects(ui) && !store_.chunks.present({version_, k_chunk, chunk_index(t, c)});
   }
 
   // Chunk c of tensor t, decoded now if no worker has it (in parallel: the reader is waiting).

@@ -187,3 +187,58 @@ TEST_CASE("a rekey gives an unindexed version's lossless frames a block index",
   random_reads(s.content, refs[1], served[1], 9);
   CHECK(s.content.verify(refs[1].version, true, {}).empty());
 }
+
+TEST_CASE("a read the kernel makes away from the reader decodes one block, not its chunk",
+          "[content][chunked]") {
+  temp_dir d;
+  fs::content_options opt;
+  opt.bits = 3;
+  opt.keyframe_interval = 100;
+  std::mt19937_64 rng(13);
+  // "a" (5 blocks: a chunk of 4 and one of 1) then "b" in both file and predicted order.
+  drifting_weights a(1'300'000, rng), b(2'000'000, rng);
+  std::vector<fs::content_ref> refs;
+  std::vector<bytes> served;
+  opened s(d.path, opt);
+  for (int v = 0; v < 2; ++v) {
+    a.step(rng);
+    b.step(rng);
+    const bytes file = safetensors({{"a", a.values}, {"b", b.values}});
+    refs.push_back(s.content.put("run/step_" + std::to_string(v) + ".safetensors",
+                                 format::memory_source(file)));
+    served.push_back(read_all(s.content, refs.back()));
+  }
+  const bytes& want = served[1];
+  std::uint64_t header = 0;
+  std::memcpy(&header, want.data(), 8);
+  const std::size_t a_at = 8 + header, b_at = a_at + 4 * a.values.size();
+  auto read_at = [&](const fs::content_reader& r, std::size_t off, std::size_t len) {
+    bytes out(len);
+    REQUIRE(r.read(off, out) == len);
+    return std::equal(out.begin(), out.end(), want.begin() + std::ptrdiff_t(off));
+  };
+  s.content.drop_caches();
+  auto reader = s.content.open(refs[1]);
+  const auto strays = [&] { return s.content.usage().stray_blocks_decoded; };
+  const std::uint64_t before = strays();
+  // The reader goes through "a" (its two chunks) to "b": its own reads, chunks decoded.
+  REQUIRE(read_at(*reader, a_at + 4096, 4096));
+  REQUIRE(read_at(*reader, a_at + (4u << 20) + 4096, 4096));
+  REQUIRE(read_at(*reader, b_at + 8192, 4096));
+  CHECK(strays() == before);
+  s.content.drop_caches();
+  // Behind the reader, a few pages of a chunk nobody has: one block, through the chain (the
+  // delta and its keyframe: two frames), nothing cached.
+  const auto frames = s.content.usage().chunk_frames_decoded;
+  REQUIRE(read_at(*reader, a_at + 3 * (1u << 20) + 100, 8192));  // block 3 of "a"'s chunk 0
+  CHECK(strays() == before + 1);
+  CHECK(s.content.usage().chunk_frames_decoded >= frames + 2);
+  // Two blocks, or more than a few pages: read as usual (the chunk).
+  REQUIRE(read_at(*reader, a_at + (1u << 20) - 4096, 8192));
+  REQUIRE(read_at(*reader, a_at, 512u << 10));
+  CHECK(strays() == before + 1);
+  // The reader's own place is never a stray, also in a chunk nobody has.
+  s.content.drop_caches();
+  REQUIRE(read_at(*reader, b_at + 100, 4096));
+  CHECK(strays() == before + 1);
+}

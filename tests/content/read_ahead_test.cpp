@@ -66,6 +66,7 @@ TEST_CASE("read_ahead: a front-to-back reader switches to file order and back",
   CHECK(ra.touch(1) == v{5});
   CHECK(ra.touch(2) == v{3});  // file successor of 1, not the predicted one (4)
   CHECK(ra.following_file_order());
+  CHECK(ra.expects(6));        // following file order, every read is the reader's
   CHECK(ra.touch(3).empty());  // 4 is queued already
   CHECK(ra.touch(4) == v{6});  // 5 is queued
   CHECK(ra.touch(5) == v{7});  // 4 -> 5 is a step in both orders: stays in file order
@@ -91,12 +92,18 @@ TEST_CASE("read_ahead: the kernel reading past a tensor is not the reader's next
   // kernel's read-ahead, not the reader's.
   read_ahead ra({0, 1, 4, 5, 6, 7, 2, 3}, {0, 1, 2, 3, 4, 5, 6, 7},
                 std::vector<std::uint64_t>(8, 10), 20, false, 15);
+  CHECK(ra.expects(3));  // before the first read the reader may be anywhere
   CHECK(ra.touch(0) == v{1, 4});
   CHECK(ra.touch(1) == v{5});
+  CHECK(ra.expects(1));
   CHECK(ra.touch(2).empty());  // right after 1 in the file: queues nothing
+  CHECK_FALSE(ra.expects(2));  // the kernel's read, not the reader's
+  CHECK(ra.expects(1));
   CHECK(ra.touch(3).empty());  // 10 bytes past: still within the stray bytes
+  CHECK_FALSE(ra.expects(3));
   CHECK_FALSE(ra.following_file_order());
   CHECK(ra.touch(4) == v{6});  // the reader's own next step, from 1
+  CHECK(ra.expects(4));
   CHECK_FALSE(ra.following_file_order());
 }
 
@@ -107,6 +114,8 @@ TEST_CASE("read_ahead: reads served out of order neither move the reader back no
   CHECK(ra.touch(0) == v{1, 4});
   CHECK(ra.touch(4) == v{5, 6});  // ahead within what is queued: the reader moved on
   CHECK(ra.touch(1).empty());     // 10 bytes behind, served late
+  CHECK_FALSE(ra.expects(1));
+  CHECK(ra.expects(4));
   CHECK(ra.touch(5) == v{7});
   CHECK(ra.touch(0) == v{1});     // 30 bytes behind: a jump (the next one only)
   CHECK(ra.touch(1) == v{4, 5});  // going on from 0 in predicted order: read again, queued again
@@ -118,6 +127,7 @@ TEST_CASE("read_ahead: a jump queues one tensor until the reader goes on from it
                 std::vector<std::uint64_t>(8, 10), 30, false, 0);
   CHECK(ra.touch(0) == v{1, 2, 3});
   CHECK(ra.touch(5) == v{6});  // a jump: the next one only
+  CHECK(ra.expects(5));        // the reader is where it jumped to
   CHECK(ra.touch(6) == v{7});  // a step from it: the whole budget (here the end)
 }
 

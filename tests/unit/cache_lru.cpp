@@ -1,0 +1,88 @@
+// cache::lru_cache: a byte budget with least-recently-used eviction, loads run once per key at a
+// time, failed loads cache nothing, present() sees loads in flight.
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <future>
+#include <stdexcept>
+#include <string>
+#include <thread>
+
+#include "cache/lru_cache.hpp"
+
+using cache_t = ckpt::cache::lru_cache<int, std::string>;
+
+namespace {
+std::shared_ptr<const std::string> value(const char* s) {
+  return std::make_shared<const std::string>(s);
+}
+}  // namespace
+
+TEST_CASE("lru_cache keeps its byte budget, evicting the least recently used", "[cache][lru]") {
+  cache_t c(100);
+  c.put(1, value("a"), 40);
+  c.put(2, value("b"), 40);
+  REQUIRE(c.bytes() == 80);
+  REQUIRE(c.get(1));  // 1 is now the most recently used
+  c.put(3, value("c"), 40);
+  CHECK(c.bytes() == 80);
+  CHECK(c.get(1));
+  CHECK_FALSE(c.get(2));  // evicted: least recently used
+  CHECK(c.get(3));
+  // Larger than the whole budget: returned by its loader, never kept, nothing evicted for it.
+  auto big = c.get_or_load(4, [] { return std::pair{value("big"), std::uint64_t(101)}; });
+  CHECK(*big == "big");
+  CHECK_FALSE(c.get(4));
+  CHECK(c.get(1));
+  CHECK(c.get(3));
+  // Replacing a key charges the new size only.
+  c.put(1, value("a2"), 10);
+  CHECK(c.bytes() == 50);
+  CHECK(*c.get(1) == "a2");
+  c.erase(1);
+  CHECK(c.bytes() == 40);
+  c.clear();
+  CHECK(c.bytes() == 0);
+  CHECK_FALSE(c.get(3));
+}
+
+TEST_CASE("lru_cache loads a key once for concurrent callers; present() sees the load",
+          "[cache][lru]") {
+  cache_t c(1000);
+  std::promise<void> release;
+  std::shared_future<void> go = release.get_future().share();
+  std::atomic<int> loads{0};
+  auto loader = [&] {
+    ++loads;
+    go.wait();
+    return std::pair{value("x"), std::uint64_t(10)};
+  };
+  CHECK_FALSE(c.present(7));
+  auto first = std::async(std::launch::async, [&] { return c.get_or_load(7, loader); });
+  while (!c.present(7)) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  CHECK_FALSE(c.get(7));  // loading is not cached yet
+  auto second = std::async(std::launch::async, [&] { return c.get_or_load(7, loader); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  release.set_value();
+  auto a = first.get();
+  auto b = second.get();
+  CHECK(a == b);  // the same value object: one load
+  CHECK(loads == 1);
+  CHECK(c.present(7));
+  CHECK_FALSE(c.present(8));
+}
+
+TEST_CASE("lru_cache caches nothing for a load that throws, and every waiter sees the error",
+          "[cache][lru]") {
+  cache_t c(1000);
+  CHECK_THROWS_AS(
+      c.get_or_load(1,
+                    []() -> std::pair<std::shared_ptr<const std::string>, std::uint64_t> {
+                      throw std::runtime_error("decode failed");
+                    }),
+      std::runtime_error);
+  CHECK_FALSE(c.present(1));
+  CHECK(c.bytes() == 0);
+  // The next call loads again.
+  CHECK(*c.get_or_load(1, [] { return std::pair{value("ok"), std::uint64_t(2)}; }) == "ok");
+}
