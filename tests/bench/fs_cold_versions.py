@@ -6,7 +6,9 @@ directory; then, --repeats times, for each version in --loads and each binary in
 mount, drop_caches, torch.load of that version (it decodes its keyframe and the deltas after it:
 only the newest has a head image), unmount; and torch.load of the same file from the plain
 directory after drop_caches. Each load prints its time, the daemon's CPU seconds and how busy
-the machine was (CPU seconds of all cores, and iowait) during it; the end prints, per binary
+the machine was (CPU seconds of all cores, and iowait) during it, and, for builds whose `ckptctl
+status` counts it, the bytes the daemon decoded (again: chunks it had decoded before; stray:
+single blocks for the kernel's reads away from the reader); the end prints, per binary
 and version, the median of the per-load mount/plain ratios and the daemon's median CPU.
 
 Usage: fs_cold_versions.py CKPTFS_BINARY [OTHER_BINARY ...] [--gib 1] [--versions 4]
@@ -15,9 +17,11 @@ Needs root (FUSE, drop_caches) and about (2 + binaries) x versions x --gib free 
 Run by /usr/bin/python3.
 """
 import argparse
+import json
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import time
 
@@ -92,11 +96,12 @@ def main():
                     with mounted(binary, store, mnt, *opts) as proc:
                         drop_caches()
                         m = timed_load(os.path.join(mnt, f"step_{v}.pt"), proc.pid)
+                        work = decode_work(binary, mnt)
                     ratio = m["s"] / p["s"]
                     results.setdefault((i, v), []).append((ratio, m["daemon_cpu"]))
                     print(f"repeat {r + 1} v{v} binary {i + 1}: mount {m['s']:.2f} s (daemon cpu "
                           f"{m['daemon_cpu']:.2f} s, machine busy {m['busy']:.2f} s, iowait "
-                          f"{m['iowait']:.2f} s), plain {p['s']:.2f} s, ratio {ratio:.2f}",
+                          f"{m['iowait']:.2f} s{work}), plain {p['s']:.2f} s, ratio {ratio:.2f}",
                           flush=True)
         print("\nmedians (mount / plain, daemon cpu):")
         for i, binary in enumerate(a.binaries):
@@ -107,6 +112,20 @@ def main():
                       f"{statistics.median(c for _, c in rs):.2f} s")
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def decode_work(binary, mnt):
+    """What the load decoded, from `ckptctl status` (builds that count it): ', decoded N MiB
+    (again A, stray S)', or ''."""
+    ctl = os.path.join(os.path.dirname(os.path.abspath(binary)), "ckptctl")
+    r = subprocess.run([ctl, "status", "--json", mnt], capture_output=True, text=True)
+    try:
+        reads = json.loads(r.stdout)["reads"]
+        mib = {k: reads[k] / 2**20 for k in ("decoded_bytes", "decoded_again_bytes", "stray_bytes")}
+    except (ValueError, KeyError):
+        return ""
+    return (f", decoded {mib['decoded_bytes'] + mib['stray_bytes']:.0f} MiB (again "
+            f"{mib['decoded_again_bytes']:.0f}, stray {mib['stray_bytes']:.0f})")
 
 
 def timed_load_plain(path):
