@@ -285,6 +285,8 @@ struct content_store::impl {
   std::mutex prefetch_mu;
   std::condition_variable_any prefetch_cv;  // waits are stop_token-aware: no lost wakeup
   std::deque<prefetch_job> prefetch_queue;
+  // What cold reads decode (ckptctl status); before `prefetchers`, whose workers record in it.
+  decode_tally decodes;
   std::vector<std::jthread> prefetchers;  // last member: stopped and joined before what they use
 
   // Decoded chunks of cold reads: a small cache carved out of cache=, its buffers recycled.
@@ -318,14 +320,14 @@ struct content_store::impl {
   byte_buffer materialize(std::uint64_t v, std::size_t t);
   std::shared_ptr<const cache_item> chunk_recon(std::uint64_t v, std::size_t t, std::size_t c,
                                                 std::uint64_t bytes, bool parallel);
-  void decode_chunk_into(std::uint64_t v, std::size_t t, std::size_t c, std::span<std::byte> out,
-                         bool parallel);
-  void decode_blocks_into(std::uint64_t v, std::size_t t, std::size_t b0, std::size_t b1,
-                          std::span<std::byte> out, bool parallel);
+  // Both return the frames they decoded (one per version of the chain not found cached).
+  std::size_t decode_chunk_into(std::uint64_t v, std::size_t t, std::size_t c,
+                                std::span<std::byte> out, bool parallel);
+  std::size_t decode_blocks_into(std::uint64_t v, std::size_t t, std::size_t b0, std::size_t b1,
+                                 std::span<std::byte> out, bool parallel);
   void stray_blocks(std::uint64_t v, std::size_t t, std::size_t b0, std::size_t b1,
                     std::span<std::byte> out);
   std::uint64_t chain_chunk_bytes(std::uint64_t v, std::size_t t);
-  decode_tally decodes;  // chunks decoded, again, frames through chains (ckptctl status)
 
   // ---- lineage_registry.cpp (callers hold mu where noted) ----
   version_rec get(std::uint64_t v) const;

@@ -1,15 +1,16 @@
 #pragma once
-// How much decoding cold reads cost, for `ckptctl status`: chunks decoded into the chunk cache,
-// how many of them (and their bytes) had been decoded before (a chunk decoded again was evicted
-// before its reader was done with it: read-ahead decoding what the reader did not want yet, or a
-// chunk cache too small for the readers), and the frames decoded through base chains to make them
-// (one per version of the chain that was not cached).
+// How much decoding cold reads cost, for `ckptctl status`: chunks decoded into the chunk cache
+// and their bytes; of them, chunks decoded before (among the ones remembered, below): evicted
+// before their reader was done with them (read-ahead decoding what the reader did not want yet,
+// or a chunk cache too small for the readers), or read again later by another load; single
+// blocks decoded, not cached, for the kernel's reads away from the reader; and the frames
+// decoded through base chains for both (one per version of the chain that was not cached).
 //
 // "Before" is within memory: the tally remembers the last chunks decoded in a direct-mapped
 // table of kSlots fingerprints (512 KiB), so a repeat whose slot another chunk took since is not
-// counted. A measurement of read-ahead and cache sizing, not an audit; two distinct chunks with
-// equal 64-bit fingerprints would count as a repeat. Lock-free: read-ahead workers and FUSE
-// threads record concurrently.
+// counted. A measurement of read-ahead and cache sizing, not an audit; two distinct chunks whose
+// fingerprints differ only in bit 0 would count as a repeat. Lock-free: read-ahead workers and
+// FUSE threads record concurrently.
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -32,7 +33,7 @@ class decode_tally {
   void chunk(std::uint64_t fingerprint, std::uint64_t bytes) noexcept;
   // Blocks of `bytes` decoded, not cached, for a read away from the reader.
   void stray(std::uint64_t bytes) noexcept;
-  void frame() noexcept { frames_.fetch_add(1, std::memory_order_relaxed); }
+  void frames(std::uint64_t n) noexcept { frames_.fetch_add(n, std::memory_order_relaxed); }
   counts get() const noexcept;
 
  private:

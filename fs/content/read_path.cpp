@@ -11,6 +11,8 @@
 #include "fs/content/content_object.hpp"
 #include "fs/content/read_ahead.hpp"
 
+#include <tbb/task_arena.h>
+
 namespace ckpt::fs {
 
 using bytes = std::vector<std::byte>;
@@ -214,26 +216,26 @@ std::shared_ptr<const cache_item> content_store::impl::chunk_recon(std::uint64_t
     auto item = std::make_shared<cache_item>();
     item->home = chunk_pool;  // also when decoding throws
     item->data = chunk_pool->take(bytes);
-    decode_chunk_into(v, t, c, item->data, parallel);
+    decodes.frames(decode_chunk_into(v, t, c, item->data, parallel));
     const std::uint64_t charged = item->data.capacity();
     return std::pair{std::shared_ptr<const cache_item>(item), charged};
   });
 }
 
 // Blocks [b0, b1) of tensor t of version v, decoded through the chain into `out` and not
-// cached: for reads the kernel makes away from the reader (read_ahead::at_place), whose chunk is
+// cached: for reads the kernel makes away from the reader (read_ahead::expects), whose chunk is
 // usually evicted before the reader gets there, or was read already.
 void content_store::impl::stray_blocks(std::uint64_t v, std::size_t t, std::size_t b0,
                                        std::size_t b1, std::span<std::byte> out) {
   read_guard guard(*this);  // the whole chain decode
   decodes.stray(out.size());
-  decode_blocks_into(v, t, b0, b1, out, false);
+  decodes.frames(decode_blocks_into(v, t, b0, b1, out, false));
 }
 
 // Decodes chunk c of tensor t of version v into `out` (exactly the chunk's bytes).
-void content_store::impl::decode_chunk_into(std::uint64_t v, std::size_t t, std::size_t c,
-                                            std::span<std::byte> out, bool parallel) {
-  decode_blocks_into(v, t, c * kChunkBlocks, (c + 1) * kChunkBlocks, out, parallel);
+std::size_t content_store::impl::decode_chunk_into(std::uint64_t v, std::size_t t, std::size_t c,
+                                                   std::span<std::byte> out, bool parallel) {
+  return decode_blocks_into(v, t, c * kChunkBlocks, (c + 1) * kChunkBlocks, out, parallel);
 }
 
 // Decodes blocks [b0, b1) of tensor t of version v (b1 clamped to the frame's blocks) into `out`
@@ -241,9 +243,9 @@ void content_store::impl::decode_chunk_into(std::uint64_t v, std::size_t t, std:
 // the chunk holding these blocks); otherwise a base with the same block geometry is decoded into
 // `out` and the delta applied in place, and any other base (a version written before block
 // indexes) is reconstructed whole.
-void content_store::impl::decode_blocks_into(std::uint64_t v, std::size_t t, std::size_t b0,
-                                             std::size_t b1, std::span<std::byte> out,
-                                             bool parallel) {
+std::size_t content_store::impl::decode_blocks_into(std::uint64_t v, std::size_t t, std::size_t b0,
+                                                    std::size_t b1, std::span<std::byte> out,
+                                                    bool parallel) {
   const auto m = meta_of(v);
   const tensor_frame* f = frame_of(*m, t);
   if (!f || f->blocks.empty()) throw corrupt_error("content: tensor has no block index");
@@ -258,6 +260,7 @@ void content_store::impl::decode_blocks_into(std::uint64_t v, std::size_t t, std
 
   std::shared_ptr<const cache_item> held;  // keeps a cached base alive while it is read
   std::span<const std::byte> base;
+  std::size_t frames = 1;
   if (f->mode == tensor_mode::delta) {
     const std::uint64_t base_id = m->base;
     const auto bm = meta_of(base_id);
@@ -275,7 +278,7 @@ void content_store::impl::decode_blocks_into(std::uint64_t v, std::size_t t, std
         throw corrupt_error("content: base size mismatch");
       base = std::span<const std::byte>(held->data).subspan(at, out.size());
     } else if (same_geometry) {
-      decode_blocks_into(base_id, f->base_tensor, b0, b1, out, parallel);
+      frames += decode_blocks_into(base_id, f->base_tensor, b0, b1, out, parallel);
       base = out;
     } else {
       held = tensor_recon(base_id, f->base_tensor);
@@ -289,11 +292,14 @@ void content_store::impl::decode_blocks_into(std::uint64_t v, std::size_t t, std
   thread_local byte_buffer scratch;
   const std::span<const std::byte> enc =
       objects.read_uncached(m->obj_id, m->data_base + f->data_at + from, to - from, scratch);
-  decodes.frame();
-  if (parallel)
-    codec::decode(enc, base, out);
-  else
+  if (parallel) {
+    // Isolated: while it waits for its blocks, this thread must not take other work of the
+    // arena (a save's base read decodes into the same thread_local scratch that `enc` is in).
+    tbb::this_task_arena::isolate([&] { codec::decode(enc, base, out); });
+  } else {
     codec::decode_here(enc, base, out);
+  }
+  return frames;
 }
 
 // Bytes per chunk for tensor t of version v when its whole chain can be decoded a chunk at a
@@ -520,6 +526,8 @@ class content_store::impl::reader final : public content_reader {
   bool stray(std::size_t t, std::size_t c, std::size_t ui, std::uint64_t at,
              std::span<std::byte> out) const {
     if (!is_stray(t, c, ui, at, out.size())) return false;
+    const std::uint64_t tag = stray_tag(t, c, at);
+    if (last_stray_.exchange(tag) == tag) return false;  // another thread's just now
     const std::uint64_t block = chunk_bytes_[t] / kChunkBlocks;
     const unit& u = units_[ui];
     const std::uint64_t b = at / block;
@@ -531,13 +539,23 @@ class content_store::impl::reader final : public content_reader {
     return true;
   }
   static constexpr std::uint64_t kStrayReadBytes = 256u << 10;
+  // Each block once: a second read of the block the last such read decoded (the kernel reading
+  // on in pieces, or a reader working through the chunk in small reads behind its place) reads
+  // the chunk, which is then cached.
   bool is_stray(std::size_t t, std::size_t c, std::size_t ui, std::uint64_t at,
                 std::size_t len) const {
     const std::uint64_t block = chunk_bytes_[t] / kChunkBlocks;
-    if (units_[ui].bytes <= block || len > kStrayReadBytes || len == 0) return false;
+    if (!block || units_[ui].bytes <= block || len > kStrayReadBytes || len == 0) return false;
     if (at / block != (at + len - 1) / block) return false;
-    return !ahead_->expects(ui) && !store_.chunks.present({version_, k_chunk, chunk_index(t, c)});
+    if (ahead_->expects(ui) || store_.chunks.present({version_, k_chunk, chunk_index(t, c)}))
+      return false;
+    return last_stray_.load() != stray_tag(t, c, at);
   }
+  std::uint64_t stray_tag(std::size_t t, std::size_t c, std::uint64_t at) const {
+    const std::uint64_t block = chunk_bytes_[t] / kChunkBlocks;
+    return ((std::uint64_t(t) << 32) | (c * kChunkBlocks + at / block)) + 1;
+  }
+  mutable std::atomic<std::uint64_t> last_stray_{0};  // the last block stray() decoded (a tag)
 
   // Chunk c of tensor t, decoded now if no worker has it (in parallel: the reader is waiting).
   std::shared_ptr<const cache_item> chunk(std::size_t t, std::size_t c) const {

@@ -25,9 +25,9 @@ TEST_CASE("decode_tally counts chunks and the ones decoded before", "[content][t
   CHECK(t.get().strays == 1);
   CHECK(t.get().stray_bytes == 1 << 20);
   CHECK(t.get().chunks == 103);
-  t.frame();
-  t.frame();
-  REQUIRE(t.get().frames == 2);
+  t.frames(1);
+  t.frames(2);
+  REQUIRE(t.get().frames == 3);
 }
 
 TEST_CASE("decode_tally tells fingerprints that share a slot apart", "[content][tally]") {
@@ -62,7 +62,7 @@ TEST_CASE("decode_tally counts every record of concurrent threads", "[content][t
     ts.emplace_back([&t, i] {
       for (int k = 0; k < per; ++k) {
         t.chunk((std::uint64_t(i) << 32 | std::uint64_t(k)) << 1, 1);
-        t.frame();
+        t.frames(1);
       }
     });
   for (auto& th : ts) th.join();

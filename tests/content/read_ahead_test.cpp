@@ -166,3 +166,22 @@ TEST_CASE("read_ahead: the zip tail is the last decoded tensor, also behind a st
   CHECK(ra.touch(2).empty());  // the tail read: nothing moves
   CHECK(ra.touch(1) == v{2});  // in its turn, the tail is queued again
 }
+
+TEST_CASE("read_ahead: a queued tensor the kernel reads ahead of the reader stays expected",
+          "[content][read_ahead]") {
+  // Predicted 0 1 4 5 6 7 2 3, file 0 1 2 ... 7, 10-byte tensors, 35 stray bytes: from 1, the
+  // kernel's read-ahead past it along the file reaches 2 (not queued) and 5 (queued).
+  read_ahead ra({0, 1, 4, 5, 6, 7, 2, 3}, {0, 1, 2, 3, 4, 5, 6, 7},
+                std::vector<std::uint64_t>(8, 10), 20, false, 35);
+  CHECK(ra.touch(0) == v{1, 4});
+  CHECK(ra.touch(1) == v{5});
+  CHECK(ra.touch(5).empty());  // 30 bytes past 1 along the file: the kernel's
+  CHECK(ra.expects(5));        // still queued for the reader, who has not been there
+  CHECK(ra.expects(1));        // the reader's place
+  CHECK(ra.touch(2).empty());  // the kernel's too, and not queued
+  CHECK_FALSE(ra.expects(2));
+  CHECK(ra.touch(4) == v{6});  // the reader's step: 5 is queued still, 6 next
+  CHECK(ra.expects(4));
+  CHECK_FALSE(ra.expects(1));  // behind the reader now
+  CHECK(ra.touch(5) == v{7});  // its next step: 5 was never queued twice
+}

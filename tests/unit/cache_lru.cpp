@@ -46,7 +46,7 @@ TEST_CASE("lru_cache keeps its byte budget, evicting the least recently used", "
   CHECK_FALSE(c.get(3));
 }
 
-TEST_CASE("lru_cache loads a key once for concurrent callers; present() sees the load",
+TEST_CASE("lru_cache loads a key once for concurrent callers, and present() sees the load",
           "[cache][lru]") {
   cache_t c(1000);
   std::promise<void> release;
