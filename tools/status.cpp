@@ -69,9 +69,9 @@ void print_text(const nlohmann::json& r) {
   if (r.contains("reads")) {
     const auto& rd = r["reads"];
     std::printf(
-        "reads:    %s (%s) decoded for cold reads, %llu of them (%s) again: evicted before\n"
-        "          their readers were done; %s (%s) for the kernel's reads away from the\n"
-        "          reader; %s decoded through base chains for them\n",
+        "reads:    %s (%s) decoded for cold reads, %llu of them (%s) decoded before\n"
+        "          (evicted before their readers were done, or read again); %s (%s) for\n"
+        "          the kernel's reads away from the reader; %s through base chains\n",
         plural(ju64(rd, "chunks_decoded"), "chunk").c_str(),
         human_bytes(jnum(rd, "decoded_bytes")).c_str(),
         static_cast<unsigned long long>(ju64(rd, "chunks_decoded_again")),
