@@ -94,6 +94,30 @@ bool pread_direct(int dfd, std::byte* p, std::size_t n, std::uint64_t off,
   return true;
 }
 
+// Writes one whole chunk from `p` (any alignment) at `off` (a chunk boundary) by direct I/O,
+// through an aligned bounce buffer (one chunk per thread that writes, inside the daemon's fixed
+// overhead): a copy in memory instead of one into fresh page-cache pages. False when the
+// filesystem refuses the transfer (EINVAL) or writes short: the caller writes through the page
+// cache instead.
+bool pwrite_direct(int dfd, const std::byte* p, std::uint64_t off) {
+  struct free_deleter {
+    void operator()(std::byte* b) const { std::free(b); }
+  };
+  thread_local std::unique_ptr<std::byte, free_deleter> bounce;
+  if (!bounce) {
+    bounce.reset(static_cast<std::byte*>(std::aligned_alloc(kDirectAlign, chunk_memory::bytes)));
+    if (!bounce) throw std::bad_alloc();
+  }
+  std::memcpy(bounce.get(), p, chunk_memory::bytes);
+  ssize_t w;
+  do {
+    w = ::pwrite(dfd, bounce.get(), chunk_memory::bytes, off_t(off));
+  } while (w < 0 && errno == EINTR);
+  if (w == ssize_t(chunk_memory::bytes)) return true;
+  if (w < 0 && errno != EINVAL) throw_errno(errno, "staging file write");
+  return false;
+}
+
 }  // namespace
 
 write_buffer::write_buffer(std::shared_ptr<memory_budget> budget, std::string staging_dir)
@@ -144,11 +168,13 @@ write_buffer::chunk& write_buffer::place(std::uint64_t index) {
     }
     c.filled = 0;
     taken_ += chunk_bytes;
-  } else if (spare_ || settled_chunk() != chunks_.end()) {
-    // The memory of a chunk the stream is done with: moved to the file by wait_for_room()
-    // already (spare_, without the filesystem's lock), or here.
+  } else if (auto old = spare_ ? chunks_.end() : settled_chunk();
+             spare_ || old != chunks_.end() || (old = full_chunk()) != chunks_.end()) {
+    // The memory of a chunk the stream is done with (moved to the file by wait_for_room()
+    // already, spare_, without the filesystem's lock, or here), or of a full chunk of a file no
+    // stream follows.
     try {
-      if (!spare_) make_spare();
+      if (!spare_) make_spare(old);
     } catch (...) {
       chunks_.erase(index);
       throw;
@@ -180,8 +206,7 @@ void write_buffer::set_base(std::shared_ptr<const content_reader> base, std::uin
   base_runs_ = std::move(base_runs);
 }
 
-void write_buffer::make_spare() {
-  const auto old = settled_chunk();
+void write_buffer::make_spare(std::map<std::uint64_t, chunk>::iterator old) {
   // Its bytes go to the file now (they would at the head's publication anyway), its memory to
   // spare_: the budget is unchanged, one more chunk counts as spilled.
   if (fd_ < 0) open_staging();
@@ -207,6 +232,16 @@ bool write_buffer::write_to_file(std::uint64_t index, const chunk& c) const {
   }
   pwrite_all(fd_, c.mem.data(), n, off);  // past `filled` the file reads zeros (a hole)
   return false;
+}
+
+std::map<std::uint64_t, write_buffer::chunk>::iterator write_buffer::full_chunk() {
+  const stream_state st = stream_.load();
+  if (st == stream_state::open || st == stream_state::complete) return chunks_.end();
+  // evicted_below_ as for settled_chunk(): below it no chunk is both in memory and full.
+  auto it = chunks_.lower_bound(evicted_below_);
+  while (it != chunks_.end() && !(it->second.mem && it->second.filled == chunk_bytes)) ++it;
+  if (it != chunks_.end()) evicted_below_ = it->first;
+  return it;
 }
 
 std::map<std::uint64_t, write_buffer::chunk>::iterator write_buffer::settled_chunk() {
@@ -243,10 +278,10 @@ void write_buffer::wait_for_room(std::uint64_t offset, std::size_t n) {
     for (std::uint64_t i = offset / chunk_bytes; i * chunk_bytes < offset + n; ++i)
       needs_chunk |= !chunks_.count(i);
     if (!needs_chunk || spare_ || budget_->used() + chunk_bytes <= budget_->limit()) return;
-    if (settled_chunk() != chunks_.end()) {
+    if (const auto old = settled_chunk(); old != chunks_.end()) {
       // Moved to the file here, where the writer holds no filesystem lock: a slow disk then
       // delays this writer only.
-      make_spare();
+      make_spare(old);
       return;
     }
     // Only a chunk of ours in memory that the stream has yet to settle can give memory back.
@@ -392,6 +427,8 @@ void write_buffer::write_locked(std::uint64_t offset, std::span<const std::byte>
       if (in > c.filled) std::memset(c.mem.data() + c.filled, 0, in - c.filled);  // a gap
       std::memcpy(c.mem.data() + in, data.data() + pos, n);
       c.filled = std::max(c.filled, in + n);
+    } else if (n == chunk_bytes && dfd_ >= 0 && pwrite_direct(dfd_, data.data() + pos, off)) {
+      c.direct = true;  // a whole chunk in the file (the reconstruction over a spilled one)
     } else {
       pwrite_all(fd_, data.data() + pos, n, off);
     }
@@ -585,9 +622,11 @@ void write_buffer::read_fully(std::uint64_t offset, std::span<std::byte> out) co
 }
 
 void write_buffer::overwrite(std::uint64_t offset, std::span<const std::byte> data) {
-  // A chunk at a time, as the stream's reads (above).
+  // A chunk at a time, as the stream's reads (above), cut at chunk boundaries: a whole chunk in
+  // the staging file is then written by direct I/O.
   for (std::size_t pos = 0; pos < data.size();) {
-    const std::size_t n = std::min(chunk_bytes, data.size() - pos);
+    const std::size_t n =
+        std::min(chunk_bytes - std::size_t((offset + pos) % chunk_bytes), data.size() - pos);
     std::unique_lock lock(mu_);
     // A stale stream's reconstruction would replace bytes written after the store read them.
     if (stale_) return;

@@ -134,8 +134,15 @@ class write_buffer final : public staged_file {
   // A chunk in memory wholly below settled_ (the stream is done with it), whose memory a new
   // chunk may take once its bytes are in the staging file; none: chunks_.end().
   std::map<std::uint64_t, chunk>::iterator settled_chunk();
-  // Writes settled_chunk() (there is one) to the staging file and keeps its memory in spare_.
-  void make_spare();
+  // For a file no stream follows (none yet, or it ended): its lowest chunk in memory that is
+  // full, whose memory a new chunk may take once it is in the staging file (whole, by direct
+  // I/O); none: chunks_.end(). Without it the bytes past the budget went to the staging file
+  // piece by piece through the page cache (a DCP shard, a safetensors file, `stream=off`), which
+  // cost more CPU than their encode (docs/benchmarks.md, "Files no stream follows").
+  std::map<std::uint64_t, chunk>::iterator full_chunk();
+  // Writes `old` (settled_chunk() or full_chunk()) to the staging file and keeps its memory in
+  // spare_.
+  void make_spare(std::map<std::uint64_t, chunk>::iterator old);
   void drop_chunk(chunk& c);  // gives back its memory or staging space
   // Writes a memory chunk's bytes to its place in the staging file (fd_ open): whole chunks
   // by direct I/O where the file allows it (then true), else through the page cache.

@@ -106,15 +106,19 @@ TEST_CASE("write_buffer: spilled chunks are counted in the budget until freed or
   for (std::size_t i = 0; i < chunk.size(); ++i) chunk[i] = std::byte(i * 7);
   {
     write_buffer buf(budget, dir.string());
+    // Without a stream, each new chunk past the budget takes the memory of the lowest full one,
+    // which goes to the file: chunks 0-2 end in the file, 3 and 4 in memory.
     for (std::uint64_t i = 0; i < 5; ++i) buf.write(i * mib, chunk);
     CHECK(budget->used() == 2 * mib);
     CHECK(budget->spilled() == 3 * mib);
-    // Truncating into chunk 3 drops chunk 4 (in the file); chunk 3 stays whole.
+    // Truncating into chunk 3 drops chunk 4 (in memory); chunk 3 stays whole.
     buf.truncate(3 * mib + 10);
-    CHECK(budget->spilled() == 2 * mib);
-    // A hole costs nothing: a write at 8 MiB places that one chunk only.
+    CHECK(budget->spilled() == 3 * mib);
+    CHECK(budget->used() == mib);
+    // A hole costs nothing: a write at 8 MiB places that one chunk only (in memory).
     buf.write(8 * mib, std::span(chunk).first(100));
     CHECK(budget->spilled() == 3 * mib);
+    CHECK(budget->used() == 2 * mib);
     {
       write_buffer other(budget, dir.string());  // no memory left: all of it spills
       other.write(0, chunk);
@@ -326,9 +330,11 @@ TEST_CASE("write_buffer: chunks a stream settled make room for new ones instead 
   write_buffer buf(budget, dir.path.string());
   const auto data = pattern(6 * mib, 8);
   auto chunk_of = [&](std::size_t i) { return std::span(data).subspan(i * mib, mib); };
+  const std::vector<std::byte> zeros(mib);
   buf.write(0, chunk_of(0));
   buf.write(mib, chunk_of(1));
-  // Settling means nothing without a stream: chunk 2 spills raw.
+  // Settling means nothing without a stream; a full chunk makes room instead: chunk 2 takes
+  // chunk 0's memory, and chunk 0 goes to the file whole.
   buf.settle(2 * mib);
   buf.write(2 * mib, chunk_of(2));
   const int fd = buf.backing_file();
@@ -340,41 +346,50 @@ TEST_CASE("write_buffer: chunks a stream settled make room for new ones instead 
   auto equal = [](const std::vector<std::byte>& a, std::span<const std::byte> b) {
     return std::equal(a.begin(), a.end(), b.begin(), b.end());
   };
-  CHECK(equal(file_chunk(2), chunk_of(2)));
+  CHECK(equal(file_chunk(0), chunk_of(0)));
+  CHECK(file_chunk(2) == zeros);
+  CHECK(budget->used() == 2 * mib);
   CHECK(budget->spilled() == mib);
 
   buf.begin_stream();
-  std::vector<std::byte> out(mib);
-  REQUIRE(buf.await(2 * mib));
+  std::vector<std::byte> out(3 * mib);
+  REQUIRE(buf.await(3 * mib));
   buf.read_fully(0, out);
-  const auto recon = pattern(mib, 99);  // the stream's reconstruction of chunk 0
-  buf.overwrite(0, recon);
-  buf.settle(mib);
-  // Chunk 3 gets chunk 0's memory: chunk 0's reconstruction is written to the file, chunk 3's
-  // bytes are not (the file still reads zeros there).
+  CHECK(std::equal(out.begin(), out.end(), data.begin()));
+  const auto recon = pattern(mib, 99);  // the stream's reconstruction of chunk 1
+  buf.overwrite(mib, recon);
+  buf.settle(2 * mib);
+  // Chunk 3 gets chunk 1's memory (settled): chunk 1's reconstruction is written to the file,
+  // chunk 3's bytes are not (the file still reads zeros there).
   buf.write(3 * mib, chunk_of(3));
   buf.backing_file();  // sized to the file again
-  CHECK(equal(file_chunk(0), recon));
-  CHECK(file_chunk(3) == std::vector<std::byte>(mib));
+  CHECK(equal(file_chunk(1), recon));
+  CHECK(file_chunk(3) == zeros);
   CHECK(budget->used() == 2 * mib);
   CHECK(budget->spilled() == 2 * mib);
-  // Chunk 1 is not settled (the stream is not done with it): chunk 4 spills raw.
+  // Chunk 2 is not settled (the stream is not done with it), and while a stream follows the
+  // file only settled chunks make room: chunk 4 spills raw.
   buf.write(4 * mib, chunk_of(4));
   buf.backing_file();
   CHECK(equal(file_chunk(4), chunk_of(4)));
-  CHECK(equal(file_chunk(1), std::vector<std::byte>(mib)));  // chunk 1 still in memory
-  // Every byte reads as written (chunk 0 as overwritten), wherever it lives.
+  CHECK(file_chunk(2) == zeros);  // chunk 2 still in memory
+  // Every byte reads as written (chunk 1 as overwritten), wherever it lives.
   std::vector<std::byte> all(5 * mib);
   buf.read_fully(0, all);
-  CHECK(std::equal(all.begin(), all.begin() + mib, recon.begin()));
-  CHECK(std::equal(all.begin() + mib, all.end(), data.begin() + mib));
+  CHECK(std::equal(all.begin(), all.begin() + mib, data.begin()));
+  CHECK(std::equal(all.begin() + mib, all.begin() + 2 * mib, recon.begin()));
+  CHECK(std::equal(all.begin() + 2 * mib, all.end(), data.begin() + 2 * mib));
   CHECK_FALSE(buf.stale());
   buf.complete_stream();
   buf.end_stream();
-  // No stream any more: nothing settled is moved.
+  // No stream any more: full chunks make room again (chunk 2 goes to the file for chunk 5).
   buf.write(5 * mib, chunk_of(5));
   buf.backing_file();
-  CHECK(equal(file_chunk(5), chunk_of(5)));
+  CHECK(equal(file_chunk(2), chunk_of(2)));
+  CHECK(file_chunk(5) == zeros);
+  std::vector<std::byte> last(mib);
+  buf.read_fully(5 * mib, last);
+  CHECK(equal(last, chunk_of(5)));
 }
 
 namespace {
@@ -423,9 +438,11 @@ TEST_CASE("write_buffer: whole chunks go to the staging file by direct I/O and r
   buf.end_stream();
   const int fd = buf.backing_file();
   if (supports_direct_io(dir.path)) {
-    // Settled chunks went around the page cache; the raw spill (chunks past memory) did not.
+    // Settled chunks went around the page cache, and so did the raw spill of a whole chunk
+    // (through a bounce buffer); the partial last chunk did not.
     CHECK(resident_pages(fd, 0, 2 * mib) == 0);
-    CHECK(resident_pages(fd, 4 * mib, mib) > 0);
+    CHECK(resident_pages(fd, 4 * mib, mib) == 0);
+    CHECK(resident_pages(fd, 5 * mib, 12345) > 0);
   }
   // As a head image is published: what is still in memory goes to the file, then the memory.
   buf.copy_memory_to_file();
