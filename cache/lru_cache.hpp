@@ -42,7 +42,8 @@ class lru_cache {
 
   // `load` returns the value and its size in bytes. Exceptions propagate to every waiter and
   // nothing is cached.
-  value_ptr get_or_load(const Key& k, const std::function<std::pair<value_ptr, std::uint64_t>()>& load) {
+  value_ptr get_or_load(const Key& k,
+                        const std::function<std::pair<value_ptr, std::uint64_t>()>& load) {
     std::shared_future<value_ptr> wait;
     std::promise<value_ptr> mine;
     {
