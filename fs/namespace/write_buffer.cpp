@@ -60,14 +60,9 @@ void pread_zeros(int fd, std::byte* p, std::size_t n, std::uint64_t off) {
 // multiples of kDirectAlign.
 constexpr std::size_t kDirectAlign = 4096;
 
-// Reads [off, off + n) of a chunk written directly, through an aligned bounce buffer: the
-// destination is the caller's (any alignment), and the file range is widened to whole blocks
-// inside the chunk. Bytes past the end of the file read as zeros. False when the filesystem
-// refuses the transfer (EINVAL): the caller reads through the page cache instead, which is
-// coherent with direct writes. The bounce buffer is one chunk per thread that reads (FUSE
-// workers, streams), inside the daemon's fixed overhead.
-bool pread_direct(int dfd, std::byte* p, std::size_t n, std::uint64_t off,
-                  std::uint64_t chunk_end) {
+// One chunk of aligned memory per thread that moves chunks by direct I/O (FUSE workers,
+// streams), inside the daemon's fixed overhead; used within one call at a time.
+std::byte* bounce_chunk() {
   struct free_deleter {
     void operator()(std::byte* b) const { std::free(b); }
   };
@@ -76,42 +71,46 @@ bool pread_direct(int dfd, std::byte* p, std::size_t n, std::uint64_t off,
     bounce.reset(static_cast<std::byte*>(std::aligned_alloc(kDirectAlign, chunk_memory::bytes)));
     if (!bounce) throw std::bad_alloc();
   }
+  return bounce.get();
+}
+
+// Reads [off, off + n) of a chunk written directly, through an aligned bounce buffer: the
+// destination is the caller's (any alignment), and the file range is widened to whole blocks
+// inside the chunk. Bytes past the end of the file read as zeros. False when the filesystem
+// refuses the transfer (EINVAL): the caller reads through the page cache instead, which is
+// coherent with direct writes.
+bool pread_direct(int dfd, std::byte* p, std::size_t n, std::uint64_t off,
+                  std::uint64_t chunk_end) {
+  std::byte* const bounce = bounce_chunk();
   const std::uint64_t from = off / kDirectAlign * kDirectAlign;
   const std::uint64_t to =
       std::min(chunk_end, (off + n + kDirectAlign - 1) / kDirectAlign * kDirectAlign);
   const std::size_t len = std::size_t(to - from);
   ssize_t r;
   do {
-    r = ::pread(dfd, bounce.get(), len, off_t(from));
+    r = ::pread(dfd, bounce, len, off_t(from));
   } while (r < 0 && errno == EINTR);
   if (r < 0) {
     if (errno == EINVAL) return false;
     throw_errno(errno, "staging file read");
   }
   // Short only at the end of the file (a truncate inside the chunk): zeros from there.
-  if (std::size_t(r) < len) std::memset(bounce.get() + r, 0, len - std::size_t(r));
-  std::memcpy(p, bounce.get() + (off - from), n);
+  if (std::size_t(r) < len) std::memset(bounce + r, 0, len - std::size_t(r));
+  std::memcpy(p, bounce + (off - from), n);
   return true;
 }
 
 // Writes one whole chunk from `p` (any alignment) at `off` (a chunk boundary) by direct I/O,
-// through an aligned bounce buffer (one chunk per thread that writes, inside the daemon's fixed
-// overhead): a copy in memory instead of one into fresh page-cache pages. False when the
+// through the aligned bounce buffer: a copy in memory instead of one into fresh page-cache
+// pages. False when the
 // filesystem refuses the transfer (EINVAL) or writes short: the caller writes through the page
 // cache instead.
 bool pwrite_direct(int dfd, const std::byte* p, std::uint64_t off) {
-  struct free_deleter {
-    void operator()(std::byte* b) const { std::free(b); }
-  };
-  thread_local std::unique_ptr<std::byte, free_deleter> bounce;
-  if (!bounce) {
-    bounce.reset(static_cast<std::byte*>(std::aligned_alloc(kDirectAlign, chunk_memory::bytes)));
-    if (!bounce) throw std::bad_alloc();
-  }
-  std::memcpy(bounce.get(), p, chunk_memory::bytes);
+  std::byte* const bounce = bounce_chunk();
+  std::memcpy(bounce, p, chunk_memory::bytes);
   ssize_t w;
   do {
-    w = ::pwrite(dfd, bounce.get(), chunk_memory::bytes, off_t(off));
+    w = ::pwrite(dfd, bounce, chunk_memory::bytes, off_t(off));
   } while (w < 0 && errno == EINTR);
   if (w == ssize_t(chunk_memory::bytes)) return true;
   if (w < 0 && errno != EINVAL) throw_errno(errno, "staging file write");

@@ -45,9 +45,9 @@ TEMP_STEPS = (4, 5, 6)  # written under a random temporary directory name, then 
 UNSYNCED = (6,)  # ...without fsync: renamed while the shards are still being stored
 
 
-def train_states():
+def train_states(steps=STEPS, classes=12):
     """Yields, per step, the full state: {fqn: tensor} of weights and AdamW's moments."""
-    for model, opt, _ in adamw_digits((512, 256), 12, STEPS):
+    for model, opt, _ in adamw_digits((512, 256), classes, steps):
         state = {}
         for name, p in model.named_parameters():
             state[f"model.{name}"] = p.detach().clone()

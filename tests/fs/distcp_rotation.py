@@ -33,23 +33,10 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ckptfs_testlib import daemon_log, du, info, mounted, require_fuse  # noqa: E402
-from digits_lib import adamw_digits  # noqa: E402
-from distcp import RANKS, read_step, write_step  # noqa: E402
+from distcp import RANKS, read_step, train_states, write_step  # noqa: E402
 from rotation import settle  # noqa: E402
 
 STEPS, KEEP, FACTOR = 10, 3, 1.25
-
-
-def train_states():
-    """Per step, the full state {fqn: tensor}: weights and AdamW's moments (distcp.py's)."""
-    for model, opt, _ in adamw_digits((512, 256), 10, STEPS):
-        state = {}
-        for name, p in model.named_parameters():
-            state[f"model.{name}"] = p.detach().clone()
-            s = opt.state[p]
-            state[f"optim.{name}.exp_avg"] = s["exp_avg"].clone()
-            state[f"optim.{name}.exp_avg_sq"] = s["exp_avg_sq"].clone()
-        yield state
 
 
 def rotate(root):
@@ -80,7 +67,7 @@ def run(binary, ctl, work, label, opts, target):
     lineages = {}
     first_read = {}  # step directory -> what it read as right after it was written
     with mounted(binary, store, mnt, *opts):
-        for step, state in enumerate(train_states(), start=1):
+        for step, state in enumerate(train_states(STEPS, classes=10), start=1):
             write_step(mnt, step, state)
             write_step(plain, step, state)
             first_read[f"step_{step}"] = read_step(f"{mnt}/step_{step}")
