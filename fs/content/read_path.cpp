@@ -527,7 +527,7 @@ class content_store::impl::reader final : public content_reader {
              std::span<std::byte> out) const {
     if (!is_stray(t, c, ui, at, out.size())) return false;
     const std::uint64_t tag = stray_tag(t, c, at);
-    if (last_stray_.exchange(tag) == tag) return false;  // another thread's just now
+    if (last_stray_.exchange(tag) == tag) return false;  // decoded last time: read the chunk
     const std::uint64_t block = chunk_bytes_[t] / kChunkBlocks;
     const unit& u = units_[ui];
     const std::uint64_t b = at / block;
