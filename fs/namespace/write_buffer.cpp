@@ -100,21 +100,25 @@ bool pread_direct(int dfd, std::byte* p, std::size_t n, std::uint64_t off,
   return true;
 }
 
-// Writes one whole chunk from `p` (any alignment) at `off` (a chunk boundary) by direct I/O,
-// through the aligned bounce buffer: a copy in memory instead of one into fresh page-cache
-// pages. False when the
-// filesystem refuses the transfer (EINVAL) or writes short: the caller writes through the page
-// cache instead.
-bool pwrite_direct(int dfd, const std::byte* p, std::uint64_t off) {
-  std::byte* const bounce = bounce_chunk();
-  std::memcpy(bounce, p, chunk_memory::bytes);
+// Writes one whole chunk of aligned memory at `off` (a chunk boundary) by direct I/O. False when
+// the filesystem refuses the transfer (EINVAL) or writes short: the caller writes through the
+// page cache instead.
+bool pwrite_chunk_direct(int dfd, const std::byte* aligned, std::uint64_t off) {
   ssize_t w;
   do {
-    w = ::pwrite(dfd, bounce, chunk_memory::bytes, off_t(off));
+    w = ::pwrite(dfd, aligned, chunk_memory::bytes, off_t(off));
   } while (w < 0 && errno == EINTR);
   if (w == ssize_t(chunk_memory::bytes)) return true;
   if (w < 0 && errno != EINVAL) throw_errno(errno, "staging file write");
   return false;
+}
+
+// The same from memory of any alignment, through the bounce buffer: a copy in memory instead of
+// one into fresh page-cache pages.
+bool pwrite_direct(int dfd, const std::byte* p, std::uint64_t off) {
+  std::byte* const bounce = bounce_chunk();
+  std::memcpy(bounce, p, chunk_memory::bytes);
+  return pwrite_chunk_direct(dfd, bounce, off);
 }
 
 }  // namespace
@@ -167,8 +171,8 @@ write_buffer::chunk& write_buffer::place(std::uint64_t index) {
     }
     c.filled = 0;
     taken_ += chunk_bytes;
-  } else if (auto old = spare_ ? chunks_.end() : settled_chunk();
-             spare_ || old != chunks_.end() || (old = full_chunk()) != chunks_.end()) {
+  } else if (const auto old = spare_ ? chunks_.end() : reusable_chunk();
+             spare_ || old != chunks_.end()) {
     // The memory of a chunk the stream is done with (moved to the file by wait_for_room()
     // already, spare_, without the filesystem's lock, or here), or of a full chunk of a file no
     // stream follows.
@@ -220,17 +224,15 @@ void write_buffer::make_spare(std::map<std::uint64_t, chunk>::iterator old) {
 bool write_buffer::write_to_file(std::uint64_t index, const chunk& c) const {
   const std::uint64_t off = index * chunk_bytes;
   const std::size_t n = std::size_t(std::min<std::uint64_t>(c.filled, size_ - off));
-  if (dfd_ >= 0 && n == chunk_bytes) {
-    ssize_t w;
-    do {
-      w = ::pwrite(dfd_, c.mem.data(), n, off_t(off));
-    } while (w < 0 && errno == EINTR);
-    if (w == ssize_t(n)) return true;
-    if (w < 0 && errno != EINVAL) throw_errno(errno, "staging file write");
-    // EINVAL (the filesystem refuses this transfer) or a short write: the page cache then.
-  }
+  // Chunk memory is page-aligned: straight from it, no bounce.
+  if (dfd_ >= 0 && n == chunk_bytes && pwrite_chunk_direct(dfd_, c.mem.data(), off)) return true;
   pwrite_all(fd_, c.mem.data(), n, off);  // past `filled` the file reads zeros (a hole)
   return false;
+}
+
+std::map<std::uint64_t, write_buffer::chunk>::iterator write_buffer::reusable_chunk() {
+  const stream_state st = stream_.load();
+  return st == stream_state::open || st == stream_state::complete ? settled_chunk() : full_chunk();
 }
 
 std::map<std::uint64_t, write_buffer::chunk>::iterator write_buffer::full_chunk() {

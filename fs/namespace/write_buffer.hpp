@@ -140,8 +140,9 @@ class write_buffer final : public staged_file {
   // piece by piece through the page cache (a DCP shard, a safetensors file, `stream=off`), which
   // cost more CPU than their encode (docs/benchmarks.md, "Files no stream follows").
   std::map<std::uint64_t, chunk>::iterator full_chunk();
-  // Writes `old` (settled_chunk() or full_chunk()) to the staging file and keeps its memory in
-  // spare_.
+  // The one of the two above that applies (a stream follows the file, or not).
+  std::map<std::uint64_t, chunk>::iterator reusable_chunk();
+  // Writes `old` (reusable_chunk()) to the staging file and keeps its memory in spare_.
   void make_spare(std::map<std::uint64_t, chunk>::iterator old);
   void drop_chunk(chunk& c);  // gives back its memory or staging space
   // Writes a memory chunk's bytes to its place in the staging file (fd_ open): whole chunks

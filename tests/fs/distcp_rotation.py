@@ -25,7 +25,6 @@ Checks, at the default options:
 Usage: distcp_rotation.py CKPTFS_BINARY    (as root; Debian's /usr/bin/python3)
 """
 import os
-import shutil
 import sys
 import tempfile
 
@@ -34,18 +33,9 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ckptfs_testlib import daemon_log, du, info, mounted, require_fuse  # noqa: E402
 from distcp import RANKS, read_step, train_states, write_step  # noqa: E402
-from rotation import settle  # noqa: E402
+from rotation import KEEP, rotate, settle  # noqa: E402
 
-STEPS, KEEP, FACTOR = 10, 3, 1.25
-
-
-def rotate(root):
-    """The oldest step directories beyond the newest KEEP go; returns the kept ones."""
-    dirs = sorted((d for d in os.listdir(root) if d.startswith("step_")),
-                  key=lambda d: int(d.split("_")[1]))
-    for d in dirs[:-KEEP]:
-        shutil.rmtree(f"{root}/{d}")
-    return dirs[-KEEP:]
+STEPS, FACTOR = 10, 1.25
 
 
 def shards(root, step):
@@ -80,8 +70,8 @@ def run(binary, ctl, work, label, opts, target):
                 keyframe.setdefault(r, vi["stored_bytes"])
                 new_bytes += vi["stored_bytes"]
             plain_written += sum(os.path.getsize(p) for p in shards(plain, step))
-            kept = rotate(mnt)
-            assert rotate(plain) == kept
+            kept = rotate(mnt, "step_")
+            assert rotate(plain, "step_") == kept
             s = settle(ctl, mnt, store)
             live = sum(info(p)["stored_bytes"] for d in kept
                        for p in shards(mnt, int(d.split("_")[1])))

@@ -61,10 +61,11 @@ def save(root, step, model_state, opt_state):
         json.dump({"global_step": step}, f)
 
 
-def rotate(root):
-    """Trainer._rotate_checkpoints: the oldest beyond the newest KEEP go."""
-    dirs = sorted((d for d in os.listdir(root) if d.startswith("checkpoint-")),
-                  key=lambda d: int(d.split("-")[1]))
+def rotate(root, prefix="checkpoint-"):
+    """Trainer._rotate_checkpoints: the oldest directories `<prefix><step>` beyond the newest KEEP
+    go; returns the kept ones."""
+    dirs = sorted((d for d in os.listdir(root) if d.startswith(prefix)),
+                  key=lambda d: int(d[len(prefix):]))
     for d in dirs[:-KEEP]:
         shutil.rmtree(f"{root}/{d}")
     return dirs[-KEEP:]
