@@ -16,19 +16,19 @@
 #include <unordered_map>
 
 #include "codec/error.hpp"
+#include "codec/format/distcp_archives.hpp"
 #include "codec/format/recognise.hpp"
 #include "codec/format/zip_records.hpp"
 
 namespace ckpt::format {
-namespace {
+namespace distcp {
 
 using namespace zip_records;
+namespace {
 constexpr std::uint64_t scan_bytes = 1u << 20;  // searched for an archive's start
-constexpr std::size_t max_archives = 1u << 20;
 constexpr std::string_view pkl_suffix = "/data.pkl";
+}  // namespace
 
-// Whether a torch archive starts at `at`: a local header (no data descriptor) whose name is
-// "<prefix>/data.pkl" with a prefix without slashes.
 bool archive_starts_at(const source& src, std::uint64_t at) {
   const auto h = read_some(src, at, 30 + 256);
   if (h.size() < 30 || load<std::uint32_t>(h.data()) != sig_local) return false;
@@ -39,7 +39,6 @@ bool archive_starts_at(const source& src, std::uint64_t at) {
          name.substr(0, name.size() - pkl_suffix.size()).find('/') == std::string_view::npos;
 }
 
-// The first archive start in [from, from + scan_bytes), if any.
 std::optional<std::uint64_t> find_archive(const source& src, std::uint64_t from) {
   const std::uint64_t end = std::min(src.size(), from + scan_bytes);
   // Windows grow 4x from 4 KiB to 1 MiB: byte items of a few KiB cost a few KiB of reading.
@@ -56,13 +55,12 @@ std::optional<std::uint64_t> find_archive(const source& src, std::uint64_t from)
   return std::nullopt;
 }
 
-// The end of the zip archive that starts at `at`: walks its local records, then its central
-// directory and end records. torch's writer streams: every record is followed by a data
-// descriptor and its local header has no sizes. The sizes come from elsewhere: data.pkl ends at
-// the descriptor found after it (its pickle names every storage with its element count), a
-// data/<key> record is its storage's bytes, and the other records (version, byteorder, ...) are
-// small. Every size is checked against the descriptor that follows. Throws corrupt_error if
-// anything does not line up (a cut or damaged archive).
+// archive_end walks the local records, then the central directory and end records. torch's
+// writer streams: every record is followed by a data descriptor and its local header has no
+// sizes. The sizes come from elsewhere: data.pkl ends at the descriptor found after it (its
+// pickle names every storage with its element count), a data/<key> record is its storage's
+// bytes, and the other records (version, byteorder, ...) are small. Every size is checked
+// against the descriptor that follows.
 std::uint64_t archive_end(const source& src, std::uint64_t at, const recognise_options& opt) {
   std::uint64_t p = at;
   std::uint64_t entries = 0;
@@ -149,15 +147,24 @@ std::uint64_t archive_end(const source& src, std::uint64_t at, const recognise_o
   return p;
 }
 
-// Moves one archive's layout (recognised in its slice) to file offsets `at` on, naming its tensors
-// "item<k>/<name>" so that a shard's tensors stay apart (a bare tensor's archive names it
-// "data/0") and match the same item of the previous step's shard.
+std::string item_name(std::size_t k, std::string_view name) {
+  return "item" + std::to_string(k) + "/" + std::string(name);
+}
+
+}  // namespace distcp
+
+namespace {
+
+using namespace distcp;
+
+// Moves one archive's layout (recognised in its slice) to file offsets `at` on, naming its
+// tensors by item_name (a bare tensor's archive names it "data/0").
 void append_archive(layout& out, layout&& a, std::uint64_t at, std::size_t k) {
   const std::size_t member_base = out.members.size();
   for (auto& t : a.tensors) {
     t.offset += at;
-    t.name = "item" + std::to_string(k) + "/" + t.name;
-    for (auto& alias : t.aliases) alias = "item" + std::to_string(k) + "/" + alias;
+    t.name = item_name(k, t.name);
+    for (auto& alias : t.aliases) alias = item_name(k, alias);
     out.tensors.push_back(std::move(t));
   }
   for (auto& m : a.members) {
