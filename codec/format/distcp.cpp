@@ -148,7 +148,9 @@ std::uint64_t archive_end(const source& src, std::uint64_t at, const recognise_o
 }
 
 std::string item_name(std::size_t k, std::string_view name) {
-  return "item" + std::to_string(k) + "/" + std::string(name);
+  std::string out = "item";
+  out.append(std::to_string(k)).append(1, '/').append(name);
+  return out;
 }
 
 }  // namespace distcp

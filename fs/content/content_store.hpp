@@ -189,20 +189,23 @@ class content_store {
   // head image (head_store.hpp): afterwards staged->modified() is true, also when put throws.
   content_ref put(std::string_view path, std::shared_ptr<staged_file> staged);
 
-  // Streaming writes (docs/filesystem.md, "Streaming writes"): a large torch.save file is
-  // encoded while it is written. The filesystem starts a stream over a file being written from
-  // its start once its first bytes are there (staged->begin_stream() done by the caller); a
-  // thread of the stream's own then reads the archive's records as they arrive (waiting with
-  // staged_file::await), picks the base, and codes each tensor against it the moment its bytes
-  // are in, writing the frames into the version's object and the reconstruction over the
-  // staged bytes (the head image to be). The lineage is not locked meanwhile, and no working
-  // memory is held while it waits: an encode slot is taken per slab.
+  // Streaming writes (docs/filesystem.md, "Streaming writes"): a large torch.save file, or a DCP
+  // shard (a path ending in .distcp), is encoded while it is written. The filesystem starts a
+  // stream over a file being written from its start once its first bytes are there
+  // (staged->begin_stream() done by the caller); a thread of the stream's own then reads the
+  // archive's records as they arrive (waiting with staged_file::await), picks the base, and codes
+  // each tensor against it the moment its bytes are in, writing the frames into the version's
+  // object and the reconstruction over the staged bytes (the head image to be). The lineage is not
+  // locked meanwhile, and no working memory is held while it waits: an encode slot is taken per
+  // slab.
   //
   // put(path, staged, stream) finishes it (it calls staged->complete_stream()): when the finished
   // file is the archive the stream predicted and nothing it read was rewritten (staged->stale()),
   // only the rest (the last tensors, the exact regions, the record) is left to do; otherwise the
   // stream's work is dropped and the file is stored as put() stores it. A stream that declines
-  // (not a torch.save archive, smaller than head_min, heads off) ends without doing anything.
+  // (not a torch.save archive or no tensors in a shard, a torch.save file smaller than head_min,
+  // heads off) ends without doing anything. A shard's base is chosen by its path before its
+  // lineage signature is known (choose_shard_base); a shard below head_min gets no head image.
   // Destroying an unfinished stream cancels it and waits for its thread; its partial object is
   // removed.
   class stream;

@@ -273,11 +273,54 @@ content_store::impl::base_choice content_store::impl::choose_base(std::uint64_t 
       c.since = m.deltas_since_keyframe(c.base);
     }
   }
-  c.keyframe = m.opt.lossless || !c.base || c.since + 1 >= std::uint64_t(m.opt.keyframe_interval);
+  settle_choice(c);
+  return c;
+}
+
+void content_store::impl::settle_choice(base_choice& c) {
+  c.keyframe = opt.lossless || !c.base || c.since + 1 >= std::uint64_t(opt.keyframe_interval);
   if (c.keyframe) c.base = 0;
   // Pinned as a dependent from now on: another lineage's head (a forked lineage's base), or with
   // a stream this lineage's own, may move on meanwhile and must not be reclaimed under us.
-  if (c.base) ++m.versions.at(c.base).dependents;
+  if (c.base) ++versions.at(c.base).dependents;
+}
+
+content_store::impl::base_choice content_store::impl::choose_shard_base(
+    std::string_view path, const format::tensor_info& first) {
+  // Candidates, best first: heads of the path key's lineages, then of lineages with the same
+  // rank tokens; newest first within each.
+  std::vector<std::pair<bool, std::uint64_t>> candidates;  // (same path key, head)
+  {
+    std::lock_guard lock(mu);
+    const std::string key = lineage_path_key(path);
+    const std::string ranks = lineage_rank_tokens(key);
+    for (const auto& [lid, l] : lineages) {
+      if (!l.head || !versions.count(l.head)) continue;
+      const bool same_key = l.path_key == key;
+      if (same_key || (!ranks.empty() && lineage_rank_tokens(l.path_key) == ranks))
+        candidates.emplace_back(same_key, l.head);
+    }
+  }
+  std::sort(candidates.rbegin(), candidates.rend());
+  constexpr std::size_t max_candidates = 8;  // each costs a metadata read when not cached
+  if (candidates.size() > max_candidates) candidates.resize(max_candidates);
+  for (const auto& [same_key, head] : candidates) {
+    std::shared_ptr<const cache_item> meta;
+    try {
+      meta = meta_of(head);
+    } catch (const std::exception&) {
+      continue;  // reclaimed meanwhile
+    }
+    if (!base_tensor_for(first, meta.get(), tensors_by_name(*meta))) continue;
+    std::lock_guard lock(mu);
+    if (!versions.count(head)) continue;
+    base_choice c{head, deltas_since_keyframe(head), false};
+    settle_choice(c);
+    return c;
+  }
+  std::lock_guard lock(mu);
+  base_choice c;
+  settle_choice(c);
   return c;
 }
 

@@ -7,10 +7,15 @@
 // only writes the exact regions and the record: the object is written by one thread from start to
 // end (its writer's io_uring accepts one submitter). Anything else drops the stream's work: the
 // file is stored as an ordinary put stores it.
+//
+// A DCP shard (`*.distcp`) is walked archive by archive (format::distcp_walker). Its lineage
+// signature needs every tensor, so its base is picked by its path when its first tensor is
+// found (choose_shard_base, matched by that tensor), and its lineage at the commit.
 #include <cerrno>
 #include <cstring>
 
 #include "codec/error.hpp"
+#include "codec/format/distcp_stream.hpp"
 #include "codec/format/recognise.hpp"
 #include "codec/format/torch_stream.hpp"
 #include "fs/content/content_impl.hpp"
@@ -23,7 +28,10 @@ namespace ckpt::fs {
 class content_store::stream {
  public:
   stream(impl& m, std::string path, std::shared_ptr<staged_file> staged)
-      : m_(m), path_(std::move(path)), staged_(std::move(staged)) {}
+      : m_(m),
+        path_(std::move(path)),
+        distcp_(path_.ends_with(".distcp")),
+        staged_(std::move(staged)) {}
   ~stream() { stop(); }
   stream(const stream&) = delete;
   stream& operator=(const stream&) = delete;
@@ -36,6 +44,7 @@ class content_store::stream {
 
   impl& m_;
   const std::string path_;
+  const bool distcp_;  // a DCP shard (format::distcp_walker), else one torch.save archive
   const std::shared_ptr<staged_file> staged_;
   std::string commit_path_;  // put()'s path, set before it completes the stream
   // Results, valid once the thread is joined.
@@ -76,37 +85,77 @@ void content_store::impl::run_stream(stream& s) {
         throw io_error(ECANCELED, "content: the streamed file changed or went");
       staged.read_fully(off, out);
     });
+    // A DCP shard's walk looks for the next archive past the end of the last one, which it
+    // cannot know is the last before the file is finished: there, what lies past the end reads
+    // as zeros (distcp_walker's contract).
+    const format::source padded(
+        kUnknownSize, [&staged](std::uint64_t off, std::span<std::byte> out) {
+          if (staged.await(off + out.size())) return staged.read_fully(off, out);
+          if (!staged.await_complete() || staged.stale())
+            throw io_error(ECANCELED, "content: the streamed file changed or went");
+          const std::uint64_t size = staged.size();
+          const std::size_t n =
+              off < size ? std::size_t(std::min<std::uint64_t>(out.size(), size - off)) : 0;
+          if (n) staged.read_fully(off, out.first(n));
+          std::fill(out.begin() + std::ptrdiff_t(n), out.end(), std::byte{0});
+        });
     const format::source data(kUnknownSize, [&staged](std::uint64_t off, std::span<std::byte> out) {
       staged.read_fully(off, out);
     });
-    format::torch_zip_walker walk(src, format::recognise_options{});
-    if (!heads || walk.predicted_bytes(true) < opt.head_min) {
-      s.declined_ = "smaller than head_min, or head images off";
+    if (!heads) {
+      s.declined_ = "head images off";
       return;
     }
     if (opt.scope != codec::bucket_scope::tensor) {
       s.declined_ = "checkpoint-scope buckets need every tensor first";
       return;
     }
-    // The first record tells the order of the rest: the layout's tensor order, which the
-    // lineage signature follows.
-    auto k = walk.next();
-    if (!k) {
-      s.declined_ = "no storage records";
-      return;
+    std::optional<format::torch_zip_walker> walk;
+    std::optional<format::distcp_walker> shard;
+    std::optional<format::tensor_info> t;
+    if (s.distcp_) {
+      // Its archives one after the other; the lineage (by signature) is known at the commit.
+      shard.emplace(padded, format::recognise_options{});
+      t = shard->next();
+      if (!t) {
+        s.declined_ = "no torch archive with tensors";
+        return;
+      }
+      s.bc_ = choose_shard_base(s.path_, *t);
+      s.pin_.emplace(*this, s.bc_.base);
+    } else {
+      walk.emplace(src, format::recognise_options{});
+      if (walk->predicted_bytes(true) < opt.head_min) {
+        s.declined_ = "smaller than head_min";
+        return;
+      }
+      // The first record tells the order of the rest: the layout's tensor order, which the
+      // lineage signature follows.
+      const auto k = walk->next();
+      if (!k) {
+        s.declined_ = "no storage records";
+        return;
+      }
+      t = walk->predicted()[*k];
+      format::layout predicted;
+      for (const std::size_t i : walk->record_order())
+        predicted.tensors.push_back(walk->predicted()[i]);
+      const std::uint64_t sig = lineage_signature(predicted);
+      s.signature_ = sig;
+      {
+        // The lineage lock only while the base is picked: a stream waits for its writer, and a
+        // put of the same lineage must not wait for that. Its id is taken at the commit.
+        const auto lock = lock_lineage(s.path_, sig, s.lineage_id_);
+        s.bc_ = choose_base(s.lineage_id_);
+      }
+      s.pin_.emplace(*this, s.bc_.base);
     }
-    format::layout predicted;
-    for (const std::size_t i : walk.record_order())
-      predicted.tensors.push_back(walk.predicted()[i]);
-    const std::uint64_t sig = lineage_signature(predicted);
-    s.signature_ = sig;
-    {
-      // The lineage lock only while the base is picked: a stream waits for its writer, and a
-      // put of the same lineage must not wait for that. Its id is taken at the commit.
-      const auto lock = lock_lineage(s.path_, sig, s.lineage_id_);
-      s.bc_ = choose_base(s.lineage_id_);
-    }
-    s.pin_.emplace(*this, s.bc_.base);
+    const auto next = [&]() -> std::optional<format::tensor_info> {
+      if (shard) return shard->next();
+      const auto k = walk->next();
+      if (!k) return std::nullopt;
+      return walk->predicted()[*k];
+    };
     start_coding(s.meta_, s.bc_.keyframe);
     s.out_.emplace(objects, opt.object_format);
     std::shared_ptr<const cache_item> base_meta;
@@ -117,26 +166,25 @@ void content_store::impl::run_stream(stream& s) {
     }
     const codec::lossy_params params = coding_params_of(s.meta_);
     const slab_source slabs{nullptr, [&staged](std::uint64_t end) { return staged.await(end); }};
-    for (; k; k = walk.next()) {
-      const format::tensor_info t = walk.predicted()[*k];
+    for (; t; t = next()) {
       const std::size_t index = s.found_.size();
-      s.found_.push_back(t);
+      s.found_.push_back(*t);
       s.results_.emplace_back();
-      if (!t.compress) {
-        staged.settle(t.offset + t.length);  // kept exact: only the commit reads it
+      if (!t->compress) {
+        staged.settle(t->offset + t->length);  // kept exact: only the commit reads it
         continue;
       }
-      const tensor_job j = job_for(index, t, base_meta.get(), base_by_name);
+      const tensor_job j = job_for(index, *t, base_meta.get(), base_by_name);
       const auto sink = [&](std::uint64_t off, std::span<const std::byte> recon) {
-        if (j.rewrites()) staged.overwrite(t.offset + off, recon);
-        staged.settle(t.offset + off + recon.size());
+        if (j.rewrites()) staged.overwrite(t->offset + off, recon);
+        staged.settle(t->offset + off + recon.size());
       };
       s.results_.back() =
-          encode_tensor(data, t, j, s.bc_.base, nullptr, params, slabs, *s.out_, sink);
+          encode_tensor(data, *t, j, s.bc_.base, nullptr, params, slabs, *s.out_, sink);
       if (j.base_tensor) cache.erase({s.bc_.base, k_tensor, *j.base_tensor});
-      streamed_bytes.fetch_add(t.length);
+      streamed_bytes.fetch_add(t->length);
     }
-    s.walked_ = s.found_.size() == walk.predicted().size();
+    s.walked_ = shard ? shard->complete() : s.found_.size() == walk->predicted().size();
     // The rest waits for the commit; nothing here reads the buffer before it.
     staged.settle(kEverything);
     if (!staged.await_complete()) {
@@ -144,7 +192,7 @@ void content_store::impl::run_stream(stream& s) {
     } else if (staged.stale()) {
       s.dropped_ = "bytes it had read were rewritten";
     } else if (!s.walked_) {
-      s.dropped_ = "records data.pkl names are missing";
+      s.dropped_ = "records data.pkl names are missing, or an archive could not be ended";
     } else {
       s.stored_ = finish_stream(s, s.commit_path_, s.dropped_);
     }
@@ -170,8 +218,10 @@ std::optional<content_ref> content_store::impl::finish_stream(stream& s, std::st
   });
   format::layout layout = format::recognise(src);
   keep_straddling_tensors_exact(layout);
-  if (layout.format != format::file_format::torch_zip) {
-    why = "the finished file is not one torch.save archive";
+  const auto expected = s.distcp_ ? format::file_format::distcp : format::file_format::torch_zip;
+  if (layout.format != expected) {
+    why = s.distcp_ ? "the finished file is not a DCP shard of torch archives"
+                    : "the finished file is not one torch.save archive";
     return std::nullopt;
   }
   if (layout.tensors.size() != s.found_.size()) {
@@ -189,8 +239,12 @@ std::optional<content_ref> content_store::impl::finish_stream(stream& s, std::st
   // (and a lossy keyframe's, which rounded the buffer) is kept (a delta's base, matched by tensor
   // name, is a valid base) and recorded in the lineage of the real signature, where the next put
   // of this file looks for it.
+  // A DCP shard's lineage is known only now: the base was chosen by its path (and checked).
   const std::uint64_t real_signature = lineage_signature(layout);
-  if (real_signature != s.signature_) {
+  if (s.distcp_) {
+    std::lock_guard lock(mu);
+    s.lineage_id_ = lineage_for(s.path_, real_signature);
+  } else if (real_signature != s.signature_) {
     if (!staged.modified()) {
       why = "its records came in another order than predicted";
       return std::nullopt;
@@ -243,8 +297,11 @@ std::optional<content_ref> content_store::impl::finish_stream(stream& s, std::st
     if (lineages.count(s.lineage_id_)) break;
     lineage_lock.unlock();
   }
+  // A torch.save stream declined files below head_min; a shard's size is known only now.
+  std::uint64_t tensor_bytes = 0;
+  for (const auto& t : s.found_) tensor_bytes += t.compress ? t.length : 0;
   return record_version(path, std::move(meta), out, 0, s.lineage_id_, s.bc_, *s.pin_, {},
-                        s.staged_);
+                        tensor_bytes >= opt.head_min ? s.staged_ : nullptr);
 }
 
 std::shared_ptr<content_store::stream> content_store::start_stream(

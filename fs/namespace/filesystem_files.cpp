@@ -263,11 +263,11 @@ void filesystem::maybe_stream(runtime& r) {
   if (!cfg_.stream_after || r.stream || !r.buf || !r.buf->streamable() ||
       r.buf->contiguous() < cfg_.stream_after)
     return;
-  // A DCP shard may start with a torch archive but holds more: streamed, its work would be
-  // dropped at the commit after it had rewritten the staged bytes.
+  // A DCP shard (its stream walks its archives, whatever its byte items start with), or what
+  // starts like a torch.save archive.
   std::array<std::byte, 4> magic{};
-  if (r.path.ends_with(".distcp") || r.buf->read(0, magic) != magic.size() ||
-      std::memcmp(magic.data(), "PK\x03\x04", 4) != 0) {
+  if (!r.path.ends_with(".distcp") &&
+      (r.buf->read(0, magic) != magic.size() || std::memcmp(magic.data(), "PK\x03\x04", 4) != 0)) {
     r.buf->no_stream();
     return;
   }

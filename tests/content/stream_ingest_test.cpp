@@ -286,3 +286,119 @@ TEST_CASE("a stream declines what it does not stream, and a cancelled one leaves
     CHECK(object_files(d) == 2);
   }
 }
+
+namespace {
+
+// torch.save of one tensor (torch 1.13's records).
+bytes tensor_archive(const std::vector<float>& v) {
+  using namespace ckpt::format::test;
+  const auto n = std::int32_t(v.size());
+  pickle_writer p;
+  p.proto(2).tensor("0", "FloatStorage", n, 0, {n}, {1}).stop();
+  zip_writer z;
+  z.add("archive/data.pkl", p.out);
+  bytes b(4 * v.size());
+  std::memcpy(b.data(), v.data(), b.size());
+  z.add("archive/data/0", b);
+  z.add("archive/version", bytes_of("3\n"));
+  return z.finish();
+}
+
+// A DCP shard as FileSystemWriter writes it: a byte item (torch.save of an object without
+// tensors), then every tensor as its own torch.save, largest first.
+bytes shard(const std::vector<std::vector<float>>& tensors) {
+  using namespace ckpt::format::test;
+  pickle_writer p;
+  p.proto(2).op('}').stop();
+  zip_writer z;
+  z.add("archive/data.pkl", p.out);
+  z.add("archive/version", bytes_of("3\n"));
+  bytes out = z.finish();
+  std::vector<const std::vector<float>*> order;
+  for (const auto& t : tensors) order.push_back(&t);
+  std::stable_sort(order.begin(), order.end(),
+                   [](auto* a, auto* b) { return a->size() > b->size(); });
+  for (const auto* t : order) {
+    const bytes a = tensor_archive(*t);
+    out.insert(out.end(), a.begin(), a.end());
+  }
+  return out;
+}
+
+bytes shard_step(model& m) {
+  std::vector<std::vector<float>> t;
+  for (auto& l : m.layers) {
+    l.step(m.rng);
+    t.push_back(l.values);
+  }
+  return shard(t);
+}
+
+}  // namespace
+
+TEST_CASE("a streamed DCP shard stores what put() stores for the finished shard",
+          "[content][stream]") {
+  temp_dir streamed_dir, plain_dir;
+  opened streamed(streamed_dir.path, options(streamed_dir));
+  opened plain(plain_dir.path, options(plain_dir));
+  model m;
+  std::uint64_t streams = 0;
+  for (int v = 0; v < 6; ++v) {
+    const bytes file = shard_step(m);
+    const std::string path = "dcp/step_" + std::to_string(v) + "/__0_0.distcp";
+    INFO("version " << v);
+    fs::content_ref a;
+    if (v % 2 == 0) {  // the keyframe too
+      auto buf = fresh_buffer(streamed_dir);
+      a = stream_in(streamed.content, path, file, buf,
+                    [&] { CHECK((v == 0 || coded_something(*buf))); });
+      ++streams;
+    } else {
+      a = plain_put(streamed.content, streamed_dir, path, file);
+    }
+    const auto b = plain_put(plain.content, plain_dir, path, file);
+    CHECK(streamed.content.info(a).format == "distcp");
+    CHECK(streamed.content.info(a).kind == (v == 0 ? "keyframe" : "delta"));
+    CHECK(streamed.content.info(a).base == (v == 0 ? 0 : a.version - 1));
+    CHECK(streamed.content.info(a).lineage == 1);
+    CHECK(read_all(streamed.content, a) == read_all(plain.content, b));
+    CHECK(streamed.content.usage().streamed_puts == streams);
+  }
+  CHECK(streamed.content.usage().streams_dropped == 0);
+  CHECK(streamed.content.usage().streams_running == 0);
+}
+
+TEST_CASE("a streamed DCP shard's base: its rank's head, never another rank's or model's",
+          "[content][stream]") {
+  temp_dir d;
+  opened s(d.path, options(d));
+  model m;
+  const auto first = plain_put(s.content, d, "dcp/step_1/__0_0.distcp", shard_step(m));
+  const bytes next = shard_step(m);
+  SECTION("a step written under a temporary directory name continues its rank") {
+    const auto r = stream_in(s.content, "dcp/.tmp-x81kq/__0_0.distcp", next, fresh_buffer(d));
+    CHECK(s.content.usage().streamed_puts == 1);
+    CHECK(s.content.info(r).kind == "delta");
+    CHECK(s.content.info(r).base == first.version);
+  }
+  SECTION("another rank starts its own lineage with a keyframe") {
+    const auto r = stream_in(s.content, "dcp/step_2/__1_0.distcp", next, fresh_buffer(d));
+    CHECK(s.content.usage().streamed_puts == 1);
+    CHECK(s.content.info(r).kind == "keyframe");
+    CHECK(s.content.info(r).lineage != s.content.info(first).lineage);
+  }
+  SECTION("another model under the same name is no base") {
+    std::mt19937_64 rng(5);
+    std::vector<std::vector<float>> other;
+    for (int k = 0; k < 3; ++k) other.push_back(drifting_weights(150'000 + k, rng).values);
+    const bytes file = shard(other);
+    const auto r = stream_in(s.content, "dcp/step_2/__0_0.distcp", file, fresh_buffer(d));
+    CHECK(s.content.usage().streamed_puts == 1);
+    CHECK(s.content.info(r).kind == "keyframe");
+    CHECK(read_all(s.content, r) == file);  // a lossless keyframe
+    // The model's next shard still deltas against its own head.
+    const auto again = stream_in(s.content, "dcp/step_3/__0_0.distcp", next, fresh_buffer(d));
+    CHECK(s.content.info(again).kind == "delta");
+    CHECK(s.content.info(again).base == first.version);
+  }
+}

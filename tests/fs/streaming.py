@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """Streaming writes through a real mount (docs/filesystem.md, "Streaming writes"): torch.save
-files larger than head_min are delta-coded while torch writes them.
+files larger than head_min, and DCP shards, are delta-coded while they are written.
 
   same      The same training run (a ~48 MiB state: weights, Adam's exp_avg and exp_avg_sq, small
             tensors; tests/fs/scale_lib.py) saved into two mounts, one streaming (the default)
@@ -12,6 +12,12 @@ files larger than head_min are delta-coded while torch writes them.
             torch.save + fsync, a plain close (read back at once: the read waits for the
             commit), and a save under a temporary name renamed into place. `ckptctl status`
             says every save of the streaming mount was stored while written, none of the other.
+  dcp       DCP shards (tests/fs/distcp.py's layout: a byte item, then every tensor of the same
+            ~48 MiB state as its own torch.save, largest first) saved over 4 steps into both
+            mounts, the third under a temporary directory name renamed into place: the same
+            kinds (keyframe, then deltas), the same served bytes from both mounts (also after a
+            remount), every slice loads within the closed-loop bound, and status says the
+            streaming mount stored every shard while it was written, the other none.
   rewrite   A checkpoint written whole and then changed inside a tensor the stream had already
             read (seek back, write, fsync): the stream's work is dropped (status: 1 redone) and
             the file is stored as its buffer held it: the rewritten elements read back as the new
@@ -138,6 +144,77 @@ def same(binary, ctl, work):
     print(f"same: {len(hows)} versions, {kinds['on']}, identical with and without streaming")
 
 
+def write_dcp(path, state, step):
+    """FileSystemWriter's layout: a byte item (torch.save of an object without tensors), then
+    every tensor as its own torch.save, largest first, fsync'ed. Returns name -> (offset, length)
+    as DCP's metadata records it."""
+    meta = {}
+    with open(path, "wb") as f:
+        item = io.BytesIO()
+        torch.save({"step": step, "lr": 1e-3}, item)
+        f.write(item.getvalue())
+        for name, t in sorted(flat_tensors(state).items(), key=lambda kv: -kv[1].numel()):
+            off = f.tell()
+            torch.save(t.clone(), f)  # DCP saves each item's own storage
+            meta[name] = (off, f.tell() - off)
+        f.flush()
+        os.fsync(f.fileno())
+    return meta
+
+
+def read_dcp(path, meta):
+    """DCP's reader: each item's slice of the shard, torch.load'ed."""
+    with open(path, "rb") as f:
+        data = f.read()
+    return {name: torch.load(io.BytesIO(data[off:off + length]))
+            for name, (off, length) in meta.items()}
+
+
+def dcp(binary, ctl, work):
+    mounts = {"on": OPTS, "off": OPTS + ("stream=off",)}
+    steps, temp_step = 4, 2
+    served, kinds = {m: [] for m in mounts}, {m: [] for m in mounts}
+    saved, metas = [], []
+    for m, opts in mounts.items():
+        st = TrainingState(48 * MiB, params=3, small=6, seed=7)
+        store, mnt = f"{work}/dcp-{m}-store", f"{work}/dcp-{m}-mnt"
+        with mounted(binary, store, mnt, *opts):
+            for k in range(steps):
+                if k:
+                    st.step()
+                final = f"{mnt}/dcp/step_{k}"
+                where = f"{mnt}/dcp/.tmp-q81x" if k == temp_step else final
+                os.makedirs(where)
+                meta = write_dcp(f"{where}/__0_0.distcp", st.state_dict(), k)
+                if where != final:
+                    os.rename(where, final)
+                if m == "on":
+                    saved.append(sample(flat_tensors(st.state_dict())))
+                    metas.append(meta)
+                path = f"{final}/__0_0.distcp"
+                served[m].append(sha256(path))
+                info = stat(ctl, path)
+                assert info["format"] == "distcp", info["format"]
+                kinds[m].append(info["kind"])
+            s = status(ctl, mnt)
+            want = steps if m == "on" else 0
+            assert s["used"] == want and s["dropped"] == 0, f"dcp stream={m}: {s}, want {want} used"
+            read = [sample(read_dcp(f"{mnt}/dcp/step_{k}/__0_0.distcp", metas[k]))
+                    for k in range(steps)]
+        for k in range(steps):
+            check(f"dcp stream={m} v{k}", saved[k], read[k], read[k - 1] if k else None,
+                  kinds[m][k])
+        with mounted(binary, store, mnt, *opts):
+            for k in range(steps):
+                assert sha256(f"{mnt}/dcp/step_{k}/__0_0.distcp") == served[m][k], \
+                    f"dcp stream={m} v{k} remount"
+    assert kinds["on"] == ["keyframe"] + ["delta"] * (steps - 1), kinds
+    assert kinds["on"] == kinds["off"], kinds
+    for k in range(steps):
+        assert served["on"][k] == served["off"][k], f"dcp v{k}: streamed and not: different bytes"
+    print(f"dcp: {steps} shards, {kinds['on']}, identical with and without streaming")
+
+
 def rewrite(binary, ctl, work):
     state = TrainingState(48 * MiB, params=3, small=6, seed=6)
     store, mnt = f"{work}/rw-store", f"{work}/rw-mnt"
@@ -257,6 +334,7 @@ def main():
     with scratch_dir("ckptfs-streaming-") as work:
         flow(binary, ctl, work)
         same(binary, ctl, work)
+        dcp(binary, ctl, work)
         rewrite(binary, ctl, work)
         unlink(binary, ctl, work)
 
