@@ -44,8 +44,12 @@ rank's previous version (`ckptctl stat --json`), and store bytes.
 Usage: fs_scale.py CKPTFS_BINARY [--sizes 1,4,12] [--versions 6] [--repeats 3] [--writers 8]
                    [--shard-gib 1] [--writer-steps 3] [--skip-sizes] [--skip-writers]
                    [--cache 2G] [--buffer 1G] [--opts O,...] [--dir BASE] [--keep]
-                   [--json PATH] [--ckptctl PATH] [--quick]
+                   [--json PATH] [--ckptctl PATH] [--quick] [--layout torch|dcp]
 --quick: 0.25 GiB, 3 versions, 2 writers x 128 MiB, 1 repeat (a smoke test, about a minute).
+--layout dcp: every version (and every rank's) is a torch.distributed.checkpoint shard,
+run/step_K/__0_0.distcp (ckpt_rankR/step_K/__R_0.distcp), written as FileSystemWriter writes it
+(one torch.save per tensor, largest first, after a byte item), fsync'ed, its .metadata renamed
+into place beside it; loads are DCP's reader's (each item's slice, torch.load'ed).
 --cache/--buffer are passed as -o cache=,buffer= (defaults: the daemon's, read from its --help)
 and set the memory budget checked; --opts adds other -o options (bits=4, ...).
 Needs root (drop_caches, FUSE) and free disk under BASE (default /var/tmp, a real disk: not
@@ -56,10 +60,12 @@ import argparse
 import contextlib
 import datetime
 import gc
+import io
 import json
 import math
 import multiprocessing
 import os
+import pickle
 import platform
 import re
 import shlex
@@ -268,22 +274,70 @@ class Interrupts:
                 raise KeyboardInterrupt
 
 
-def save_fsync(sd, path):
-    """torch.save into a file object, flush, fsync, close: (seconds until torch.save returned,
-    seconds until closed)."""
+def ckpt_name(layout, step, rank=0):
+    """A version's file under its run directory: step_K.pt, or a DCP shard step_K/__R_0.distcp
+    (its .metadata beside it)."""
+    if layout == "torch":
+        return f"step_{step}.pt"
+    return os.path.join(f"step_{step}", f"__{rank}_0.distcp")
+
+
+def write_dcp(sd, f):
+    """FileSystemWriter's layout (reference/scale.md §2): the byte items (here one: torch.save of
+    an object without tensors), then every tensor as its own torch.save, largest first. Returns
+    DCP's metadata: name -> (offset, length)."""
+    meta = {}
+    item = io.BytesIO()
+    torch.save({"param_groups": [{"lr": 1e-3, "betas": (0.9, 0.999)}]}, item)
+    meta["#byte_item"] = (0, len(item.getvalue()))
+    f.write(item.getvalue())
+    for name, t in sorted(flat_tensors(sd).items(), key=lambda kv: -kv[1].numel()):
+        off = f.tell()
+        torch.save(t, f)  # the state's tensors own their storages: nothing more is written
+        meta[name] = (off, f.tell() - off)
+    return meta
+
+
+def save_fsync(sd, path, layout="torch"):
+    """torch.save (or a DCP shard and its .metadata, renamed into place as DCP does) into a file
+    object, flush, fsync, close: (seconds until the last write returned, seconds until closed)."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
     t = time.perf_counter()
     with open(path, "wb") as f:
         with Interrupts.deferred():
-            torch.save(sd, f)
+            if layout == "torch":
+                torch.save(sd, f)
+            else:
+                meta = write_dcp(sd, f)
         f.flush()
         returned = time.perf_counter() - t
         os.fsync(f.fileno())
+    if layout == "dcp":
+        md = os.path.join(os.path.dirname(path), ".metadata")
+        with open(md + ".tmp", "wb") as f:
+            pickle.dump(meta, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(md + ".tmp", md)
     return returned, time.perf_counter() - t
 
 
-def load(path):
+def load(path, layout="torch"):
+    """torch.load, or DCP's reader: each item's slice of the shard (as .metadata names it) read
+    and torch.load'ed; a flat name -> tensor dict."""
     with Interrupts.deferred():
-        return torch.load(path)
+        if layout == "torch":
+            return torch.load(path)
+        with open(os.path.join(os.path.dirname(path), ".metadata"), "rb") as f:
+            meta = pickle.load(f)
+        out = {}
+        with open(path, "rb") as f:
+            for name, (off, length) in meta.items():
+                f.seek(off)
+                item = torch.load(io.BytesIO(f.read(length)))
+                if not name.startswith("#"):
+                    out[name] = item
+        return out
 
 
 def proc_status(pid):
@@ -448,19 +502,19 @@ def run_size(size_gib, args, cfg, work):
                 t = time.perf_counter()
                 state.advance()
                 v["generate_s"] = time.perf_counter() - t
-            name = os.path.join("run", f"step_{k}.pt")
+            name = os.path.join("run", ckpt_name(args.layout, k))
             for side in ("mount", "plain") if k % 2 else ("plain", "mount"):
                 if side == "mount":
                     reset_peak_rss(proc.pid)
                     sampler.reset()
                     v["mount_save_s"], v["mount_save_fsync_s"] = save_fsync(
-                        state.sd, os.path.join(mnt, name))
+                        state.sd, os.path.join(mnt, name), args.layout)
                     v["daemon_peak_rss"] = peak_rss(proc.pid)
                     v.update(sampler.window())
                     v["stat"] = ckptctl_stat(args.ckptctl, os.path.join(mnt, name))
                 else:
                     v["plain_save_s"], v["plain_save_fsync_s"] = save_fsync(
-                        state.sd, os.path.join(plain, name))
+                        state.sd, os.path.join(plain, name), args.layout)
                     v["logical_bytes"] = os.path.getsize(os.path.join(plain, name))
             logical_total += v["logical_bytes"]
             v["kind"] = v["stat"].get("kind", "?")
@@ -471,7 +525,7 @@ def run_size(size_gib, args, cfg, work):
             refs = {j: s for j, s in refs.items() if j in (anchor, k - 1, k)}
             kept.append(k)
             for j in [j for j in kept if j not in (anchor, k, args.versions - 1)]:
-                os.remove(os.path.join(plain, "run", f"step_{j}.pt"))
+                os.remove(os.path.join(plain, "run", ckpt_name(args.layout, j)))
                 kept.remove(j)
             r["versions"].append(v)
             print(f"  v{k} {v['kind']:8s} stored {v['stat'].get('stored_bytes', 0) / MiB:9.1f} MiB"
@@ -502,7 +556,7 @@ def run_size(size_gib, args, cfg, work):
         k = i % len(loads)
         for side, which in loads[k:] + loads[:k]:
             version = r[which]
-            name = os.path.join("run", f"step_{version}.pt")
+            name = os.path.join("run", ckpt_name(args.layout, version))
             label = f"{size_gib:g} GiB, repeat {i}, {side} v{version}"
             size = r["versions"][version - 1]["logical_bytes"]
             rec = {"repeat": i, "side": side, "which": which, "version": version}
@@ -510,7 +564,7 @@ def run_size(size_gib, args, cfg, work):
             if side == "plain":
                 rec["prefault_bytes"] = prefault_for(size, mem_available() - 2 * GiB)
                 t = time.perf_counter()
-                sd = load(os.path.join(plain, name))
+                sd = load(os.path.join(plain, name), args.layout)
                 rec["load_s"] = time.perf_counter() - t
             else:
                 with mounted(args.ckptfs, store, mnt, cfg["opts"]) as proc, \
@@ -518,7 +572,7 @@ def run_size(size_gib, args, cfg, work):
                     rec["prefault_bytes"] = prefault_for(size, mem_available() - 2 * GiB)
                     cpu0 = cpu_seconds(proc.pid)
                     t = time.perf_counter()
-                    sd = load(os.path.join(mnt, name))
+                    sd = load(os.path.join(mnt, name), args.layout)
                     rec["load_s"] = time.perf_counter() - t
                     rec["daemon_cpu_s"] = cpu_seconds(proc.pid) - cpu0
                     rec["daemon_peak_rss"] = peak_rss(proc.pid)
@@ -641,9 +695,9 @@ def side_order(step):
     return ("mount", "plain") if step % 2 else ("plain", "mount")
 
 
-def writer_process(rank, shard_bytes, steps, dirs, barrier, results):
+def writer_process(rank, shard_bytes, steps, dirs, barrier, results, layout):
     """One rank: builds its own state, then per step and side waits for the release and saves
-    ckpt_rank{rank}/step_{step}.pt with fsync."""
+    ckpt_rank{rank}/step_{step}.pt (or the DCP shard) with fsync."""
     try:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the parent stops the ranks
         torch.set_num_threads(1)
@@ -652,11 +706,11 @@ def writer_process(rank, shard_bytes, steps, dirs, barrier, results):
             if step > 1:
                 state.advance()
             for side in side_order(step):
-                path = os.path.join(dirs[side], f"ckpt_rank{rank}", f"step_{step}.pt")
+                path = os.path.join(dirs[side], f"ckpt_rank{rank}", ckpt_name(layout, step, rank))
                 os.makedirs(os.path.dirname(path), exist_ok=True)
                 barrier.wait(BARRIER_TIMEOUT)
                 start = time.monotonic()
-                returned, total = save_fsync(state.sd, path)
+                returned, total = save_fsync(state.sd, path, layout)
                 results.put({"rank": rank, "step": step, "side": side, "start": start,
                              "end": time.monotonic(), "save_s": returned, "save_fsync_s": total,
                              "bytes": os.path.getsize(path)})
@@ -704,7 +758,8 @@ def writers_step(step, side, args, proc, sampler, barrier, results, procs, plain
         rec.update(sampler.window())
     elif step > 2:  # the plain side keeps two versions per rank on disk
         for rank in range(args.writers):
-            os.remove(os.path.join(plain, f"ckpt_rank{rank}", f"step_{step - 2}.pt"))
+            os.remove(os.path.join(plain, f"ckpt_rank{rank}",
+                                   ckpt_name(args.layout, step - 2, rank)))
     print(f"  step {step} {side:5s} {rec['wall_s']:.2f} s"
           + (f", daemon peak RSS {rec['daemon_peak_rss'] / GiB:.2f} GiB" if side == "mount"
              else ""), flush=True)
@@ -737,7 +792,8 @@ def run_writers(args, cfg, work):
         try:
             for rank in range(args.writers):
                 p = ctx.Process(target=writer_process, daemon=True,
-                                args=(rank, shard, args.writer_steps, dirs, barrier, results))
+                                args=(rank, shard, args.writer_steps, dirs, barrier, results,
+                                      args.layout))
                 p.start()
                 procs.append(p)
             threading.Thread(target=watch, daemon=True).start()
@@ -761,7 +817,8 @@ def run_writers(args, cfg, work):
         for rank in range(args.writers):
             for step in range(1, args.writer_steps + 1):
                 r["stat"][f"{rank}/{step}"] = ckptctl_stat(
-                    args.ckptctl, os.path.join(mnt, f"ckpt_rank{rank}", f"step_{step}.pt"))
+                    args.ckptctl,
+                    os.path.join(mnt, f"ckpt_rank{rank}", ckpt_name(args.layout, step, rank)))
         r["sampled_peak_rss_anon"] = sampler.whole.get("rss_anon", 0)
     r["store_bytes"] = du(store)
     r["store_breakdown"] = du_breakdown(store)
@@ -901,6 +958,9 @@ def parse_args():
     ap.add_argument("--writers", type=int, help="concurrent writer processes (default 8)")
     ap.add_argument("--shard-gib", type=float, help="GiB per writer (default 1)")
     ap.add_argument("--writer-steps", type=int, help="steps of the writers (default 3)")
+    ap.add_argument("--layout", choices=("torch", "dcp"), default="torch",
+                    help="torch: one torch.save file per version (default); dcp: a DCP shard "
+                    "per version and rank (step_K/__R_0.distcp, .metadata beside it)")
     ap.add_argument("--skip-sizes", action="store_true")
     ap.add_argument("--skip-writers", action="store_true")
     ap.add_argument("--keep", action="store_true", help="keep the directories")
@@ -1000,9 +1060,10 @@ def main():
 
     header = machine_info(args)
     print_header(header, cfg)
+    print(f"layout: {args.layout}", flush=True)
     config = {k: getattr(args, k) for k in (
         "sizes", "versions", "repeats", "writers", "shard_gib", "writer_steps", "skip_sizes",
-        "skip_writers", "quick", "ckptctl")}
+        "skip_writers", "quick", "ckptctl", "layout")}
     config.update(cfg, extra_opts=args.opts, tolerance=TOLERANCE)
     out = {"header": header, "config": config, "sizes": [], "writers": None}
 
