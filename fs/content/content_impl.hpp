@@ -381,7 +381,7 @@ struct content_store::impl {
   // A DCP shard's stream picks its base before the shard's tensors (its lineage signature) are
   // known, from its first tensor (DCP writes the largest first): the newest head of its path
   // key's lineages, else (a step written under another name) of the lineages with its rank
-  // tokens, that holds a tensor of that name, type and shape; none for a keyframe (also past
+  // tokens, that holds a tensor of that name, type and size; none for a keyframe (also past
   // keyframe_interval). Pinned as choose_base's.
   base_choice choose_shard_base(std::string_view path, const format::tensor_info& first);
   void settle_choice(base_choice& c);  // keyframe or delta, and the pin (mu held)
