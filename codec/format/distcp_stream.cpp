@@ -41,8 +41,10 @@ void distcp_walker::close_archive() {
   if (found_ < walker_->predicted().size()) complete_ = false;
   walker_.reset();
   slice_.reset();
+  const std::uint64_t at = *at_;
+  at_.reset();  // a read that fails below (a cancelled stream) leaves the walk ended
   try {
-    find_next(distcp::archive_end(src_, *at_, opt_));
+    find_next(distcp::archive_end(src_, at, opt_));
   } catch (const corrupt_error&) {
     complete_ = false;  // the recogniser makes this archive opaque, with what was found in it
     at_.reset();
@@ -51,21 +53,27 @@ void distcp_walker::close_archive() {
 
 std::optional<tensor_info> distcp_walker::next() {
   for (;;) {
+    if (!holding_ && held_next_ < held_.size()) return held_[held_next_++];
     if (walker_) {
       std::optional<std::size_t> k;
       try {
         k = walker_->next();
       } catch (const corrupt_error&) {
         // A record that does not fit data.pkl's prediction: the recogniser cannot end this
-        // archive either, and the rest is opaque.
+        // archive either, and the rest is opaque (all of it, for an archive at 0).
         complete_ = false;
         walker_.reset();
         slice_.reset();
         at_.reset();
+        if (holding_) held_.clear();
         return std::nullopt;
       }
       if (!k) {
         close_archive();
+        // An archive at 0 that nothing follows is an ordinary torch.save file to the
+        // recogniser, not a shard: its tensors are not the shard's.
+        if (holding_ && !at_) held_.clear();
+        holding_ = false;
         continue;
       }
       ++found_;
@@ -73,7 +81,9 @@ std::optional<tensor_info> distcp_walker::next() {
       t.offset += *at_;
       t.name = distcp::item_name(archives_ - 1, t.name);
       for (auto& alias : t.aliases) alias = distcp::item_name(archives_ - 1, alias);
-      return t;
+      if (!holding_) return t;
+      held_.push_back(std::move(t));
+      continue;
     }
     if (!at_) return std::nullopt;
     if (++archives_ > distcp::max_archives) {
@@ -81,6 +91,7 @@ std::optional<tensor_info> distcp_walker::next() {
       return std::nullopt;
     }
     open_archive(*at_);
+    holding_ = walker_ && archives_ == 1 && *at_ == 0;
   }
 }
 

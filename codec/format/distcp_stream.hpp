@@ -2,8 +2,9 @@
 // Recognising a torch.distributed.checkpoint shard while it is written (streaming writes,
 // fs/content/stream_ingest.cpp): the byte items, then torch archives back to back
 // (recognise_archive_sequence). Each archive is walked by a torch_zip_walker over its slice;
-// when its storages are found, its end is read from its central directory and the next archive
-// is looked for where it ends, as the recogniser does. What the walker returns is a prediction:
+// when its storages are found, its end is found as the recogniser finds it (its records'
+// headers again, its central directory, its end records) and the next archive is looked for
+// where it ends. What the walker returns is a prediction:
 // the commit recognises the finished file and uses only what agrees with it.
 //
 // The source is a file being written: a read blocks until its bytes are there, and a read past
@@ -13,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <vector>
 
 #include "codec/format/layout.hpp"
 #include "codec/format/recognise.hpp"
@@ -29,13 +31,15 @@ class distcp_walker {
   distcp_walker& operator=(const distcp_walker&) = delete;
 
   // The next tensor of the shard, named and placed as recognise() does (item_name, file
-  // offsets), once its record's local header is written. Nothing once the shard ends, or where
+  // offsets), once its record's local header is written; those of an archive at offset 0 once
+  // another archive follows it (the recogniser takes a file of one archive for a torch.save
+  // file, not a shard). Nothing once the shard ends, or where
   // the rest of it cannot be followed (opaque to the recogniser too). Never throws for what the
   // file holds; a read's errors (a cancelled stream) pass through.
   std::optional<tensor_info> next();
 
   // Archives found so far, and whether every storage each archive's data.pkl named was found
-  // and every archive walked was ended (false: the commit's layout will not match).
+  // and every archive it walked was ended (false: the commit's layout will not match).
   std::size_t archives() const noexcept { return archives_; }
   bool complete() const noexcept { return complete_; }
 
@@ -54,6 +58,10 @@ class distcp_walker {
   std::optional<source> slice_;               // the current archive, its offsets from its start
   std::unique_ptr<torch_zip_walker> walker_;  // reads slice_ (declared after it)
   std::size_t found_ = 0;                     // of walker_'s predicted tensors
+  // The tensors of an archive at 0, held until another archive follows it.
+  bool holding_ = false;
+  std::vector<tensor_info> held_;
+  std::size_t held_next_ = 0;
 };
 
 }  // namespace ckpt::format

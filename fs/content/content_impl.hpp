@@ -30,6 +30,7 @@
 #include <optional>
 #include <set>
 #include <shared_mutex>
+#include <span>
 #include <stop_token>
 #include <string>
 #include <thread>
@@ -379,11 +380,16 @@ struct content_store::impl {
   };
   base_choice choose_base(std::uint64_t lineage_id);
   // A DCP shard's stream picks its base before the shard's tensors (its lineage signature) are
-  // known, from its first tensor (DCP writes the largest first): the newest head of its path
-  // key's lineages, else (a step written under another name) of the lineages with its rank
-  // tokens, that holds a tensor of that name, type and size; none for a keyframe (also past
-  // keyframe_interval). Pinned as choose_base's.
-  base_choice choose_shard_base(std::string_view path, const format::tensor_info& first);
+  // all known, from the tensors walked so far: the newest head of its path key's lineages,
+  // else (a step written under another name) of the lineages with its rank tokens, that holds
+  // every compressible tensor of `found` under its name with its dtype and shape; none for a
+  // keyframe (also past keyframe_interval). Waits for a put of a candidate's lineage running
+  // now. Pinned as choose_base's.
+  base_choice choose_shard_base(std::string_view path, std::span<const format::tensor_info> found);
+  // Whether a shard's tensor is in `base` under its name with its dtype and shape (a shard's
+  // names are positions: a changed model's tensor may come under a name of another shape).
+  bool shard_tensor_in(const format::tensor_info& t, const cache_item& base,
+                       const std::unordered_map<std::string, std::size_t>& base_by_name) const;
   void settle_choice(base_choice& c);  // keyframe or delta, and the pin (mu held)
   struct base_pin {
     impl& m;

@@ -285,11 +285,23 @@ void content_store::impl::settle_choice(base_choice& c) {
   if (c.base) ++versions.at(c.base).dependents;
 }
 
+bool content_store::impl::shard_tensor_in(
+    const format::tensor_info& t, const cache_item& base,
+    const std::unordered_map<std::string, std::size_t>& base_by_name) const {
+  const auto b = base_tensor_for(t, &base, base_by_name);
+  return b && base.meta->layout.tensors[*b].shape == t.shape;
+}
+
 content_store::impl::base_choice content_store::impl::choose_shard_base(
-    std::string_view path, const format::tensor_info& first) {
-  // Candidates, best first: heads of the path key's lineages, then of lineages with the same
-  // rank tokens; newest first within each.
-  std::vector<std::pair<bool, std::uint64_t>> candidates;  // (same path key, head)
+    std::string_view path, std::span<const format::tensor_info> found) {
+  // Candidates, best first: lineages of the path key, then of the same rank tokens; the newest
+  // head first within each.
+  struct candidate {
+    bool same_key;
+    std::uint64_t head, lineage;
+    std::shared_ptr<std::mutex> encode_mu;
+  };
+  std::vector<candidate> candidates;
   {
     std::lock_guard lock(mu);
     const std::string key = lineage_path_key(path);
@@ -298,30 +310,46 @@ content_store::impl::base_choice content_store::impl::choose_shard_base(
       if (!l.head || !versions.count(l.head)) continue;
       const bool same_key = l.path_key == key;
       if (same_key || (!ranks.empty() && lineage_rank_tokens(l.path_key) == ranks))
-        candidates.emplace_back(same_key, l.head);
+        candidates.push_back({same_key, l.head, lid, l.encode_mu});
     }
   }
-  std::sort(candidates.rbegin(), candidates.rend());
+  std::sort(candidates.begin(), candidates.end(), [](const candidate& a, const candidate& b) {
+    return std::pair(a.same_key, a.head) > std::pair(b.same_key, b.head);
+  });
   constexpr std::size_t max_candidates = 8;  // each costs a metadata read when not cached
   if (candidates.size() > max_candidates) candidates.resize(max_candidates);
-  for (const auto& [same_key, head] : candidates) {
+  for (const auto& c : candidates) {
+    // A put of this lineage running now (a step closed without fsync, still being stored)
+    // moves its head on: waited for, as a put of the lineage waits for it.
+    { const std::lock_guard wait(*c.encode_mu); }
+    std::uint64_t head = 0;
+    {
+      std::lock_guard lock(mu);
+      const auto l = lineages.find(c.lineage);
+      if (l == lineages.end() || !versions.count(l->second.head)) continue;
+      head = l->second.head;
+    }
     std::shared_ptr<const cache_item> meta;
     try {
       meta = meta_of(head);
     } catch (const std::exception&) {
       continue;  // reclaimed meanwhile
     }
-    if (!base_tensor_for(first, meta.get(), tensors_by_name(*meta))) continue;
+    const auto by_name = tensors_by_name(*meta);
+    const bool agrees = std::all_of(found.begin(), found.end(), [&](const format::tensor_info& t) {
+      return !t.compress || shard_tensor_in(t, *meta, by_name);
+    });
+    if (!agrees) continue;
     std::lock_guard lock(mu);
     if (!versions.count(head)) continue;
-    base_choice c{head, deltas_since_keyframe(head), false};
-    settle_choice(c);
-    return c;
+    base_choice choice{head, deltas_since_keyframe(head), false};
+    settle_choice(choice);
+    return choice;
   }
   std::lock_guard lock(mu);
-  base_choice c;
-  settle_choice(c);
-  return c;
+  base_choice choice;
+  settle_choice(choice);
+  return choice;
 }
 
 content_store::impl::base_pin::~base_pin() {

@@ -91,7 +91,7 @@ void content_store::impl::run_stream(stream& s) {
     const format::source padded(
         kUnknownSize, [&staged](std::uint64_t off, std::span<std::byte> out) {
           if (staged.await(off + out.size())) return staged.read_fully(off, out);
-          if (!staged.await_complete() || staged.stale())
+          if (staged.stale() || !staged.await_complete())
             throw io_error(ECANCELED, "content: the streamed file changed or went");
           const std::uint64_t size = staged.size();
           const std::size_t n =
@@ -113,16 +113,28 @@ void content_store::impl::run_stream(stream& s) {
     std::optional<format::torch_zip_walker> walk;
     std::optional<format::distcp_walker> shard;
     std::optional<format::tensor_info> t;
+    std::vector<format::tensor_info> held;  // a shard's first tensors, walked before coding
+    std::size_t held_next = 0;
     if (s.distcp_) {
       // Its archives one after the other; the lineage (by signature) is known at the commit.
+      // Its tensors are walked, not coded, until they make head_min (a smaller shard is left
+      // to the commit, as a smaller torch.save file is): the base is then chosen to agree with
+      // every compressible tensor walked so far (DCP writes them largest or smallest first,
+      // by writer thread count and device).
       shard.emplace(padded, format::recognise_options{});
-      t = shard->next();
-      if (!t) {
-        s.declined_ = "no torch archive with tensors";
-        return;
+      std::uint64_t compressible = 0;
+      while (compressible == 0 || compressible < opt.head_min) {
+        auto u = shard->next();
+        if (!u) {
+          s.declined_ = compressible ? "a shard smaller than head_min" : "no compressible tensors";
+          return;
+        }
+        if (u->compress) compressible += u->length;
+        held.push_back(std::move(*u));
       }
-      s.bc_ = choose_shard_base(s.path_, *t);
+      s.bc_ = choose_shard_base(s.path_, held);
       s.pin_.emplace(*this, s.bc_.base);
+      t = held[held_next++];
     } else {
       walk.emplace(src, format::recognise_options{});
       if (walk->predicted_bytes(true) < opt.head_min) {
@@ -151,6 +163,7 @@ void content_store::impl::run_stream(stream& s) {
       s.pin_.emplace(*this, s.bc_.base);
     }
     const auto next = [&]() -> std::optional<format::tensor_info> {
+      if (held_next < held.size()) return held[held_next++];
       if (shard) return shard->next();
       const auto k = walk->next();
       if (!k) return std::nullopt;
@@ -173,6 +186,16 @@ void content_store::impl::run_stream(stream& s) {
       if (!t->compress) {
         staged.settle(t->offset + t->length);  // kept exact: only the commit reads it
         continue;
+      }
+      // A shard's tensors are named by position ("item<k>/..."): from the first one its base
+      // does not hold with the same dtype and shape on, the shard is no longer the base's
+      // model (a changed one), and the rest is coded without a base.
+      if (shard && base_meta && !shard_tensor_in(*t, *base_meta, base_by_name)) {
+        base_meta.reset();
+        base_by_name.clear();
+        if (log)
+          log("DCP shard " + s.path_ + ": tensor " + t->name +
+              " is not in its base; the rest of the shard is coded without a base");
       }
       const tensor_job j = job_for(index, *t, base_meta.get(), base_by_name);
       const auto sink = [&](std::uint64_t off, std::span<const std::byte> recon) {
@@ -242,8 +265,22 @@ std::optional<content_ref> content_store::impl::finish_stream(stream& s, std::st
   // A DCP shard's lineage is known only now: the base was chosen by its path (and checked).
   const std::uint64_t real_signature = lineage_signature(layout);
   if (s.distcp_) {
-    std::lock_guard lock(mu);
-    s.lineage_id_ = lineage_for(s.path_, real_signature);
+    bool other_layout = false;
+    {
+      std::lock_guard lock(mu);
+      s.lineage_id_ = lineage_for(s.path_, real_signature);
+      const auto b = versions.find(s.bc_.base);
+      if (b != versions.end()) {
+        const auto l = lineages.find(current_lineage(b->second.lineage));
+        other_layout = l != lineages.end() && l->second.signature != real_signature;
+      }
+    }
+    // Every tensor it coded against the base had its name (its position), dtype and shape
+    // there; a base of another signature still means another layout (tensors added or gone,
+    // where a commit would have stored a keyframe): said in the log.
+    if (other_layout && log)
+      log("DCP shard " + s.path_ + " was coded against version " + std::to_string(s.bc_.base) +
+          ", whose layout differs from the finished shard's");
   } else if (real_signature != s.signature_) {
     if (!staged.modified()) {
       why = "its records came in another order than predicted";

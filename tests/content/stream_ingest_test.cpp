@@ -289,12 +289,15 @@ TEST_CASE("a stream declines what it does not stream, and a cancelled one leaves
 
 namespace {
 
-// torch.save of one tensor (torch 1.13's records).
-bytes tensor_archive(const std::vector<float>& v) {
+// torch.save of one tensor (torch 1.13's records); 1-D, or of `rows` rows.
+bytes tensor_archive(const std::vector<float>& v, std::int32_t rows = 0) {
   using namespace ckpt::format::test;
   const auto n = std::int32_t(v.size());
   pickle_writer p;
-  p.proto(2).tensor("0", "FloatStorage", n, 0, {n}, {1}).stop();
+  if (rows)
+    p.proto(2).tensor("0", "FloatStorage", n, 0, {rows, n / rows}, {n / rows, 1}).stop();
+  else
+    p.proto(2).tensor("0", "FloatStorage", n, 0, {n}, {1}).stop();
   zip_writer z;
   z.add("archive/data.pkl", p.out);
   bytes b(4 * v.size());
@@ -305,8 +308,11 @@ bytes tensor_archive(const std::vector<float>& v) {
 }
 
 // A DCP shard as FileSystemWriter writes it: a byte item (torch.save of an object without
-// tensors), then every tensor as its own torch.save, largest first.
-bytes shard(const std::vector<std::vector<float>>& tensors) {
+// tensors), then every tensor as its own torch.save, largest first (several writer threads on
+// CPU) or smallest first (one thread on GPU).
+// `two_d_at`: the tensor written at that position is 2-D (100 rows).
+bytes shard(const std::vector<std::vector<float>>& tensors, bool smallest_first = false,
+            std::size_t two_d_at = ~std::size_t(0)) {
   using namespace ckpt::format::test;
   pickle_writer p;
   p.proto(2).op('}').stop();
@@ -316,35 +322,48 @@ bytes shard(const std::vector<std::vector<float>>& tensors) {
   bytes out = z.finish();
   std::vector<const std::vector<float>*> order;
   for (const auto& t : tensors) order.push_back(&t);
-  std::stable_sort(order.begin(), order.end(),
-                   [](auto* a, auto* b) { return a->size() > b->size(); });
-  for (const auto* t : order) {
-    const bytes a = tensor_archive(*t);
+  std::stable_sort(order.begin(), order.end(), [&](auto* a, auto* b) {
+    return smallest_first ? a->size() < b->size() : a->size() > b->size();
+  });
+  for (std::size_t j = 0; j < order.size(); ++j) {
+    const bytes a = tensor_archive(*order[j], j == two_d_at ? 100 : 0);
     out.insert(out.end(), a.begin(), a.end());
   }
   return out;
 }
 
-bytes shard_step(model& m) {
+// The model's next step as a shard; smallest first, with a 100-float tensor (not compressed:
+// under 4 KiB) first.
+bytes shard_step(model& m, bool smallest_first = false) {
   std::vector<std::vector<float>> t;
   for (auto& l : m.layers) {
     l.step(m.rng);
     t.push_back(l.values);
   }
-  return shard(t);
+  if (smallest_first) t.push_back(std::vector<float>(100, 0.5f));
+  return shard(t, smallest_first);
+}
+
+// The floats of `t` in a served file.
+std::vector<float> floats_of(const bytes& file, const format::tensor_info& t) {
+  std::vector<float> v(t.length / 4);
+  std::memcpy(v.data(), file.data() + t.offset, t.length);
+  return v;
 }
 
 }  // namespace
 
 TEST_CASE("a streamed DCP shard stores what put() stores for the finished shard",
           "[content][stream]") {
+  const bool smallest_first = GENERATE(false, true);
+  INFO("smallest first " << smallest_first);
   temp_dir streamed_dir, plain_dir;
   opened streamed(streamed_dir.path, options(streamed_dir));
   opened plain(plain_dir.path, options(plain_dir));
   model m;
   std::uint64_t streams = 0;
   for (int v = 0; v < 6; ++v) {
-    const bytes file = shard_step(m);
+    const bytes file = shard_step(m, smallest_first);
     const std::string path = "dcp/step_" + std::to_string(v) + "/__0_0.distcp";
     INFO("version " << v);
     fs::content_ref a;
@@ -386,6 +405,52 @@ TEST_CASE("a streamed DCP shard's base: its rank's head, never another rank's or
     CHECK(s.content.usage().streamed_puts == 1);
     CHECK(s.content.info(r).kind == "keyframe");
     CHECK(s.content.info(r).lineage != s.content.info(first).lineage);
+  }
+  SECTION("a shard below head_min is left to the commit") {
+    std::mt19937_64 rng(6);
+    std::vector<std::vector<float>> small;
+    for (int k = 0; k < 3; ++k) small.push_back(drifting_weights(50'000, rng).values);
+    const auto r = stream_in(s.content, "dcp/step_2/__2_0.distcp", shard(small), fresh_buffer(d));
+    CHECK(s.content.usage().streamed_puts == 0);
+    CHECK(s.content.usage().streams_dropped == 0);
+    CHECK(s.content.info(r).format == "distcp");
+  }
+  SECTION("a single archive is a torch.save file, not a shard: left to the commit") {
+    const bytes file = tensor_archive(drifting_weights(600'000, m.rng).values);
+    const auto r = stream_in(s.content, "dcp/step_2/__3_0.distcp", file, fresh_buffer(d));
+    CHECK(s.content.usage().streamed_puts == 0);
+    CHECK(s.content.usage().streams_dropped == 0);
+    CHECK(read_all(s.content, r) == file);
+  }
+  SECTION("a changed model: the tensors after the first that differs are coded without a base") {
+    // The next step with the tensor written next-to-last 2-D (same length, another shape):
+    // the stream chose its base from the first tensors, which agree. The last tensor agrees
+    // again (name, length, shape), but the shard is not the base's model from the changed one
+    // on: it is coded without a base too.
+    std::vector<std::vector<float>> t;
+    for (auto& l : m.layers) {
+      l.step(m.rng);
+      t.push_back(l.values);
+    }
+    const bytes file = shard(t, false, 10);
+    const auto r = stream_in(s.content, "dcp/step_2/__0_0.distcp", file, fresh_buffer(d));
+    CHECK(s.content.usage().streamed_puts == 1);
+    CHECK(s.content.info(r).kind == "delta");
+    const auto l = format::recognise(format::memory_source(file));
+    REQUIRE(l.tensors.size() == 12);
+    const bytes got = read_all(s.content, r), base = read_all(s.content, first);
+    const auto lb = format::recognise(format::memory_source(base));
+    for (std::size_t i = 0; i < l.tensors.size(); ++i) {
+      INFO("tensor " << i << " " << l.tensors[i].name);
+      const auto want = floats_of(file, l.tensors[i]), read = floats_of(got, l.tensors[i]);
+      if (i >= 10) {
+        CHECK(read == want);  // no base: a lossless keyframe frame
+        continue;
+      }
+      const auto was = floats_of(base, lb.tensors[i]);
+      for (std::size_t e = 0; e < want.size(); ++e)
+        REQUIRE(std::abs(read[e] - want[e]) <= std::abs(want[e] - was[e]) + 1e-7f);
+    }
   }
   SECTION("another model under the same name is no base") {
     std::mt19937_64 rng(5);
