@@ -48,7 +48,7 @@ Usage: fs_scale.py CKPTFS_BINARY [--sizes 1,4,12] [--versions 6] [--repeats 3] [
 --quick: 0.25 GiB, 3 versions, 2 writers x 128 MiB, 1 repeat (a smoke test, about a minute).
 --layout dcp: every version (and every rank's) is a torch.distributed.checkpoint shard,
 run/step_K/__0_0.distcp (ckpt_rankR/step_K/__R_0.distcp), written as FileSystemWriter writes it
-(one torch.save per tensor, largest first, after a byte item), fsync'ed, its .metadata renamed
+(one torch.save per tensor, smallest first as on GPU, after a byte item), fsync'ed, its .metadata renamed
 into place beside it; loads are DCP's reader's (each item's slice, torch.load'ed).
 --cache/--buffer are passed as -o cache=,buffer= (defaults: the daemon's, read from its --help)
 and set the memory budget checked; --opts adds other -o options (bits=4, ...).
@@ -282,16 +282,25 @@ def ckpt_name(layout, step, rank=0):
     return os.path.join(f"step_{step}", f"__{rank}_0.distcp")
 
 
+def remove_version(run_dir, layout, step, rank=0):
+    """A plain version goes: its file, or its DCP step directory."""
+    if layout == "torch":
+        os.remove(os.path.join(run_dir, ckpt_name(layout, step, rank)))
+    else:
+        shutil.rmtree(os.path.join(run_dir, f"step_{step}"))
+
+
 def write_dcp(sd, f):
     """FileSystemWriter's layout (reference/scale.md §2): the byte items (here one: torch.save of
-    an object without tensors), then every tensor as its own torch.save, largest first. Returns
-    DCP's metadata: name -> (offset, length)."""
+    an object without tensors), then every tensor as its own torch.save, smallest first (its
+    loader's order on GPU). Returns DCP's metadata: name -> (offset, length)."""
     meta = {}
     item = io.BytesIO()
     torch.save({"param_groups": [{"lr": 1e-3, "betas": (0.9, 0.999)}]}, item)
     meta["#byte_item"] = (0, len(item.getvalue()))
     f.write(item.getvalue())
-    for name, t in sorted(flat_tensors(sd).items(), key=lambda kv: -kv[1].numel()):
+    for name, t in sorted(flat_tensors(sd).items(),
+                          key=lambda kv: kv[1].numel() * kv[1].element_size()):
         off = f.tell()
         torch.save(t, f)  # the state's tensors own their storages: nothing more is written
         meta[name] = (off, f.tell() - off)
@@ -525,7 +534,7 @@ def run_size(size_gib, args, cfg, work):
             refs = {j: s for j, s in refs.items() if j in (anchor, k - 1, k)}
             kept.append(k)
             for j in [j for j in kept if j not in (anchor, k, args.versions - 1)]:
-                os.remove(os.path.join(plain, "run", ckpt_name(args.layout, j)))
+                remove_version(os.path.join(plain, "run"), args.layout, j)
                 kept.remove(j)
             r["versions"].append(v)
             print(f"  v{k} {v['kind']:8s} stored {v['stat'].get('stored_bytes', 0) / MiB:9.1f} MiB"
@@ -758,8 +767,7 @@ def writers_step(step, side, args, proc, sampler, barrier, results, procs, plain
         rec.update(sampler.window())
     elif step > 2:  # the plain side keeps two versions per rank on disk
         for rank in range(args.writers):
-            os.remove(os.path.join(plain, f"ckpt_rank{rank}",
-                                   ckpt_name(args.layout, step - 2, rank)))
+            remove_version(os.path.join(plain, f"ckpt_rank{rank}"), args.layout, step - 2, rank)
     print(f"  step {step} {side:5s} {rec['wall_s']:.2f} s"
           + (f", daemon peak RSS {rec['daemon_peak_rss'] / GiB:.2f} GiB" if side == "mount"
              else ""), flush=True)

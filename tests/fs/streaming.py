@@ -12,8 +12,8 @@ files larger than head_min, and DCP shards, are delta-coded while they are writt
             torch.save + fsync, a plain close (read back at once: the read waits for the
             commit), and a save under a temporary name renamed into place. `ckptctl status`
             says every save of the streaming mount was stored while written, none of the other.
-  dcp       DCP shards (tests/fs/distcp.py's layout: a byte item, then every tensor of the same
-            ~48 MiB state as its own torch.save, largest first) saved over 4 steps into both
+  dcp       DCP shards (a byte item, then every tensor of the same ~48 MiB state as its own
+            torch.save, smallest first as DCP writes on GPU: the step counter first) saved over 4 steps into both
             mounts, the third under a temporary directory name renamed into place: the same
             kinds (keyframe, then deltas), the same served bytes from both mounts (also after a
             remount), every slice loads within the closed-loop bound, and status says the
@@ -146,14 +146,15 @@ def same(binary, ctl, work):
 
 def write_dcp(path, state, step):
     """FileSystemWriter's layout: a byte item (torch.save of an object without tensors), then
-    every tensor as its own torch.save, largest first, fsync'ed. Returns name -> (offset, length)
+    every tensor as its own torch.save, smallest first (its loader's order on GPU), fsync'ed. Returns name -> (offset, length)
     as DCP's metadata records it."""
     meta = {}
     with open(path, "wb") as f:
         item = io.BytesIO()
         torch.save({"step": step, "lr": 1e-3}, item)
         f.write(item.getvalue())
-        for name, t in sorted(flat_tensors(state).items(), key=lambda kv: -kv[1].numel()):
+        for name, t in sorted(flat_tensors(state).items(),
+                              key=lambda kv: kv[1].numel() * kv[1].element_size()):
             off = f.tell()
             torch.save(t.clone(), f)  # DCP saves each item's own storage
             meta[name] = (off, f.tell() - off)
