@@ -3,7 +3,8 @@
 
 torch 1.13 here cannot run DCP itself, so this writes DCP's exact layout as FileSystemWriter does
 (reference/scale.md §2): per rank one `step_N/__R_0.distcp` holding the rank's byte items raw,
-then each tensor (largest first) as its own `torch.save(tensor, f)` into the same file object;
+then each tensor (largest first, as with several writer threads) as its own `torch.save(tensor,
+f)` into the same file object;
 `.metadata` (a pickle of item -> (file, offset, length)) written as `.metadata.tmp`, fsync'ed
 and renamed. Four ranks write at once (threads released by a barrier), over 6 steps of a small
 MLP trained with AdamW on sklearn's digits, every parameter and both Adam moments sharded by
