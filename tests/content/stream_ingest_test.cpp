@@ -108,6 +108,45 @@ fs::content_ref plain_put(fs::content_store& c, const temp_dir& d, const std::st
   return c.put(path, buf);
 }
 
+// Six versions from `next_file`, streamed where `streamed(v)` and put whole otherwise, into one
+// store, against a store of plain puts only: the same kinds (a keyframe, then deltas each on
+// the one before), one lineage, and the same served bytes (deterministic coding against the
+// same base).
+void check_streamed_matches_plain(const std::function<bytes()>& next_file,
+                                  const std::function<std::string(int)>& path_of,
+                                  const std::function<bool(int)>& streamed_version,
+                                  const std::string& format) {
+  temp_dir streamed_dir, plain_dir;
+  opened streamed(streamed_dir.path, options(streamed_dir));
+  opened plain(plain_dir.path, options(plain_dir));
+  std::uint64_t streams = 0;
+  for (int v = 0; v < 6; ++v) {
+    const bytes file = next_file();
+    const std::string path = path_of(v);
+    INFO("version " << v);
+    fs::content_ref a;
+    if (streamed_version(v)) {
+      auto buf = fresh_buffer(streamed_dir);
+      // A delta's stream has coded something before the file is complete.
+      a = stream_in(streamed.content, path, file, buf,
+                    [&] { CHECK((v == 0 || coded_something(*buf))); });
+      ++streams;
+    } else {
+      a = plain_put(streamed.content, streamed_dir, path, file);
+    }
+    const auto b = plain_put(plain.content, plain_dir, path, file);
+    CHECK(streamed.content.info(a).format == format);
+    CHECK(streamed.content.info(a).kind == (v == 0 ? "keyframe" : "delta"));
+    CHECK(streamed.content.info(a).base == (v == 0 ? 0 : a.version - 1));
+    CHECK(streamed.content.info(a).lineage == 1);
+    CHECK(read_all(streamed.content, a) == read_all(plain.content, b));
+    CHECK(streamed.content.usage().streamed_puts == streams);
+  }
+  CHECK(streamed.content.usage().streams_dropped == 0);
+  CHECK(streamed.content.usage().streams_running == 0);
+  CHECK(streamed.content.usage().streamed_bytes > 0);
+}
+
 std::size_t object_files(const temp_dir& d) {
   std::size_t n = 0;
   for (const auto& e : bfs::directory_iterator(d.path / "objects")) n += e.path().extension() != "";
@@ -117,37 +156,10 @@ std::size_t object_files(const temp_dir& d) {
 }  // namespace
 
 TEST_CASE("a streamed put stores what put() stores for the finished file", "[content][stream]") {
-  // Streamed and plain puts take turns in one store (one lineage: the same signature for
-  // both), against a store of plain puts only.
-  temp_dir streamed_dir, plain_dir;
-  opened streamed(streamed_dir.path, options(streamed_dir));
-  opened plain(plain_dir.path, options(plain_dir));
   model m;
-  std::uint64_t streams = 0;
-  for (int v = 0; v < 6; ++v) {
-    const bytes file = m.step();
-    const std::string path = "run/ckpt_" + std::to_string(v) + ".pt";
-    INFO("version " << v);
-    fs::content_ref a;
-    if (v % 2) {
-      auto buf = fresh_buffer(streamed_dir);
-      a = stream_in(streamed.content, path, file, buf,
-                    [&] { CHECK(coded_something(*buf)); });  // before the file is complete
-      ++streams;
-    } else {
-      a = plain_put(streamed.content, streamed_dir, path, file);
-    }
-    const auto b = plain_put(plain.content, plain_dir, path, file);
-    CHECK(streamed.content.info(a).kind == (v == 0 ? "keyframe" : "delta"));
-    CHECK(streamed.content.info(a).base == (v == 0 ? 0 : a.version - 1));
-    CHECK(streamed.content.info(a).lineage == 1);
-    // Deterministic coding against the same base: the same served bytes.
-    CHECK(read_all(streamed.content, a) == read_all(plain.content, b));
-    CHECK(streamed.content.usage().streamed_puts == streams);
-  }
-  CHECK(streamed.content.usage().streams_dropped == 0);
-  CHECK(streamed.content.usage().streams_running == 0);
-  CHECK(streamed.content.usage().streamed_bytes > 0);
+  check_streamed_matches_plain([&] { return m.step(); },
+                               [](int v) { return "run/ckpt_" + std::to_string(v) + ".pt"; },
+                               [](int v) { return v % 2 == 1; }, "torch_zip");
 }
 
 TEST_CASE("a streamed lossy keyframe is rounded as a put rounds it, in the buffer too",
@@ -357,34 +369,12 @@ TEST_CASE("a streamed DCP shard stores what put() stores for the finished shard"
           "[content][stream]") {
   const bool smallest_first = GENERATE(false, true);
   INFO("smallest first " << smallest_first);
-  temp_dir streamed_dir, plain_dir;
-  opened streamed(streamed_dir.path, options(streamed_dir));
-  opened plain(plain_dir.path, options(plain_dir));
   model m;
-  std::uint64_t streams = 0;
-  for (int v = 0; v < 6; ++v) {
-    const bytes file = shard_step(m, smallest_first);
-    const std::string path = "dcp/step_" + std::to_string(v) + "/__0_0.distcp";
-    INFO("version " << v);
-    fs::content_ref a;
-    if (v % 2 == 0) {  // the keyframe too
-      auto buf = fresh_buffer(streamed_dir);
-      a = stream_in(streamed.content, path, file, buf,
-                    [&] { CHECK((v == 0 || coded_something(*buf))); });
-      ++streams;
-    } else {
-      a = plain_put(streamed.content, streamed_dir, path, file);
-    }
-    const auto b = plain_put(plain.content, plain_dir, path, file);
-    CHECK(streamed.content.info(a).format == "distcp");
-    CHECK(streamed.content.info(a).kind == (v == 0 ? "keyframe" : "delta"));
-    CHECK(streamed.content.info(a).base == (v == 0 ? 0 : a.version - 1));
-    CHECK(streamed.content.info(a).lineage == 1);
-    CHECK(read_all(streamed.content, a) == read_all(plain.content, b));
-    CHECK(streamed.content.usage().streamed_puts == streams);
-  }
-  CHECK(streamed.content.usage().streams_dropped == 0);
-  CHECK(streamed.content.usage().streams_running == 0);
+  check_streamed_matches_plain(
+      [&] { return shard_step(m, smallest_first); },
+      [](int v) { return "dcp/step_" + std::to_string(v) + "/__0_0.distcp"; },
+      [](int v) { return v % 2 == 0; },  // the keyframe too
+      "distcp");
 }
 
 TEST_CASE("a streamed DCP shard's base: its rank's head, never another rank's or model's",
