@@ -203,9 +203,9 @@ class content_store {
   // file is the archive the stream predicted and nothing it read was rewritten (staged->stale()),
   // only the rest (the last tensors, the exact regions, the record) is left to do; otherwise the
   // stream's work is dropped and the file is stored as put() stores it. A stream that declines
-  // (not a torch.save archive or no tensors in a shard, a torch.save file smaller than head_min,
+  // (not a torch.save archive, or not a shard of several; compressible tensors below head_min;
   // heads off) ends without doing anything. A shard's base is chosen by its path before its
-  // lineage signature is known (choose_shard_base); a shard below head_min gets no head image.
+  // lineage signature is known (choose_shard_base), once head_min of its tensors are walked.
   // Destroying an unfinished stream cancels it and waits for its thread; its partial object is
   // removed.
   class stream;

@@ -9,8 +9,8 @@
 // file is stored as an ordinary put stores it.
 //
 // A DCP shard (`*.distcp`) is walked archive by archive (format::distcp_walker). Its lineage
-// signature needs every tensor, so its base is picked by its path when its first tensor is
-// found (choose_shard_base, matched by that tensor), and its lineage at the commit.
+// signature needs every tensor, so its base is picked by its path once head_min of its tensors
+// are walked (choose_shard_base, which must hold all of them), and its lineage at the commit.
 #include <cerrno>
 #include <cstring>
 
@@ -262,7 +262,7 @@ std::optional<content_ref> content_store::impl::finish_stream(stream& s, std::st
   // (and a lossy keyframe's, which rounded the buffer) is kept (a delta's base, matched by tensor
   // name, is a valid base) and recorded in the lineage of the real signature, where the next put
   // of this file looks for it.
-  // A DCP shard's lineage is known only now: the base was chosen by its path (and checked).
+  // A DCP shard's lineage is known only now: its base was chosen by its path.
   const std::uint64_t real_signature = lineage_signature(layout);
   if (s.distcp_) {
     bool other_layout = false;
@@ -334,11 +334,8 @@ std::optional<content_ref> content_store::impl::finish_stream(stream& s, std::st
     if (lineages.count(s.lineage_id_)) break;
     lineage_lock.unlock();
   }
-  // A torch.save stream declined files below head_min; a shard's size is known only now.
-  std::uint64_t tensor_bytes = 0;
-  for (const auto& t : s.found_) tensor_bytes += t.compress ? t.length : 0;
   return record_version(path, std::move(meta), out, 0, s.lineage_id_, s.bc_, *s.pin_, {},
-                        tensor_bytes >= opt.head_min ? s.staged_ : nullptr);
+                        s.staged_);
 }
 
 std::shared_ptr<content_store::stream> content_store::start_stream(
