@@ -325,7 +325,8 @@ content_store::impl::base_choice content_store::impl::choose_shard_base(
     std::uint64_t head = 0;
     {
       std::lock_guard lock(mu);
-      const auto l = lineages.find(c.lineage);
+      // A lineage joined into another meanwhile (a rename): the one it went into.
+      const auto l = lineages.find(current_lineage(c.lineage));
       if (l == lineages.end() || !versions.count(l->second.head)) continue;
       head = l->second.head;
     }
