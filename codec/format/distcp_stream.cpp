@@ -53,27 +53,21 @@ void distcp_walker::close_archive() {
 
 std::optional<tensor_info> distcp_walker::next() {
   for (;;) {
-    if (!holding_ && held_next_ < held_.size()) return held_[held_next_++];
     if (walker_) {
       std::optional<std::size_t> k;
       try {
         k = walker_->next();
       } catch (const corrupt_error&) {
         // A record that does not fit data.pkl's prediction: the recogniser cannot end this
-        // archive either, and the rest is opaque (all of it, for an archive at 0).
+        // archive either, and the rest is opaque.
         complete_ = false;
         walker_.reset();
         slice_.reset();
         at_.reset();
-        if (holding_) held_.clear();
         return std::nullopt;
       }
       if (!k) {
         close_archive();
-        // An archive at 0 that nothing follows is an ordinary torch.save file to the
-        // recogniser, not a shard: its tensors are not the shard's.
-        if (holding_ && !at_) held_.clear();
-        holding_ = false;
         continue;
       }
       ++found_;
@@ -81,9 +75,7 @@ std::optional<tensor_info> distcp_walker::next() {
       t.offset += *at_;
       t.name = distcp::item_name(archives_ - 1, t.name);
       for (auto& alias : t.aliases) alias = distcp::item_name(archives_ - 1, alias);
-      if (!holding_) return t;
-      held_.push_back(std::move(t));
-      continue;
+      return t;
     }
     if (!at_) return std::nullopt;
     if (++archives_ > distcp::max_archives) {
@@ -91,7 +83,6 @@ std::optional<tensor_info> distcp_walker::next() {
       return std::nullopt;
     }
     open_archive(*at_);
-    holding_ = walker_ && archives_ == 1 && *at_ == 0;
   }
 }
 

@@ -14,7 +14,6 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
-#include <vector>
 
 #include "codec/format/layout.hpp"
 #include "codec/format/recognise.hpp"
@@ -31,11 +30,11 @@ class distcp_walker {
   distcp_walker& operator=(const distcp_walker&) = delete;
 
   // The next tensor of the shard, named and placed as recognise() does (item_name, file
-  // offsets), once its record's local header is written; those of an archive at offset 0 once
-  // another archive follows it (the recogniser takes a file of one archive for a torch.save
-  // file, not a shard). Nothing once the shard ends, or where
-  // the rest of it cannot be followed (opaque to the recogniser too). Never throws for what the
-  // file holds; a read's errors (a cancelled stream) pass through.
+  // offsets), once its record's local header is written. (A file whose only archive is the
+  // whole file is a torch.save file to the recogniser, not a shard: the walker cannot know
+  // that before the file ends, and returns that archive's tensors as a shard's.) Nothing once the
+  // shard ends, or where the rest of it cannot be followed (opaque to the recogniser too). Never
+  // throws for what the file holds; a read's errors (a cancelled stream) pass through.
   std::optional<tensor_info> next();
 
   // Archives found so far, and whether every storage each archive's data.pkl named was found
@@ -58,10 +57,6 @@ class distcp_walker {
   std::optional<source> slice_;               // the current archive, its offsets from its start
   std::unique_ptr<torch_zip_walker> walker_;  // reads slice_ (declared after it)
   std::size_t found_ = 0;                     // of walker_'s predicted tensors
-  // The tensors of an archive at 0, held until another archive follows it.
-  bool holding_ = false;
-  std::vector<tensor_info> held_;
-  std::size_t held_next_ = 0;
 };
 
 }  // namespace ckpt::format

@@ -383,8 +383,8 @@ struct content_store::impl {
   // all known, from the tensors walked so far: the newest head of its path key's lineages,
   // else (a step written under another name) of the lineages with its rank tokens, that holds
   // every compressible tensor of `found` under its name with its dtype and shape; none for a
-  // keyframe (also past keyframe_interval). Waits for a put of a candidate's lineage running
-  // now. Pinned as choose_base's.
+  // keyframe (also past keyframe_interval). Waits for a put of the path key's lineages
+  // running now. Pinned as choose_base's.
   base_choice choose_shard_base(std::string_view path, std::span<const format::tensor_info> found);
   // Whether a shard's tensor is in `base` under its name with its dtype and shape (a shard's
   // names are positions: a changed model's tensor may come under a name of another shape).

@@ -307,8 +307,10 @@ content_store::impl::base_choice content_store::impl::choose_shard_base(
     const std::string key = lineage_path_key(path);
     const std::string ranks = lineage_rank_tokens(key);
     for (const auto& [lid, l] : lineages) {
-      if (!l.head || !versions.count(l.head)) continue;
       const bool same_key = l.path_key == key;
+      // A lineage of the key without a head yet: its first put is running (a step closed
+      // without fsync); waited for below.
+      if (!same_key && (!l.head || !versions.count(l.head))) continue;
       if (same_key || (!ranks.empty() && lineage_rank_tokens(l.path_key) == ranks))
         candidates.push_back({same_key, l.head, lid, l.encode_mu});
     }
@@ -319,9 +321,12 @@ content_store::impl::base_choice content_store::impl::choose_shard_base(
   constexpr std::size_t max_candidates = 8;  // each costs a metadata read when not cached
   if (candidates.size() > max_candidates) candidates.resize(max_candidates);
   for (const auto& c : candidates) {
-    // A put of this lineage running now (a step closed without fsync, still being stored)
-    // moves its head on: waited for, as a put of the lineage waits for it.
-    { const std::lock_guard wait(*c.encode_mu); }
+    // A put of the key's lineage running now (a step closed without fsync, still being
+    // stored) moves its head on: waited for, as a put of the lineage waits for it. Not for
+    // the rank's other lineages (other runs' saves, which would only hold this one up).
+    if (c.same_key) {
+      const std::lock_guard wait(*c.encode_mu);
+    }
     std::uint64_t head = 0;
     {
       std::lock_guard lock(mu);

@@ -344,8 +344,8 @@ bytes shard(const std::vector<std::vector<float>>& tensors, bool smallest_first 
   return out;
 }
 
-// The model's next step as a shard; smallest first, with a 100-float tensor (not compressed:
-// under 4 KiB) first.
+// The model's next step as a shard: largest first, or smallest first with a 100-float tensor
+// (not compressed: under 4 KiB) first.
 bytes shard_step(model& m, bool smallest_first = false) {
   std::vector<std::vector<float>> t;
   for (auto& l : m.layers) {
@@ -405,12 +405,25 @@ TEST_CASE("a streamed DCP shard's base: its rank's head, never another rank's or
     CHECK(s.content.usage().streams_dropped == 0);
     CHECK(s.content.info(r).format == "distcp");
   }
-  SECTION("a single archive is a torch.save file, not a shard: left to the commit") {
+  SECTION("a single archive is a torch.save file, not a shard: stored whole at the commit") {
     const bytes file = tensor_archive(drifting_weights(600'000, m.rng).values);
     const auto r = stream_in(s.content, "dcp/step_2/__3_0.distcp", file, fresh_buffer(d));
     CHECK(s.content.usage().streamed_puts == 0);
-    CHECK(s.content.usage().streams_dropped == 0);
-    CHECK(read_all(s.content, r) == file);
+    CHECK(s.content.usage().streams_dropped == 1);  // walked as a shard of one archive
+    CHECK(s.content.info(r).format == "torch_zip");
+    CHECK(read_all(s.content, r) == file);  // a lossless keyframe: the buffer unchanged
+  }
+  SECTION("a shard without byte items: its first archive at 0 is coded as it arrives") {
+    std::vector<std::vector<float>> t;
+    for (auto& l : m.layers) t.push_back(l.values);
+    bytes file;
+    for (const auto& v : t) {
+      const bytes a = tensor_archive(v);
+      file.insert(file.end(), a.begin(), a.end());
+    }
+    const auto r = stream_in(s.content, "dcp/step_2/__0_0.distcp", file, fresh_buffer(d));
+    CHECK(s.content.usage().streamed_puts == 1);
+    CHECK(s.content.info(r).format == "distcp");
   }
   SECTION("a changed model: the tensors after the first that differs are coded without a base") {
     // The next step with the tensor written next-to-last 2-D (same length, another shape):
@@ -441,6 +454,16 @@ TEST_CASE("a streamed DCP shard's base: its rank's head, never another rank's or
       for (std::size_t e = 0; e < want.size(); ++e)
         REQUIRE(std::abs(read[e] - want[e]) <= std::abs(want[e] - was[e]) + 1e-7f);
     }
+  }
+  SECTION("a base must hold every tensor walked before the choice, also by shape") {
+    // head_min (1 MiB) is reached with the second tensor written, which is 2-D here (same
+    // length): the step's base does not hold it, and nothing else is a base.
+    std::vector<std::vector<float>> t;
+    for (auto& l : m.layers) t.push_back(l.values);
+    const auto r =
+        stream_in(s.content, "dcp/step_2/__0_0.distcp", shard(t, false, 1), fresh_buffer(d));
+    CHECK(s.content.usage().streamed_puts == 1);
+    CHECK(s.content.info(r).kind == "keyframe");
   }
   SECTION("another model under the same name is no base") {
     std::mt19937_64 rng(5);
