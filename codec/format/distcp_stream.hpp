@@ -4,8 +4,8 @@
 // (recognise_archive_sequence). Each archive is walked by a torch_zip_walker over its slice;
 // when its storages are found, its end is found as the recogniser finds it (its records'
 // headers again, its central directory, its end records) and the next archive is looked for
-// where it ends. What the walker returns is a prediction:
-// the commit recognises the finished file and uses only what agrees with it.
+// where it ends. What the walker returns is a prediction: the commit recognises the finished
+// file and uses only what agrees with it.
 //
 // The source is a file being written: a read blocks until its bytes are there, and a read past
 // the end of the finished file returns zeros for the bytes past the end (the walker cannot know
@@ -30,11 +30,11 @@ class distcp_walker {
   distcp_walker& operator=(const distcp_walker&) = delete;
 
   // The next tensor of the shard, named and placed as recognise() does (item_name, file
-  // offsets), once its record's local header is written. (A file whose only archive is the
-  // whole file is a torch.save file to the recogniser, not a shard: the walker cannot know
-  // that before the file ends, and returns that archive's tensors as a shard's.) Nothing once the
-  // shard ends, or where the rest of it cannot be followed (opaque to the recogniser too). Never
-  // throws for what the file holds; a read's errors (a cancelled stream) pass through.
+  // offsets), once its record's local header is written. Nothing once the shard ends, or where
+  // the rest of it cannot be followed (opaque to the recogniser too). Never throws for what the
+  // file holds; a read's errors (a cancelled stream) pass through. A file whose only archive is
+  // the whole file is a torch.save file to the recogniser, not a shard: the walker cannot know
+  // that before the file ends, and returns that archive's tensors as a shard's.
   std::optional<tensor_info> next();
 
   // Archives found so far, and whether every storage each archive's data.pkl named was found
