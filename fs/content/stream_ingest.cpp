@@ -133,7 +133,6 @@ void content_store::impl::run_stream(stream& s) {
         held.push_back(std::move(*u));
       }
       s.bc_ = choose_shard_base(s.path_, held);
-      s.pin_.emplace(*this, s.bc_.base);
       t = held[held_next++];
     } else {
       walk.emplace(src, format::recognise_options{});
@@ -160,8 +159,8 @@ void content_store::impl::run_stream(stream& s) {
         const auto lock = lock_lineage(s.path_, sig, s.lineage_id_);
         s.bc_ = choose_base(s.lineage_id_);
       }
-      s.pin_.emplace(*this, s.bc_.base);
     }
+    s.pin_.emplace(*this, s.bc_.base);
     const auto next = [&]() -> std::optional<format::tensor_info> {
       if (held_next < held.size()) return held[held_next++];
       if (shard) return shard->next();

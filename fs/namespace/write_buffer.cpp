@@ -236,8 +236,6 @@ std::map<std::uint64_t, write_buffer::chunk>::iterator write_buffer::reusable_ch
 }
 
 std::map<std::uint64_t, write_buffer::chunk>::iterator write_buffer::full_chunk() {
-  const stream_state st = stream_.load();
-  if (st == stream_state::open || st == stream_state::complete) return chunks_.end();
   // evicted_below_ as for settled_chunk(): below it no chunk is both in memory and full.
   auto it = chunks_.lower_bound(evicted_below_);
   while (it != chunks_.end() && !(it->second.mem && it->second.filled == chunk_bytes)) ++it;

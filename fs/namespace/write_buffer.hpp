@@ -134,11 +134,12 @@ class write_buffer final : public staged_file {
   // A chunk in memory wholly below settled_ (the stream is done with it), whose memory a new
   // chunk may take once its bytes are in the staging file; none: chunks_.end().
   std::map<std::uint64_t, chunk>::iterator settled_chunk();
-  // For a file no stream follows (none yet, or it ended): its lowest chunk in memory that is
-  // full, whose memory a new chunk may take once it is in the staging file (whole, by direct
-  // I/O); none: chunks_.end(). Without it the bytes past the budget went to the staging file
-  // piece by piece through the page cache (a DCP shard, a safetensors file, `stream=off`), which
-  // cost more CPU than their encode (docs/benchmarks.md, "Files no stream follows").
+  // For a file no stream follows (none yet, or it ended; reusable_chunk() tells): its lowest
+  // chunk in memory that is full, whose memory a new chunk may take once it is in the staging file
+  // (whole, by direct I/O); none: chunks_.end(). Without it the bytes past the budget went to the
+  // staging file piece by piece through the page cache (a DCP shard, a safetensors file,
+  // `stream=off`), which cost more CPU than their encode (docs/benchmarks.md, "Files no stream
+  // follows").
   std::map<std::uint64_t, chunk>::iterator full_chunk();
   // The one of the two above that applies (a stream follows the file, or not).
   std::map<std::uint64_t, chunk>::iterator reusable_chunk();

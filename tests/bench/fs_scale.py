@@ -48,8 +48,9 @@ Usage: fs_scale.py CKPTFS_BINARY [--sizes 1,4,12] [--versions 6] [--repeats 3] [
 --quick: 0.25 GiB, 3 versions, 2 writers x 128 MiB, 1 repeat (a smoke test, about a minute).
 --layout dcp: every version (and every rank's) is a torch.distributed.checkpoint shard,
 run/step_K/__0_0.distcp (ckpt_rankR/step_K/__R_0.distcp), written as FileSystemWriter writes it
-(one torch.save per tensor, smallest first as on GPU, after a byte item), fsync'ed, its .metadata renamed
-into place beside it; loads are DCP's reader's (each item's slice, torch.load'ed).
+(one torch.save per tensor, smallest first as on GPU, after a byte item; scale_lib.write_dcp),
+fsync'ed, its .metadata renamed into place beside it; loads are DCP's reader's (each item's
+slice, torch.load'ed).
 --cache/--buffer are passed as -o cache=,buffer= (defaults: the daemon's, read from its --help)
 and set the memory budget checked; --opts adds other -o options (bits=4, ...).
 Needs root (drop_caches, FUSE) and free disk under BASE (default /var/tmp, a real disk: not
@@ -60,7 +61,6 @@ import argparse
 import contextlib
 import datetime
 import gc
-import io
 import json
 import math
 import multiprocessing
@@ -87,7 +87,7 @@ sys.path.insert(0, HERE)
 from ckptfs_testlib import mounted, peak_rss, reset_peak_rss  # noqa: E402
 from fs_cold_load import cpu_seconds  # noqa: E402
 from fs_speed import drop_caches, prefault  # noqa: E402
-from scale_lib import flat_tensors  # noqa: E402
+from scale_lib import flat_tensors, read_dcp, write_dcp  # noqa: E402
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -290,23 +290,6 @@ def remove_version(run_dir, layout, step, rank=0):
         shutil.rmtree(os.path.join(run_dir, f"step_{step}"))
 
 
-def write_dcp(sd, f):
-    """FileSystemWriter's layout (reference/scale.md §2): the byte items (here one: torch.save of
-    an object without tensors), then every tensor as its own torch.save, smallest first (its
-    loader's order on GPU). Returns DCP's metadata: name -> (offset, length)."""
-    meta = {}
-    item = io.BytesIO()
-    torch.save({"param_groups": [{"lr": 1e-3, "betas": (0.9, 0.999)}]}, item)
-    meta["#byte_item"] = (0, len(item.getvalue()))
-    f.write(item.getvalue())
-    for name, t in sorted(flat_tensors(sd).items(),
-                          key=lambda kv: kv[1].numel() * kv[1].element_size()):
-        off = f.tell()
-        torch.save(t, f)  # the state's tensors own their storages: nothing more is written
-        meta[name] = (off, f.tell() - off)
-    return meta
-
-
 def save_fsync(sd, path, layout="torch"):
     """torch.save (or a DCP shard and its .metadata, renamed into place as DCP does) into a file
     object, flush, fsync, close: (seconds until the last write returned, seconds until closed)."""
@@ -317,7 +300,7 @@ def save_fsync(sd, path, layout="torch"):
             if layout == "torch":
                 torch.save(sd, f)
             else:
-                meta = write_dcp(sd, f)
+                meta = write_dcp(f, sd, {"param_groups": [{"lr": 1e-3, "betas": (0.9, 0.999)}]})
         f.flush()
         returned = time.perf_counter() - t
         os.fsync(f.fileno())
@@ -338,15 +321,7 @@ def load(path, layout="torch"):
         if layout == "torch":
             return torch.load(path)
         with open(os.path.join(os.path.dirname(path), ".metadata"), "rb") as f:
-            meta = pickle.load(f)
-        out = {}
-        with open(path, "rb") as f:
-            for name, (off, length) in meta.items():
-                f.seek(off)
-                item = torch.load(io.BytesIO(f.read(length)))
-                if not name.startswith("#"):
-                    out[name] = item
-        return out
+            return read_dcp(path, pickle.load(f))
 
 
 def proc_status(pid):

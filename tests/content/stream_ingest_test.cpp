@@ -413,7 +413,7 @@ TEST_CASE("a streamed DCP shard's base: its rank's head, never another rank's or
     CHECK(s.content.info(r).format == "torch_zip");
     CHECK(read_all(s.content, r) == file);  // a lossless keyframe: the buffer unchanged
   }
-  SECTION("a shard without byte items: its first archive at 0 is coded as it arrives") {
+  SECTION("a shard without byte items (its first archive at 0) is streamed") {
     std::vector<std::vector<float>> t;
     for (auto& l : m.layers) t.push_back(l.values);
     bytes file;

@@ -4,6 +4,7 @@ of what was saved and of what read back, and the codec's closed-loop check on th
 
 Run under Debian's /usr/bin/python3 (torch 1.13)."""
 import contextlib
+import io
 import json
 import os
 import shutil
@@ -142,6 +143,38 @@ def check(label, saved, read, base_read, kind):
             far = int(((got < u / 2) | (got > u * 2)).sum())
             assert far == 0, f"{label}: {name}: {far} sampled elements off by more than 2x"
     return worst
+
+
+def write_dcp(f, state, byte_item, clone=False):
+    """A torch.distributed.checkpoint shard as FileSystemWriter writes it into the open file `f`
+    (reference/scale.md §2): the byte items (here one, torch.save of `byte_item`, an object
+    without tensors), then every tensor of `state` as its own torch.save, smallest first (DCP's
+    loader's order on GPU). clone: each tensor saved from a copy of its own (DCP's writer does
+    so for views of a larger storage). Returns DCP's metadata: name -> (offset, length), the
+    byte item under "#byte_item"."""
+    item = io.BytesIO()
+    torch.save(byte_item, item)
+    meta = {"#byte_item": (f.tell(), len(item.getvalue()))}
+    f.write(item.getvalue())
+    for name, t in sorted(flat_tensors(state).items(),
+                          key=lambda kv: kv[1].numel() * kv[1].element_size()):
+        off = f.tell()
+        torch.save(t.clone() if clone else t, f)
+        meta[name] = (off, f.tell() - off)
+    return meta
+
+
+def read_dcp(path, meta):
+    """DCP's reader: each item's slice of the shard read and torch.load'ed, one at a time; name ->
+    tensor (byte items, named "#...", left out)."""
+    out = {}
+    with open(path, "rb") as f:
+        for name, (off, length) in meta.items():
+            if name.startswith("#"):
+                continue
+            f.seek(off)
+            out[name] = torch.load(io.BytesIO(f.read(length)))
+    return out
 
 
 def save(state, path):

@@ -13,8 +13,8 @@ files larger than head_min, and DCP shards, are delta-coded while they are writt
             commit), and a save under a temporary name renamed into place. `ckptctl status`
             says every save of the streaming mount was stored while written, none of the other.
   dcp       DCP shards (a byte item, then every tensor of the same ~48 MiB state as its own
-            torch.save, smallest first as DCP writes on GPU: the step counter first) saved over 4 steps into both
-            mounts, the third under a temporary directory name renamed into place: the same
+            torch.save, smallest first as DCP writes on GPU: the step counter first) saved over 4
+            steps into both mounts, the third under a temporary directory name renamed into place: the same
             kinds (keyframe, then deltas), the same served bytes from both mounts (also after a
             remount), every slice loads within the closed-loop bound, and status says the
             streaming mount stored every shard while it was written, the other none.
@@ -46,8 +46,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ckptfs_testlib import mounted, sha256  # noqa: E402
-from scale_lib import (MiB, TrainingState, check, flat_tensors, sample, scratch_dir,  # noqa: E402
-                       stat)
+from scale_lib import (MiB, TrainingState, check, flat_tensors, read_dcp, sample,  # noqa: E402
+                       scratch_dir, stat, write_dcp)
 
 OPTS = ("head_min=16M", "cache=512M", "buffer=64M")
 
@@ -144,31 +144,13 @@ def same(binary, ctl, work):
     print(f"same: {len(hows)} versions, {kinds['on']}, identical with and without streaming")
 
 
-def write_dcp(path, state, step):
-    """FileSystemWriter's layout: a byte item (torch.save of an object without tensors), then
-    every tensor as its own torch.save, smallest first (its loader's order on GPU), fsync'ed. Returns name -> (offset, length)
-    as DCP's metadata records it."""
-    meta = {}
+def save_dcp(path, state, step):
+    """A DCP shard of `state` (scale_lib.write_dcp, smallest first), fsync'ed; its metadata."""
     with open(path, "wb") as f:
-        item = io.BytesIO()
-        torch.save({"step": step, "lr": 1e-3}, item)
-        f.write(item.getvalue())
-        for name, t in sorted(flat_tensors(state).items(),
-                              key=lambda kv: kv[1].numel() * kv[1].element_size()):
-            off = f.tell()
-            torch.save(t.clone(), f)  # DCP saves each item's own storage
-            meta[name] = (off, f.tell() - off)
+        meta = write_dcp(f, state, {"step": step, "lr": 1e-3}, clone=True)
         f.flush()
         os.fsync(f.fileno())
     return meta
-
-
-def read_dcp(path, meta):
-    """DCP's reader: each item's slice of the shard, torch.load'ed."""
-    with open(path, "rb") as f:
-        data = f.read()
-    return {name: torch.load(io.BytesIO(data[off:off + length]))
-            for name, (off, length) in meta.items()}
 
 
 def dcp(binary, ctl, work):
@@ -186,7 +168,7 @@ def dcp(binary, ctl, work):
                 final = f"{mnt}/dcp/step_{k}"
                 where = f"{mnt}/dcp/.tmp-q81x" if k == temp_step else final
                 os.makedirs(where)
-                meta = write_dcp(f"{where}/__0_0.distcp", st.state_dict(), k)
+                meta = save_dcp(f"{where}/__0_0.distcp", st.state_dict(), k)
                 if where != final:
                     os.rename(where, final)
                 if m == "on":

@@ -82,16 +82,7 @@ std::vector<tensor_info> walk_and_compare(const bytes& file, bool back_to_back =
     found.push_back(*t);
   }
   CHECK(w.complete());
-  REQUIRE(found.size() == l.tensors.size());
-  for (std::size_t i = 0; i < found.size(); ++i) {
-    INFO("tensor " << i);
-    CHECK(found[i].name == l.tensors[i].name);
-    CHECK(found[i].offset == l.tensors[i].offset);
-    CHECK(found[i].length == l.tensors[i].length);
-    CHECK(found[i].type == l.tensors[i].type);
-    CHECK(found[i].shape == l.tensors[i].shape);
-    CHECK(found[i].compress == l.tensors[i].compress);
-  }
+  check_same_tensors(found, l.tensors);
   return found;
 }
 

@@ -1,6 +1,7 @@
 #pragma once
 // Builders for the format unit tests: hand-made pickles, zip archives laid out like torch.save's
 // (stored members, 64-byte aligned payloads, data descriptors, zip64 end records) and npy headers.
+#include <catch2/catch.hpp>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "codec/format/crc32.hpp"
+#include "codec/format/layout.hpp"
 
 namespace ckpt::format::test {
 
@@ -205,6 +207,22 @@ inline std::vector<std::byte> f32_bytes(std::size_t n, float base) {
     std::memcpy(out.data() + 4 * i, &v, 4);
   }
   return out;
+}
+
+// What a streaming walker found against what recognise() finds in the finished file: the same
+// tensors, in the same order, with every field a stream relies on.
+inline void check_same_tensors(const std::vector<tensor_info>& found,
+                               const std::vector<tensor_info>& recognised) {
+  REQUIRE(found.size() == recognised.size());
+  for (std::size_t i = 0; i < found.size(); ++i) {
+    INFO("tensor " << i);
+    CHECK(found[i].name == recognised[i].name);
+    CHECK(found[i].offset == recognised[i].offset);
+    CHECK(found[i].length == recognised[i].length);
+    CHECK(found[i].type == recognised[i].type);
+    CHECK(found[i].shape == recognised[i].shape);
+    CHECK(found[i].compress == recognised[i].compress);
+  }
 }
 
 }  // namespace ckpt::format::test

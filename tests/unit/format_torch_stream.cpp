@@ -70,15 +70,7 @@ void check_against_recognise(const std::vector<std::byte>& file) {
     CHECK(g.max_end <= t.offset + 4096 + 24);
     found.push_back(t);
   }
-  REQUIRE(found.size() == l.tensors.size());
-  for (std::size_t i = 0; i < found.size(); ++i) {
-    CHECK(found[i].name == l.tensors[i].name);
-    CHECK(found[i].offset == l.tensors[i].offset);
-    CHECK(found[i].length == l.tensors[i].length);
-    CHECK(found[i].type == l.tensors[i].type);
-    CHECK(found[i].shape == l.tensors[i].shape);
-    CHECK(found[i].compress == l.tensors[i].compress);
-  }
+  check_same_tensors(found, l.tensors);
   // The predicted record order is the layout's order (the lineage signature depends on it).
   const auto order = w.record_order();
   REQUIRE(order.size() == l.tensors.size());
