@@ -26,6 +26,8 @@ std::string_view name(block_codec c) noexcept {
       return "lc_delta";
     case block_codec::lc_ratio:
       return "lc_ratio";
+    case block_codec::lc_intra:
+      return "lc_intra";
     case block_codec::float_lossless:
       return "float_lossless";
     case block_codec::zstd:
@@ -118,16 +120,21 @@ void encode_delta_block(dtype t, const std::byte* cur, const std::byte* base, st
   const std::size_t esize = element_size(t);
   const std::size_t ngroups = (n + k - 1) / k;
   if (!is_float(t)) throw invalid_argument("codec: lossy coding needs a float dtype");
+  if (n * esize > max_block_bytes) throw invalid_argument("codec: block larger than max_block_bytes");
   thread_local std::vector<std::uint8_t> symbols, groups;
   thread_local std::vector<std::uint32_t> escapes;
   symbols.resize(n + 8);
   groups.resize(ngroups);
   escapes.clear();
+  static_assert(zero_base_bytes >= max_block_bytes);
+  if (q.kind == delta_kind::intra) base = zero_base();  // n * esize <= max_block_bytes: checked
   lc_encode_symbols(t, cur, base, n, q, p.round_bits, recon, symbols.data(), escapes);
   pack_groups(symbols.data(), n, p.bits, k, groups.data());
 
   block_header h;
-  h.codec = q.kind == delta_kind::ratio ? block_codec::lc_ratio : block_codec::lc_delta;
+  h.codec = q.kind == delta_kind::ratio   ? block_codec::lc_ratio
+            : q.kind == delta_kind::intra ? block_codec::lc_intra
+                                          : block_codec::lc_delta;
   h.type = t;
   h.elements = std::uint32_t(n);
   h.bits = std::uint8_t(p.bits);
@@ -216,7 +223,7 @@ block_header read_block_header(std::span<const std::byte> in, bool whole_block) 
   const auto codec = r.get<std::uint8_t>();
   const auto type = r.get<std::uint8_t>();
   const auto flags = r.get<std::uint8_t>();
-  if (codec > std::uint8_t(block_codec::lc_ratio)) throw corrupt_error("block: unknown codec");
+  if (codec > std::uint8_t(block_codec::lc_intra)) throw corrupt_error("block: unknown codec");
   if (type > std::uint8_t(dtype::bytes)) throw corrupt_error("block: unknown dtype");
   h.codec = block_codec(codec);
   h.type = dtype(type);
@@ -294,7 +301,9 @@ void decode_block(std::span<const std::byte> in, const std::byte* base, std::byt
       return;
     }
     case block_codec::lc_delta:
-    case block_codec::lc_ratio: {
+    case block_codec::lc_ratio:
+    case block_codec::lc_intra: {
+      if (h.codec == block_codec::lc_intra) base = zero_base();
       if (!base) throw invalid_argument("block: delta block decoded without its base");
       const delta_kind kind =
           h.codec == block_codec::lc_ratio ? delta_kind::ratio : delta_kind::difference;

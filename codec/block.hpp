@@ -31,10 +31,14 @@ enum class block_codec : std::uint8_t {
   float_lossless = 2,  // exponent/mantissa byte planes, each entropy-coded (exact)
   zstd = 3,            // non-float bytes (exact)
   lc_ratio = 4,        // quantised relative change against a base (lossy; delta_kind::ratio)
+  lc_intra = 5,        // quantised values, as lc_delta on a zero base (lossy; delta_kind::intra)
 };
 std::string_view name(block_codec c) noexcept;
-// Lossy blocks: they decode against a base.
 constexpr bool is_lossy(block_codec c) noexcept {
+  return c == block_codec::lc_delta || c == block_codec::lc_ratio || c == block_codec::lc_intra;
+}
+// Blocks that decode against the previous version's reconstruction (lc_intra does not).
+constexpr bool needs_base(block_codec c) noexcept {
   return c == block_codec::lc_delta || c == block_codec::lc_ratio;
 }
 

@@ -18,7 +18,15 @@ std::string_view name(representative r) noexcept {
 }
 
 std::string_view name(delta_kind k) noexcept {
-  return k == delta_kind::difference ? "difference" : "ratio";
+  switch (k) {
+    case delta_kind::difference:
+      return "difference";
+    case delta_kind::ratio:
+      return "ratio";
+    case delta_kind::intra:
+      return "intra";
+  }
+  return "?";
 }
 
 void delta_stats::merge(const delta_stats& o) {
@@ -182,10 +190,13 @@ void accumulate_kind(delta_stats& s, dtype t, const std::byte* cur, const std::b
 
 void accumulate(delta_stats& s, dtype t, const std::byte* cur, const std::byte* base, std::size_t n,
                 bool track_range, delta_kind kind) {
+  if (kind == delta_kind::intra && n * element_size(t) > zero_base_bytes)
+    throw invalid_argument("quantizer: intra statistics over more than zero_base_bytes");
   if (kind == delta_kind::ratio)
     accumulate_kind<delta_kind::ratio>(s, t, cur, base, n, track_range);
   else
-    accumulate_kind<delta_kind::difference>(s, t, cur, base, n, track_range);
+    accumulate_kind<delta_kind::difference>(s, t, cur, kind == delta_kind::intra ? zero_base() : base,
+                                            n, track_range);
 }
 
 namespace {
@@ -249,7 +260,8 @@ bool nonnegative(dtype t, std::span<const std::byte> data) noexcept {
   return false;
 }
 
-quant_table select_buckets(const delta_stats& s, int bits, representative r, delta_kind kind) {
+quant_table select_buckets(const delta_stats& s, int bits, representative r, delta_kind kind,
+                           int buckets) {
   if (bits < 1 || bits > max_bits) throw invalid_argument("quantizer: bits must be 1..4");
   struct candidate {
     int key;
@@ -289,7 +301,8 @@ quant_table select_buckets(const delta_stats& s, int bits, representative r, del
   const bool ratio = kind == delta_kind::ratio;
   q.rep.fill(ratio ? 1.0f : 0.0f);
   q.rep[0] = ratio ? 1.0f : -0.0f;
-  const int keep = std::min<int>(int(cands.size()), (1 << bits) - 1);
+  const int most = buckets > 0 ? std::min(buckets, (1 << bits) - 1) : (1 << bits) - 1;
+  const int keep = std::min<int>(int(cands.size()), most);
   for (int i = 0; i < keep; ++i) {
     // The factor is rounded once, here; the encoder checks every element against it.
     q.rep[i + 1] = ratio ? float(1.0 + double(cands[i].rep)) : cands[i].rep;

@@ -59,8 +59,10 @@ struct quant_table {
   int symbols() const { return 1 << bits; }
 };
 
+// `buckets`: how many survive, at most (and by default) 2^bits - 1; symbols beyond them stay
+// unused (their representative is 0, or the factor 1).
 quant_table select_buckets(const delta_stats& s, int bits, representative r,
-                           delta_kind kind = delta_kind::difference);
+                           delta_kind kind = delta_kind::difference, int buckets = 0);
 
 // True when every element is >= 0 and not NaN (a tensor that ratio deltas may code; -0.0 counts).
 bool nonnegative(dtype t, std::span<const std::byte> data) noexcept;

@@ -4,6 +4,7 @@
 // fp32. Encoder and decoder both call these and nothing else, so a version reads back exactly
 // as the encoder assumed when it coded the next delta (DESIGN.md §2 item 6). Compiled with
 // -ffp-contract=off.
+#include <cstddef>
 #include <cstdint>
 
 #include "codec/dtype.hpp"
@@ -35,8 +36,17 @@ struct element<dtype::bf16> {
 
 // What a delta is (quantizer.hpp): difference d = u - ũ_prev, or ratio d = u / ũ_prev - 1, the
 // relative change. A ratio is non-finite when ũ_prev = 0 and u != 0 (the element then goes through
-// the exact escape); 0 / 0 counts as no change.
-enum class delta_kind : std::uint8_t { difference = 0, ratio = 1 };
+// the exact escape); 0 / 0 counts as no change. `intra` is a difference against zero instead of
+// the base: for a tensor its base does not predict (Adam's first moment, which a checkpoint
+// interval of β1-decay replaces almost entirely), coding the value itself halves what the
+// buckets must span. The kernels code it as a difference on a zero base (zero_base()).
+enum class delta_kind : std::uint8_t { difference = 0, ratio = 1, intra = 2 };
+
+// zero_base_bytes of zeros, never written: the base of intra blocks (at least a block's input) and
+// of their statistics. It lives in .bss, so reading it maps the kernel's shared zero page and
+// costs no memory.
+inline constexpr std::size_t zero_base_bytes = std::size_t(64) << 20;
+const std::byte* zero_base() noexcept;
 
 template <delta_kind K>
 inline float delta_of(float cur, float base) {

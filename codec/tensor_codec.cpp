@@ -4,9 +4,12 @@
 #include <tbb/combinable.h>
 #include <tbb/parallel_for.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
+#include <cmath>
 #include <string>
+#include <utility>
 
 #include "codec/error.hpp"
 
@@ -63,6 +66,51 @@ delta_kind choose_kind(const delta_input& in, bool relative) {
              : delta_kind::difference;
 }
 
+namespace {
+
+template <class ToF32>
+bool prefer_intra_with(std::size_t n, ToF32 at) {
+  constexpr std::size_t stride = 256, run = 16;
+  double diff = 0, value = 0;
+  for (std::size_t i = 0; i < n; i += stride) {
+    const std::size_t end = std::min(n, i + run);
+    for (std::size_t j = i; j < end; ++j) {
+      const auto [c, b] = at(j);
+      const double d = double(c) - double(b);
+      diff += d * d;
+      value += double(c) * double(c);
+    }
+  }
+  return std::isfinite(diff) && std::isfinite(value) && diff > value;
+}
+
+}  // namespace
+
+bool prefer_intra(const delta_input& in) {
+  check_pair(in);
+  const std::size_t n = in.cur.size() / element_size(in.type);
+  switch (in.type) {
+    case dtype::f32: {
+      auto c = reinterpret_cast<const float*>(in.cur.data());
+      auto b = reinterpret_cast<const float*>(in.base.data());
+      return prefer_intra_with(n, [c, b](std::size_t i) { return std::pair{c[i], b[i]}; });
+    }
+    case dtype::f16:
+    case dtype::bf16: {
+      auto c = reinterpret_cast<const std::uint16_t*>(in.cur.data());
+      auto b = reinterpret_cast<const std::uint16_t*>(in.base.data());
+      const bool half = in.type == dtype::f16;
+      return prefer_intra_with(n, [c, b, half](std::size_t i) {
+        return half ? std::pair{f16_to_f32(c[i]), f16_to_f32(b[i])}
+                    : std::pair{bf16_to_f32(c[i]), bf16_to_f32(b[i])};
+      });
+    }
+    case dtype::bytes:
+      break;
+  }
+  return false;
+}
+
 delta_stats gather_stats(std::span<const delta_input> inputs, bool track_range, delta_kind kind) {
   constexpr std::size_t chunk = 1u << 16;
   // Integer statistics merge in any order to the same result, so thread-local partials are safe.
@@ -81,10 +129,16 @@ delta_stats gather_stats(std::span<const delta_input> inputs, bool track_range, 
 }
 
 std::vector<quant_table> plan_tables(std::span<const delta_input> inputs, int bits,
-                                     representative rep, bucket_scope scope, bool relative) {
+                                     representative rep, bucket_scope scope, bool relative,
+                                     bool intra) {
   const bool range = rep == representative::midrange;
   std::vector<delta_kind> kinds;
-  for (const auto& in : inputs) kinds.push_back(choose_kind(in, relative));
+  for (const auto& in : inputs) {
+    delta_kind k = choose_kind(in, relative);
+    if (intra && scope == bucket_scope::tensor && k == delta_kind::difference && prefer_intra(in))
+      k = delta_kind::intra;
+    kinds.push_back(k);
+  }
   std::vector<quant_table> out;
   if (scope == bucket_scope::checkpoint) {
     std::array<delta_stats, 2> all;
@@ -165,7 +219,7 @@ frame_info inspect(std::span<const std::byte> encoded) {
     const block_header h = read_block_header(encoded.subspan(at));
     f.elements += h.elements;
     f.blocks += 1;
-    f.needs_base |= is_lossy(h.codec);
+    f.needs_base |= needs_base(h.codec);
     at += h.total_size();
   }
   return f;
@@ -204,7 +258,7 @@ void decode_frame(std::span<const std::byte> encoded, std::span<const std::byte>
     const block_header h = read_block_header(encoded.subspan(at));
     const std::size_t bytes = std::size_t(h.elements) * element_size(h.type);
     if (bytes > out.size() - out_at) throw corrupt_error("frame: more elements than expected");
-    lossy |= is_lossy(h.codec);
+    lossy |= needs_base(h.codec);
     pieces.push_back({at, out_at});
     at += h.total_size();
     out_at += bytes;

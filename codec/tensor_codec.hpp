@@ -34,15 +34,26 @@ struct delta_input {
 // keeps such state positive and within a bounded factor of its value (quantizer.hpp).
 delta_kind choose_kind(const delta_input& in, bool relative);
 
+// True when the base predicts the tensor worse than zero does: the sum of squared differences
+// from the base exceeds the sum of squares, over a fixed sample (16 consecutive elements of every
+// 256, so the choice is deterministic and costs a sixteenth of a pass; non-finite samples make it
+// false). Such a tensor is better coded as delta_kind::intra, its values quantised directly: the
+// buckets then span the values instead of value minus base, which is wider. Adam's first moment
+// saved every dozen steps or more is the case (sum of squared differences 1.5-2.5x the sum of
+// squares, tests/bench/lm_run.py); weights, whose deltas are small, never are.
+bool prefer_intra(const delta_input& in);
+
 // Bucket statistics of the deltas of all inputs (in parallel; exact, so order-independent).
 // Merge the results of several calls with delta_stats::merge, then select_buckets().
 delta_stats gather_stats(std::span<const delta_input> inputs, bool track_range,
                          delta_kind kind = delta_kind::difference);
 
 // One table per input: per tensor, or one table shared by all inputs of a kind (checkpoint
-// scope). Each input's kind is choose_kind(input, relative).
+// scope). Each input's kind is choose_kind(input, relative); with `intra` and per-tensor tables,
+// a difference input that prefer_intra() is coded as intra instead.
 std::vector<quant_table> plan_tables(std::span<const delta_input> inputs, int bits,
-                                     representative rep, bucket_scope scope, bool relative = false);
+                                     representative rep, bucket_scope scope, bool relative = false,
+                                     bool intra = false);
 
 // Lossy: the delta of `cur` against `base`, quantised with `q`. `recon` (same size as cur)
 // receives exactly what decode() will return; it is the base of the next version.

@@ -12,6 +12,7 @@
 // Lifetime: the namespace holds references (ref/unref) for the names that point at a version. A
 // version without references stays as a hidden base while a live version depends on it and is
 // reclaimed (object removed) when nothing does. No FUSE here.
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -66,6 +67,19 @@ struct content_options {
   // Tensors that are nonnegative in both versions (Adam's exp_avg_sq) are coded as relative
   // changes (codec::delta_kind::ratio) instead of differences.
   bool relative = true;
+  // A difference slab whose base predicts it worse than zero does (codec::prefer_intra: Adam's
+  // first moment, nearly new at every save) is coded as its values (codec::delta_kind::intra),
+  // per-tensor tables only.
+  bool intra = true;
+  // Buckets an intra slab keeps, 1 .. 2^bits - 1; 0: 2^bits - 3 (at least 1). Values span
+  // fewer octaves than differences from an unrelated base, so fewer buckets reach the error a
+  // difference had (the language-model benchmark's Adam m: benchmarks.md, "Adam's first moment
+  // coded as values").
+  int intra_buckets = 0;
+  int intra_buckets_for(int bits) const noexcept {
+    const int most = (1 << bits) - 1;
+    return intra_buckets ? std::min(intra_buckets, most) : std::max(1, most - 2);
+  }
   // Record each frame's block index (chunked cold reads). false only in tests, to write objects
   // as stores from before the index did and check that they still read.
   bool block_index = true;

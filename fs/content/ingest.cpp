@@ -151,15 +151,22 @@ content_store::impl::tensor_result content_store::impl::encode_tensor(
     slab.enc.clear();
     if (j.base_tensor) {
       const codec::delta_input in{j.type, cur, base};
-      const codec::delta_kind kind = codec::choose_kind(in, opt.relative);
+      codec::delta_kind kind = codec::choose_kind(in, opt.relative);
+      if (kind == codec::delta_kind::difference && opt.intra && !shared_tables &&
+          codec::prefer_intra(in))
+        kind = codec::delta_kind::intra;
       // Per slab, unless the paper's whole-checkpoint scope shares one table per kind: a table
       // for every 16 MiB of a tensor (the tensor's own for smaller ones) follows large tensors
       // whose parts move differently (DeepSpeed's flat partitions hold every layer).
       const codec::quant_table table =
           shared_tables ? (*shared_tables)[int(kind)]
                         : codec::select_buckets(codec::gather_stats(std::span(&in, 1), range, kind),
-                                                opt.bits_for(kind), opt.rep, kind);
+                                                opt.bits_for(kind), opt.rep, kind,
+                                                kind == codec::delta_kind::intra
+                                                    ? opt.intra_buckets_for(opt.bits_for(kind))
+                                                    : 0);
       res.any_ratio |= table.kind == codec::delta_kind::ratio;
+      res.any_intra |= table.kind == codec::delta_kind::intra;
       const std::span<std::byte> out_recon(slab.recon.data(), n);
       codec::lossy_params p = params_for(params, table.kind);
       p.round_bits = j.keep_bits;
@@ -195,6 +202,7 @@ content_store::impl::tensor_result content_store::impl::encode_tensor(
   f.encoded_bytes = frame_at;
   f.digest = XXH3_64bits_digest(&digest);
   f.ratio = res.any_ratio;
+  f.intra = res.any_intra;
   f.rounded = j.keep_bits != 0;
   return res;
 }

@@ -345,6 +345,7 @@ version_detail content_store::detail(const content_ref& ref) {
     d.tensors.push_back({t.name, std::string(format::name(t.type)), t.elements(),
                          !delta    ? (f.rounded ? "rounded" : "lossless")
                          : f.ratio ? "ratio"
+                         : f.intra ? "intra"
                                    : "delta",
                          f.encoded_bytes,
                          !lossy    ? 0.0

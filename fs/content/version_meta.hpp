@@ -49,6 +49,8 @@ struct tensor_frame {
   std::vector<std::uint64_t> blocks;
   // A delta coded as ratios (codec::delta_kind::ratio; informational: the blocks say so too).
   bool ratio = false;
+  // A delta with slabs coded as values (codec::delta_kind::intra; informational as `ratio`).
+  bool intra = false;
   // Delta frames: how far the reconstruction is from the tensor as written (codec/fidelity.hpp),
   // for `ckptctl stat`. Absent in versions written before it was measured, and for lossless
   // frames (exact).

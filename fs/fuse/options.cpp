@@ -116,6 +116,12 @@ void take_option(daemon_options& d, const std::string& o) {
   } else if (key == "relative") {
     need_value();
     d.content.relative = choose(val, key, {"on", "off"}) == 0;
+  } else if (key == "intra") {
+    need_value();
+    d.content.intra = choose(val, key, {"on", "off"}) == 0;
+  } else if (key == "intra_buckets") {
+    need_value();
+    d.content.intra_buckets = parse_int(val, key, 1, 15);
   } else if (key == "cache") {
     need_value();
     d.content.cache_bytes = parse_size(val, key);
@@ -284,6 +290,11 @@ std::string usage_text(std::string_view program) {
          "  -o relative=on|off     on (default): tensors that are never negative (Adam's\n"
          "                         exp_avg_sq) are coded as relative changes, which keeps them\n"
          "                         within a bounded factor of their value; off: as differences\n"
+         "  -o intra=on|off        on (default): a tensor its previous version predicts worse\n"
+         "                         than zero does (Adam's exp_avg saved every few dozen steps)\n"
+         "                         is coded as its quantised values; off: always as a delta\n"
+         "  -o intra_buckets=N     buckets such a tensor keeps, 1..2^bits-1 (default\n"
+         "                         2^bits-3: 5 at bits=3; fewer: smaller, less exact)\n"
          "  -o cache=SIZE          memory for reconstructed checkpoints and decoded data\n"
          "                         (default RAM/8, from 256M to 2G: " +
          human(default_cache_bytes()) +

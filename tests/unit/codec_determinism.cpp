@@ -1,5 +1,5 @@
-// Encoded bytes and reconstructions are identical whatever the number of threads, for difference
-// and ratio deltas.
+// Encoded bytes and reconstructions are identical whatever the number of threads, for difference,
+// ratio and intra deltas.
 #include <tbb/global_control.h>
 #include <tbb/task_arena.h>
 
@@ -38,9 +38,12 @@ output encode_all(int threads, dtype t, representative rep, bucket_scope scope, 
   arena.execute([&] {
     const auto a = random_pair(t, 300001, 1), b = random_pair(t, 77777, 2);
     const auto c = nonnegative_pair(t, 200003, 3);
-    const delta_input in[] = {{t, a.cur, a.base}, {t, b.cur, b.base}, {t, c.cur, c.base}};
-    const auto tables = plan_tables(in, 3, rep, scope, /*relative=*/true);
-    for (int i = 0; i < 3; ++i) {
+    // Values unrelated to their base (two independent tensors): intra with per-tensor tables.
+    const auto d1 = random_pair(t, 100003, 4), d2 = random_pair(t, 100003, 5);
+    const delta_input in[] = {
+        {t, a.cur, a.base}, {t, b.cur, b.base}, {t, c.cur, c.base}, {t, d1.cur, d2.cur}};
+    const auto tables = plan_tables(in, 3, rep, scope, /*relative=*/true, /*intra=*/true);
+    for (int i = 0; i < 4; ++i) {
       o.kinds.push_back(tables[i].kind);
       auto recon = tensor(t, in[i].cur.size() / element_size(t));
       o.frames.push_back(encode_delta(in[i], tables[i],
@@ -62,8 +65,10 @@ TEST_CASE("identical bytes with 1, 2 and 8 threads", "[determinism]") {
         for (int round_bits : {0, t == dtype::f32 ? 12 : 5}) {
           const auto one = encode_all(1, t, rep, scope, round_bits);
           REQUIRE(one.frames.at(0).size() > 0);
-          REQUIRE(one.kinds ==
-                  std::vector{delta_kind::difference, delta_kind::difference, delta_kind::ratio});
+          REQUIRE(one.kinds == std::vector{delta_kind::difference, delta_kind::difference,
+                                           delta_kind::ratio,
+                                           scope == bucket_scope::tensor ? delta_kind::intra
+                                                                         : delta_kind::difference});
           REQUIRE(encode_all(2, t, rep, scope, round_bits) == one);
           REQUIRE(encode_all(8, t, rep, scope, round_bits) == one);
         }

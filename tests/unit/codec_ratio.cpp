@@ -196,7 +196,7 @@ TEST_CASE("ratio: damaged blocks and missing bases are refused", "[ratio]") {
   bad[block_header_size + 5] ^= std::byte{0x10};
   CHECK_THROWS_AS(decode(bad, p.base, out), ckpt::corrupt_error);
   auto unknown = c.frame;
-  unknown[5] = std::byte{5};  // codec id past lc_ratio
+  unknown[5] = std::byte{6};  // codec id past lc_intra
   CHECK_THROWS_AS(read_block_header(unknown), ckpt::corrupt_error);
   CHECK(inspect(c.frame).needs_base);
 }
