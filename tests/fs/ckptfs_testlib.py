@@ -235,3 +235,19 @@ def flat_tensors(obj, prefix=""):
             out.update(flat_tensors(v, f"{prefix}.{i}" if prefix else str(i)))
     return out
 
+
+
+def tensor_modes(ckptctl, path):
+    """name -> how the version at `path` coded each tensor (`ckptctl stat --json`): delta,
+    ratio, intra, lossless or rounded."""
+    out = subprocess.run([ckptctl, "stat", "--json", path], check=True, capture_output=True)
+    return {t["name"]: t["mode"] for t in json.loads(out.stdout)["tensors"]}
+
+
+def closed_loop_bound(u, base_read, mode):
+    """Per element, how far a delta version may read back from what was saved (docs/codec.md,
+    "Guarantees"): |u - base_read| (the closed loop against what its base read back as); a
+    tensor with intra slabs (mode "intra": coded as its values, as Adam's m is) is within |u|
+    there and within |u - base_read| in any slab still coded as a difference."""
+    bound = (u.double() - base_read.double()).abs()
+    return bound.maximum(u.double().abs()) if mode == "intra" else bound
