@@ -240,6 +240,10 @@ daemon_options parse_command_line(int argc, const char* const* argv) {
   if (d.help || d.version) return d;
   if (d.content.lossless && d.keyframe_bits_set && d.content.keyframe_bits)
     throw usage_error("-o lossless and -o keyframe_bits contradict each other");
+  if (d.content.intra_buckets >= (1 << d.content.bits))
+    throw usage_error("-o intra_buckets=" + std::to_string(d.content.intra_buckets) +
+                      " is more than bits=" + std::to_string(d.content.bits) + " has (" +
+                      std::to_string((1 << d.content.bits) - 1) + ")");
   if (positional.size() != 2)
     throw usage_error(positional.size() < 2 ? "missing STORE and/or MOUNTPOINT"
                                             : "too many arguments");

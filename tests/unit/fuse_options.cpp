@@ -97,6 +97,21 @@ TEST_CASE("fuse options: ratio_bits 1..4 are taken, default none (bits), others 
     CHECK_THROWS_AS(parse_o(bad), usage_error);
 }
 
+TEST_CASE("fuse options: intra on by default, intra_buckets within what bits has", "[fuse]") {
+  CHECK(parse_o("bits=3").content.intra);
+  CHECK_FALSE(parse_o("intra=off").content.intra);
+  CHECK(parse_o("bits=3").content.intra_buckets == 0);
+  CHECK(parse_o("bits=3").content.intra_buckets_for(3) == 5);
+  CHECK(parse_o("bits=3").content.intra_buckets_for(1) == 1);
+  CHECK(parse_o("intra_buckets=7").content.intra_buckets == 7);
+  CHECK(parse_o("bits=4,intra_buckets=15").content.intra_buckets_for(4) == 15);
+  CHECK_THROWS_WITH(parse_o("intra_buckets=8"),
+                    Catch::Contains("intra_buckets=8") && Catch::Contains("bits=3"));
+  for (const char* bad : {"intra_buckets=0", "intra_buckets=16", "intra_buckets=", "intra_buckets",
+                          "intra=yes", "intra"})
+    CHECK_THROWS_AS(parse_o(bad), usage_error);
+}
+
 TEST_CASE("fuse options: keyframe_bits 0..23, default 12, not with lossless", "[fuse]") {
   CHECK(parse_o("bits=3").content.keyframe_bits == 12);
   CHECK(parse_o("keyframe_bits=8").content.keyframe_bits == 8);
