@@ -359,9 +359,9 @@ class Setting:
 
     def __init__(self, coding="grouped", bits=3, rep="mean", scope="tensor", optimizer="lossy",
                  keyframe_interval=20, lossless=False, defaults=False, perturb=0.0,
-                 relative="off", keyframe_bits=0, ratio_bits=0):
+                 relative="off", keyframe_bits=0, ratio_bits=0, intra="off"):
         self.coding, self.bits, self.rep, self.scope = coding, bits, rep, scope
-        self.relative = relative
+        self.relative, self.intra = relative, intra
         self.keyframe_bits, self.ratio_bits = keyframe_bits, ratio_bits
         self.optimizer, self.keyframe_interval = optimizer, keyframe_interval
         self.lossless, self.defaults, self.perturb = lossless or perturb > 0, defaults, perturb
@@ -374,7 +374,7 @@ class Setting:
         return [f"coding={self.coding}", f"bits={self.bits}", f"rep={self.rep}",
                 f"scope={self.scope}", f"optimizer={self.optimizer}",
                 f"relative={self.relative}", f"keyframe_interval={self.keyframe_interval}",
-                f"keyframe_bits={self.keyframe_bits}"] + (
+                f"keyframe_bits={self.keyframe_bits}", f"intra={self.intra}"] + (
                     [f"ratio_bits={self.ratio_bits}"] if self.ratio_bits else [])
 
     @property
@@ -397,6 +397,8 @@ class Setting:
             name += f"-kb{self.keyframe_bits}"
         if self.ratio_bits:
             name += f"-rb{self.ratio_bits}"
+        if self.intra == "on":
+            name += "-intra"
         return name
 
     def with_keyframe_interval(self, k):
@@ -440,6 +442,10 @@ def settings_matrix(quick):
         rows.append(Setting("grouped", 3, "midrange", "tensor", relative="on", keyframe_bits=kb))
     rows.append(Setting("grouped", 3, "midrange", "tensor", relative="on", keyframe_bits=8,
                         ratio_bits=2))
+    # Intra slabs (Adam's m and momentum buffers coded as values when their base predicts them
+    # worse than zero), on today's other defaults.
+    rows.append(Setting("grouped", 3, "midrange", "tensor", relative="on", keyframe_bits=12,
+                        intra="on"))
     for bits in (3, 4):
         rows.append(Setting("grouped", bits, "mean", "tensor", optimizer="exact"))
     return rows
