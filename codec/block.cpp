@@ -120,7 +120,8 @@ void encode_delta_block(dtype t, const std::byte* cur, const std::byte* base, st
   const std::size_t esize = element_size(t);
   const std::size_t ngroups = (n + k - 1) / k;
   if (!is_float(t)) throw invalid_argument("codec: lossy coding needs a float dtype");
-  if (n * esize > max_block_bytes) throw invalid_argument("codec: block larger than max_block_bytes");
+  if (n * esize > max_block_bytes)
+    throw invalid_argument("codec: block larger than max_block_bytes");
   thread_local std::vector<std::uint8_t> symbols, groups;
   thread_local std::vector<std::uint32_t> escapes;
   symbols.resize(n + 8);

@@ -195,8 +195,8 @@ void accumulate(delta_stats& s, dtype t, const std::byte* cur, const std::byte* 
   if (kind == delta_kind::ratio)
     accumulate_kind<delta_kind::ratio>(s, t, cur, base, n, track_range);
   else
-    accumulate_kind<delta_kind::difference>(s, t, cur, kind == delta_kind::intra ? zero_base() : base,
-                                            n, track_range);
+    accumulate_kind<delta_kind::difference>(
+        s, t, cur, kind == delta_kind::intra ? zero_base() : base, n, track_range);
 }
 
 namespace {

@@ -9,6 +9,8 @@ alignas(4096) std::byte zeros[zero_base_bytes];
 
 }  // namespace
 
-const std::byte* zero_base() noexcept { return zeros; }
+const std::byte* zero_base() noexcept {
+  return zeros;
+}
 
 }  // namespace ckpt::codec

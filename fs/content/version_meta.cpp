@@ -157,8 +157,7 @@ version_meta decode_meta(std::span<const std::byte> cbor) {
                            t.at("at").get<std::uint64_t>(), t.at("e").get<std::uint64_t>(),
                            t.value("d", std::uint64_t(0)), t.value("be", std::uint32_t(0)),
                            t.value("bo", std::vector<std::uint64_t>{}), t.value("r", false),
-                           t.value("in", false), error,
-                           t.value("rd", false)});
+                           t.value("in", false), error, t.value("rd", false)});
     }
     m.member_crcs = j.at("crcs").get<std::vector<std::pair<std::size_t, std::uint32_t>>>();
     m.bits = j.at("bits").get<int>();

@@ -729,7 +729,8 @@ TEST_CASE("a tensor its base does not predict (Adam's m) is coded as values with
     const auto at_m = file.size() - 4 * m.size();
     const auto got = floats_at(out, at_m, m.size());
     std::size_t outside = 0;
-    for (std::size_t i = 0; i < m.size(); ++i) outside += std::fabs(got[i] - m[i]) > std::fabs(m[i]);
+    for (std::size_t i = 0; i < m.size(); ++i)
+      outside += std::fabs(got[i] - m[i]) > std::fabs(m[i]);
     CHECK(outside == 0);
     // What the store measured is what was read.
     double e = 0, r = 0;

@@ -131,7 +131,8 @@ TEST_CASE("intra: less error than a difference at the same bits on fresh values"
     CAPTURE(bits);
     const coded intra = code(p, dtype::f32, bits, true), diff = code(p, dtype::f32, bits, false);
     REQUIRE(diff.table.kind == delta_kind::difference);
-    CHECK(relative_error(p, intra.out, dtype::f32) < 0.95 * relative_error(p, diff.out, dtype::f32));
+    CHECK(relative_error(p, intra.out, dtype::f32) <
+          0.95 * relative_error(p, diff.out, dtype::f32));
   }
 }
 

@@ -120,7 +120,8 @@ TEST_CASE("fuse options: keyframe_bits 0..23, default 12, not with lossless", "[
   // lossless alone is fine (it ignores the default); with an explicit keyframe_bits it is not.
   CHECK(parse_o("lossless").content.lossless);
   CHECK_NOTHROW(parse_o("lossless,keyframe_bits=0"));
-  for (const char* bad : {"keyframe_bits=-1", "keyframe_bits=24", "keyframe_bits=", "keyframe_bits"})
+  for (const char* bad :
+       {"keyframe_bits=-1", "keyframe_bits=24", "keyframe_bits=", "keyframe_bits"})
     CHECK_THROWS_AS(parse_o(bad), usage_error);
   CHECK_THROWS_WITH(parse_o("lossless,keyframe_bits=8"), Catch::Contains("contradict"));
 }
