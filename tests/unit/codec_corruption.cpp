@@ -42,6 +42,15 @@ std::vector<sample> samples() {
                  encode_delta(in, q, {3, 2, representative::mean, entropy_policy::best, 12}, recon),
                  p.base, p.cur.size()});
   }
+  {
+    // Values unrelated to their base: an intra block (decoded without one).
+    const auto other = random_pair(dtype::f32, 3000, 4);
+    const delta_input fresh{dtype::f32, p.cur, other.cur};
+    const auto q = plan_tables(std::span(&fresh, 1), 3, representative::mean, bucket_scope::tensor,
+                               false, true)[0];
+    REQUIRE(q.kind == delta_kind::intra);
+    s.push_back({"lc intra b3 k2", encode_delta(fresh, q, {3, 2}, recon), {}, p.cur.size()});
+  }
   s.push_back({"lossless f32", encode_exact(dtype::f32, p.cur), {}, p.cur.size()});
   const auto h = random_pair(dtype::f16, 3000, 2);
   s.push_back({"lossless f16", encode_exact(dtype::f16, h.cur), {}, h.cur.size()});

@@ -4,6 +4,8 @@
 // it is chosen for.
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstring>
+#include <iterator>
 #include <limits>
 #include <random>
 
@@ -167,4 +169,44 @@ TEST_CASE("intra: damaged blocks and unknown codecs are refused", "[intra]") {
   auto unknown = c.frame;
   unknown[5] = std::byte{6};  // codec id past lc_intra
   CHECK_THROWS_AS(read_block_header(unknown), ckpt::corrupt_error);
+}
+
+TEST_CASE("intra: specials exact via escapes, finite values within |u|, whatever the base",
+          "[intra]") {
+  // Intra blocks ignore the base, so non-finite or huge bases change nothing; non-finite values
+  // are escaped (stored exactly, NaN payload included); zeros, signed zeros, denormals and the
+  // largest floats stay finite and within |u|.
+  const float inf = std::numeric_limits<float>::infinity();
+  const float specials[] = {
+      0.0f,    -0.0f,    1e-45f, -1e-45f, 1e-38f,
+      3.4e38f, -3.4e38f, inf,    -inf,    std::numeric_limits<float>::quiet_NaN(),
+      1e-3f,   -2e-3f,   0.5f,   -0.25f};
+  const std::size_t n = 4096;
+  auto cur = tensor(dtype::f32, n), base = tensor(dtype::f32, n);
+  std::mt19937_64 rng(13);
+  std::normal_distribution<float> v(0.0f, 1e-3f);
+  for (std::size_t i = 0; i < n; ++i) {
+    set_f32(cur, dtype::f32, i, i % 7 ? v(rng) : specials[(i / 7) % std::size(specials)]);
+    set_f32(base, dtype::f32, i, i % 5 ? 1e30f : std::numeric_limits<float>::quiet_NaN());
+  }
+  const delta_input in{dtype::f32, cur, base};
+  for (int bits = 1; bits <= 4; ++bits) {
+    CAPTURE(bits);
+    const auto q = select_buckets(gather_stats(std::span(&in, 1), false, delta_kind::intra), bits,
+                                  representative::mean, delta_kind::intra);
+    auto recon = tensor(dtype::f32, n), out = tensor(dtype::f32, n);
+    const auto frame = encode_delta(in, q, {bits, 0}, recon);
+    decode(frame, {}, out);
+    REQUIRE(out == recon);
+    for (std::size_t i = 0; i < n; ++i) {
+      const float u = get_f32(cur, dtype::f32, i), r = get_f32(out, dtype::f32, i);
+      INFO("cur " << u << " recon " << r);
+      if (!std::isfinite(u)) {
+        REQUIRE(std::memcmp(cur.data() + 4 * i, out.data() + 4 * i, 4) == 0);
+      } else {
+        REQUIRE(std::isfinite(r));
+        REQUIRE(std::fabs(double(r) - u) <= std::fabs(double(u)));
+      }
+    }
+  }
 }
