@@ -190,13 +190,18 @@ void accumulate_kind(delta_stats& s, dtype t, const std::byte* cur, const std::b
 
 void accumulate(delta_stats& s, dtype t, const std::byte* cur, const std::byte* base, std::size_t n,
                 bool track_range, delta_kind kind) {
-  if (kind == delta_kind::intra && n * element_size(t) > zero_base_bytes)
-    throw invalid_argument("quantizer: intra statistics over more than zero_base_bytes");
-  if (kind == delta_kind::ratio)
+  if (kind == delta_kind::ratio) {
     accumulate_kind<delta_kind::ratio>(s, t, cur, base, n, track_range);
-  else
-    accumulate_kind<delta_kind::difference>(
-        s, t, cur, kind == delta_kind::intra ? zero_base() : base, n, track_range);
+  } else if (kind == delta_kind::difference) {
+    accumulate_kind<delta_kind::difference>(s, t, cur, base, n, track_range);
+  } else {
+    // Intra: differences from zero_base(), a piece of its size at a time (callers' ranges are
+    // as large as the thread pool hands out). Integer sums: the pieces change nothing.
+    const std::size_t es = element_size(t), piece = zero_base_bytes / es;
+    for (std::size_t at = 0; at < n; at += piece)
+      accumulate_kind<delta_kind::difference>(s, t, cur + at * es, zero_base(),
+                                              std::min(piece, n - at), track_range);
+  }
 }
 
 namespace {

@@ -48,8 +48,10 @@ enum class delta_kind : std::uint8_t { difference = 0, ratio = 1, intra = 2 };
 inline constexpr std::size_t zero_base_bytes = std::size_t(64) << 20;
 const std::byte* zero_base() noexcept;
 
+// Intra is a difference on zero_base(): these take the kernels' kinds only.
 template <delta_kind K>
 inline float delta_of(float cur, float base) {
+  static_assert(K != delta_kind::intra, "intra codes as a difference on zero_base()");
   if constexpr (K == delta_kind::difference) {
     return cur - base;
   } else {
@@ -59,6 +61,7 @@ inline float delta_of(float cur, float base) {
 
 template <dtype T, delta_kind K = delta_kind::difference>
 inline typename element<T>::storage reconstruct(typename element<T>::storage base, float rep) {
+  static_assert(K != delta_kind::intra, "intra codes as a difference on zero_base()");
   if constexpr (K == delta_kind::difference) {
     return element<T>::from_f32(element<T>::to_f32(base) + rep);
   } else {

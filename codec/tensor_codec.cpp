@@ -70,7 +70,9 @@ namespace {
 
 template <class ToF32>
 bool prefer_intra_with(std::size_t n, ToF32 at) {
-  constexpr std::size_t stride = 256, run = 16;
+  // A prime stride: rows of a power-of-two length would otherwise sample the same columns of
+  // every row.
+  constexpr std::size_t stride = 251, run = 16;
   double diff = 0, value = 0;
   for (std::size_t i = 0; i < n; i += stride) {
     const std::size_t end = std::min(n, i + run);

@@ -36,11 +36,11 @@ delta_kind choose_kind(const delta_input& in, bool relative);
 
 // True when the base predicts the tensor worse than zero does: the sum of squared differences
 // from the base exceeds the sum of squares, over a fixed sample (16 consecutive elements of every
-// 256, so the choice is deterministic and costs a sixteenth of a pass; non-finite samples make it
-// false). Such a tensor is better coded as delta_kind::intra, its values quantised directly: the
-// buckets then span the values instead of value minus base, which is wider. Adam's first moment
-// saved every dozen steps or more is the case (sum of squared differences 1.5-2.5x the sum of
-// squares, tests/bench/lm_run.py); weights, whose deltas are small, never are.
+// 251, so the choice is deterministic and costs about a sixteenth of a pass; non-finite samples
+// make it false). Such a tensor is better coded as delta_kind::intra, its values quantised
+// directly: the buckets then span the values instead of value minus base, which is wider. Adam's
+// first moment saved every dozen steps or more is the case (sum of squared differences 1.5-2.5x
+// the sum of squares, tests/bench/lm_run.py); weights, whose deltas are small, never are.
 bool prefer_intra(const delta_input& in);
 
 // Bucket statistics of the deltas of all inputs (in parallel; exact, so order-independent).

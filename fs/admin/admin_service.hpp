@@ -55,7 +55,7 @@
 //     -> V plus {"path":P,
 //     "coding":{"bits","group","rep","scope","coder","exact_optimizer","relative"},
 //               "exact_stored_bytes":n,
-//               "tensors":[{"name","dtype","elements","mode":"delta|lossless","stored_bytes"}]}
+//               "tensors":[{"name","dtype","elements","mode":"delta|ratio|intra|ratio+intra|rounded|lossless","stored_bytes"}]}
 //   {"op":"rm", "paths":[P...]}
 //     -> {"removed":[{"path","version","stored_bytes"}], "errors":[{"path","error","errno"}],
 //         "freed_bytes":n}

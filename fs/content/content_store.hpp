@@ -156,7 +156,9 @@ struct tensor_detail {
   std::string name;
   std::string dtype;
   std::uint64_t elements = 0;
-  std::string mode;  // "delta" / "ratio" / "lossless"
+  // "delta" / "ratio" / "intra" / "ratio+intra" (a tensor of several slabs, some of each) /
+  // "rounded" / "lossless"
+  std::string mode;
   std::uint64_t stored_bytes = 0;
   // Relative L2 error of the reconstruction against the tensor as written (codec/fidelity.hpp):
   // 0 for lossless tensors, negative when not recorded (versions from before it was measured).

@@ -344,7 +344,7 @@ version_detail content_store::detail(const content_ref& ref) {
     const bool lossy = delta || f.error;
     d.tensors.push_back({t.name, std::string(format::name(t.type)), t.elements(),
                          !delta    ? (f.rounded ? "rounded" : "lossless")
-                         : f.ratio ? "ratio"
+                         : f.ratio ? (f.intra ? "ratio+intra" : "ratio")
                          : f.intra ? "intra"
                                    : "delta",
                          f.encoded_bytes,

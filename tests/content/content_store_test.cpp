@@ -742,3 +742,47 @@ TEST_CASE("a tensor its base does not predict (Adam's m) is coded as values with
     CHECK(all.content.detail(rall).tensors[1].rel_error < doff_d.tensors[1].rel_error);
   }
 }
+
+TEST_CASE("a tensor of several slabs codes each its own way: values, differences, ratios",
+          "[content]") {
+  // 48 MiB of fp32 in one tensor, three 16 MiB slabs: the first new at every version (intra),
+  // the second moving a little (a difference), the third nonnegative (ratios). The frame mixes
+  // the three block codecs; every element reads back within its slab's bound, also in pieces.
+  temp_dir d;
+  fs::content_options opt;
+  opt.exact_optimizer = false;
+  opened s(d.path, opt);
+  const std::size_t slab = std::size_t(4) << 20, n = 3 * slab;
+  std::mt19937_64 rng(21);
+  std::normal_distribution<float> w(0.0f, 0.05f), step(0.0f, 1e-3f);
+  std::vector<float> x(n), prev_read;
+  for (auto& v : x) v = w(rng);
+  for (std::size_t i = 2 * slab; i < n; ++i) x[i] = std::fabs(x[i]) + 1e-3f;
+  for (int ver = 0; ver < 3; ++ver) {
+    for (std::size_t i = 0; i < slab; ++i) x[i] = w(rng);  // new values
+    for (std::size_t i = slab; i < 2 * slab; ++i) x[i] += step(rng);
+    for (std::size_t i = 2 * slab; i < n; ++i) x[i] = std::fabs(x[i] + step(rng));
+    const bytes file = safetensors({{"exp_avg", x}});
+    const auto ref = s.content.put("mixed.safetensors", format::memory_source(file));
+    const bytes out = read_all(s.content, ref);
+    const auto got = floats_at(out, file.size() - 4 * n, n);
+    if (ver > 0) {
+      REQUIRE(s.content.info(ref).kind == "delta");
+      CHECK(s.content.detail(ref).tensors.at(0).mode == "ratio+intra");
+      std::array<std::size_t, 3> outside{};
+      for (std::size_t i = 0; i < n; ++i) {
+        const double e = std::fabs(double(got[i]) - x[i]);
+        const double bound =
+            i < slab ? std::fabs(double(x[i])) : std::fabs(double(x[i]) - prev_read[i]);
+        outside[i / slab] += e > bound;
+      }
+      CHECK(outside == std::array<std::size_t, 3>{});
+      // A piece across the slab boundaries reads as the whole does.
+      const std::uint64_t at = file.size() - 4 * n + 4 * (slab - 1000);
+      bytes piece(4 * (slab + 2000));
+      REQUIRE(s.content.open(ref)->read(at, piece) == piece.size());
+      CHECK(std::equal(piece.begin(), piece.end(), out.begin() + std::ptrdiff_t(at)));
+    }
+    prev_read = got;
+  }
+}

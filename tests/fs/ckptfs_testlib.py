@@ -247,7 +247,7 @@ def tensor_modes(ckptctl, path):
 def closed_loop_bound(u, base_read, mode):
     """Per element, how far a delta version may read back from what was saved (docs/codec.md,
     "Guarantees"): |u - base_read| (the closed loop against what its base read back as); a
-    tensor with intra slabs (mode "intra": coded as its values, as Adam's m is) is within |u|
-    there and within |u - base_read| in any slab still coded as a difference."""
+    tensor with intra slabs (mode "intra" or "ratio+intra": coded as its values, as Adam's m is)
+    is within |u| there and within |u - base_read| in any slab coded against its base."""
     bound = (u.double() - base_read.double()).abs()
-    return bound.maximum(u.double().abs()) if mode == "intra" else bound
+    return bound.maximum(u.double().abs()) if "intra" in mode else bound

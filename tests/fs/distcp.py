@@ -239,6 +239,7 @@ def main():
         os.makedirs(plain)
         saved, reads, lineages = [], [], {}
         dcp_bytes = single_bytes = 0
+        intra = set()  # (rank, fqn) coded as values (intra) in some delta
         ctl = os.path.join(os.path.dirname(os.path.abspath(binary)), "ckptctl")
         with mounted(binary, store, mnt):
             for step, state in enumerate(train_states(), start=1):
@@ -260,6 +261,7 @@ def main():
                 for r in range(RANKS):
                     modes.update(shard_modes(ctl, f"{mnt}/step_{step}", r))
                 check_step(f"step {step}", want, read, reads[-1] if reads else None, kind, modes)
+                intra |= {k for k, m in modes.items() if kind == "delta" and "intra" in m}
                 saved.append(want)
                 reads.append(read)
                 for r in range(RANKS):
@@ -273,6 +275,9 @@ def main():
                         open(f"{plain}/step_{step}/.metadata", "rb") as b:
                     assert a.read() == b.read()
             assert len(set(lineages.values())) == RANKS, lineages
+            # AdamW's first moment, nearly new at every step saved, is coded as its values.
+            assert any(k.endswith("exp_avg") for _, k in intra), f"no exp_avg intra: {intra}"
+            assert not any(k.startswith("model.") for _, k in intra), f"a weight intra: {intra}"
             # `ckptctl ls` shows each step's shards together (one line per step directory).
             out = subprocess.run([ctl, "ls", mnt], check=True, capture_output=True,
                                  text=True).stdout

@@ -82,6 +82,7 @@ class Checker:
         self.ckptctl = ckptctl
         self.reads = {}  # version id -> {name: tensor} as read back
         self.kinds = {}
+        self.modes = set()  # (tensor name, mode) of every delta version
 
     def check(self, label, path, written, read_back):
         info = stat(self.ckptctl, path)
@@ -90,6 +91,7 @@ class Checker:
         assert w.keys() == r.keys(), f"{label}: tensor names differ"
         base = self.reads.get(info["base"]) if info["kind"] == "delta" else None
         modes = {t["name"]: t["mode"] for t in info.get("tensors", [])}
+        self.modes.update((name, mode) for name, mode in modes.items() if base is not None)
         assert info["kind"] != "delta" or base is not None, f"{label}: base {info['base']} unknown"
         for name, u in w.items():
             got = r[name]
@@ -221,6 +223,12 @@ def main():
         deltas = kinds.count("delta")
         print(f"{len(kinds)} versions: {deltas} deltas, {kinds.count('keyframe')} keyframes")
         assert deltas >= len(kinds) * 3 // 4, "most checkpoint versions must be deltas"
+        # Adam's first moment, several steps apart, is nearly new at every save: coded as its
+        # values (intra, the default); the weights never are.
+        intra = {n for n, m in checker.modes if "intra" in m}
+        print(f"tensors coded as values (intra) in some delta: {sorted(intra)}")
+        assert any(n.endswith("exp_avg") for n in intra), "no exp_avg was coded as values"
+        assert not any(n.endswith("weight") for n in intra), "a weight was coded as values"
         stored = du(store) - first_store_bytes
         ratio = logical / max(stored, 1)
         print(f"logical {logical} bytes, store {stored} bytes, ratio {ratio:.1f}x")
