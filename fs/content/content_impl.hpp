@@ -377,7 +377,12 @@ struct content_store::impl {
     std::uint64_t base = 0;
     std::uint64_t since = 0;  // deltas since the keyframe, up to the base
     bool keyframe = false;
+    // A keyframe's lineage head, the base it would have had (not pinned, only its record is
+    // read): the tensors that head coded as values are coded so in the keyframe too.
+    std::uint64_t previous = 0;
   };
+  // The record of c.previous, or null (none, or it went meanwhile).
+  std::shared_ptr<const cache_item> previous_meta(const base_choice& c);
   base_choice choose_base(std::uint64_t lineage_id);
   // A DCP shard's stream picks its base before the shard's tensors (its lineage signature) are
   // all known, from the tensors walked so far: the newest head of its path key's lineages,
@@ -434,18 +439,27 @@ struct content_store::impl {
     // base, rounded before exact coding (a lossy keyframe); a delta's blocks round what they
     // reconstruct (codec::lossy_params::round_bits).
     int keep_bits = 0;
+    // A keyframe's tensor coded lossily as its values (codec::delta_kind::intra, decoded without
+    // a base), as the previous head coded it: Adam's first moment, which no later version is
+    // coded against, costs a keyframe what it costs a delta instead of 12 mantissa bits.
+    bool values = false;
     // The frame reads back other than the bytes written: its reconstruction goes to the head.
-    bool rewrites() const noexcept { return base_tensor || keep_bits; }
+    bool rewrites() const noexcept { return base_tensor || keep_bits || values; }
   };
   // The job of coding layout tensor `index`: its base tensor (base_tensor_for) and, without
   // one, the mantissa bits a lossy keyframe rounds it to.
-  tensor_job job_for(std::size_t index, const format::tensor_info& t, const cache_item* base_meta,
-                     const std::unordered_map<std::string, std::size_t>& base_by_name) const;
+  // With a keyframe's `previous` record (previous_meta), a tensor it coded as values is coded
+  // so again (tensor_job::values).
+  tensor_job job_for(
+      std::size_t index, const format::tensor_info& t, const cache_item* base_meta,
+      const std::unordered_map<std::string, std::size_t>& base_by_name,
+      const cache_item* previous = nullptr,
+      const std::unordered_map<std::string, std::size_t>* previous_by_name = nullptr) const;
   struct tensor_result {
     tensor_frame frame;
     std::uint32_t crc = 0;  // CRC-32 of the reconstruction (zip members are rewritten with it)
     bool any_ratio = false;
-    bool any_intra = false;
+    std::uint32_t intra_slabs = 0;
   };
   // Where encode_tensor's working memory comes from: a put's one set, or (a stream) a set per
   // slab, taken once wait() says the slab's bytes are written (false: stop, io_error ECANCELED).

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <optional>
 #include <unordered_map>
+#include <utility>
 
 #include "codec/error.hpp"
 #include "codec/fidelity.hpp"
@@ -166,9 +167,24 @@ content_store::impl::tensor_result content_store::impl::encode_tensor(
                                                     ? opt.intra_buckets_for(opt.bits_for(kind))
                                                     : 0);
       res.any_ratio |= table.kind == codec::delta_kind::ratio;
-      res.any_intra |= table.kind == codec::delta_kind::intra;
+      res.intra_slabs += table.kind == codec::delta_kind::intra;
       const std::span<std::byte> out_recon(slab.recon.data(), n);
       codec::lossy_params p = params_for(params, table.kind);
+      p.round_bits = j.keep_bits;
+      if (!f.error) f.error.emplace();
+      codec::encode_delta_into(in, table, p, out_recon, slab.enc, codec::default_block_bytes,
+                               &*f.error);
+      recon = out_recon;
+    } else if (j.values) {
+      // A keyframe's tensor coded as its values: intra against zeros, no base needed to read it.
+      const codec::delta_input in{j.type, cur, std::span(codec::zero_base(), n)};
+      const codec::delta_kind kind = codec::delta_kind::intra;
+      const codec::quant_table table = codec::select_buckets(
+          codec::gather_stats(std::span(&in, 1), range, kind), opt.bits_for(kind), opt.rep, kind,
+          opt.intra_buckets_for(opt.bits_for(kind)));
+      ++res.intra_slabs;
+      const std::span<std::byte> out_recon(slab.recon.data(), n);
+      codec::lossy_params p = params_for(params, kind);
       p.round_bits = j.keep_bits;
       if (!f.error) f.error.emplace();
       codec::encode_delta_into(in, table, p, out_recon, slab.enc, codec::default_block_bytes,
@@ -202,7 +218,7 @@ content_store::impl::tensor_result content_store::impl::encode_tensor(
   f.encoded_bytes = frame_at;
   f.digest = XXH3_64bits_digest(&digest);
   f.ratio = res.any_ratio;
-  f.intra = res.any_intra;
+  f.intra_slabs = res.intra_slabs;
   f.rounded = j.keep_bits != 0;
   return res;
 }
@@ -287,7 +303,7 @@ content_store::impl::base_choice content_store::impl::choose_base(std::uint64_t 
 
 void content_store::impl::settle_choice(base_choice& c) {
   c.keyframe = opt.lossless || !c.base || c.since + 1 >= std::uint64_t(opt.keyframe_interval);
-  if (c.keyframe) c.base = 0;
+  if (c.keyframe) c.previous = std::exchange(c.base, 0);
   // Pinned as a dependent from now on: another lineage's head (a forked lineage's base), or with
   // a stream this lineage's own, may move on meanwhile and must not be reclaimed under us.
   if (c.base) ++versions.at(c.base).dependents;
@@ -408,10 +424,27 @@ int rounded_bits_of(const version_meta& meta) {
   return kb;
 }
 
+std::shared_ptr<const cache_item> content_store::impl::previous_meta(const base_choice& c) {
+  if (!c.previous || opt.lossless || !opt.intra) return nullptr;
+  try {
+    return meta_of(c.previous);
+  } catch (const std::exception&) {
+    return nullptr;  // reclaimed meanwhile: the keyframe is coded without the hint
+  }
+}
+
 content_store::impl::tensor_job content_store::impl::job_for(
     std::size_t index, const format::tensor_info& t, const cache_item* base_meta,
-    const std::unordered_map<std::string, std::size_t>& base_by_name) const {
+    const std::unordered_map<std::string, std::size_t>& base_by_name, const cache_item* previous,
+    const std::unordered_map<std::string, std::size_t>* previous_by_name) const {
   tensor_job j{index, *format::codec_dtype(t.type), base_tensor_for(t, base_meta, base_by_name)};
+  if (!j.base_tensor && previous && previous_by_name) {
+    if (const auto p = base_tensor_for(t, previous, *previous_by_name)) {
+      const tensor_frame* f = frame_of(*previous, *p);
+      const std::uint64_t slabs = (t.length + kSlabBytes - 1) / kSlabBytes;
+      j.values = f && f->intra_slabs == slabs;
+    }
+  }
   const int kb = opt.keyframe_bits;
   if (!kb || opt.lossless || (opt.exact_optimizer && is_optimizer_state(t.name)) ||
       kb >= codec::mantissa_bits(j.type))
@@ -589,12 +622,16 @@ content_ref content_store::impl::put(std::string_view path, const format::source
       base_meta = m.meta_of(base_id);
       base_by_name = tensors_by_name(*base_meta);
     }
+    const std::shared_ptr<const cache_item> previous = m.previous_meta(bc);
+    std::unordered_map<std::string, std::size_t> previous_by_name;
+    if (previous) previous_by_name = tensors_by_name(*previous);
     std::vector<tensor_job> jobs;
     std::uint64_t tensor_bytes = 0;
     for (std::size_t i = 0; i < layout.tensors.size(); ++i) {
       const auto& t = layout.tensors[i];
       if (!t.compress) continue;
-      jobs.push_back(m.job_for(i, t, base_meta.get(), base_by_name));
+      jobs.push_back(
+          m.job_for(i, t, base_meta.get(), base_by_name, previous.get(), &previous_by_name));
       tensor_bytes += t.length;
     }
     // Checkpoint scope: one table per delta kind, shared by the tensors of that kind; one

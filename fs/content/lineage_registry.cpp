@@ -343,10 +343,12 @@ version_detail content_store::detail(const content_ref& ref) {
     // (it reads as the delta did, so the delta's error still holds).
     const bool lossy = delta || f.error;
     d.tensors.push_back({t.name, std::string(format::name(t.type)), t.elements(),
-                         !delta    ? (f.rounded ? "rounded" : "lossless")
-                         : f.ratio ? (f.intra ? "ratio+intra" : "ratio")
-                         : f.intra ? "intra"
-                                   : "delta",
+                         !delta          ? (f.intra_slabs ? "intra"
+                                            : f.rounded   ? "rounded"
+                                                          : "lossless")
+                         : f.ratio       ? (f.intra_slabs ? "ratio+intra" : "ratio")
+                         : f.intra_slabs ? "intra"
+                                         : "delta",
                          f.encoded_bytes,
                          !lossy    ? 0.0
                          : f.error ? f.error->relative()

@@ -97,7 +97,7 @@ std::uint64_t content_store::rekey(std::uint64_t v) {
                             " does not match its digest; not rewritten");
       f.mode = tensor_mode::lossless;
       f.ratio = false;
-      f.intra = false;
+      f.intra_slabs = 0;
       f.base_tensor = 0;
       f.data_at = at;
       f.encoded_bytes = frame_at;

@@ -176,6 +176,9 @@ void content_store::impl::run_stream(stream& s) {
       base_meta = meta_of(s.bc_.base);
       base_by_name = tensors_by_name(*base_meta);
     }
+    const std::shared_ptr<const cache_item> previous = previous_meta(s.bc_);
+    std::unordered_map<std::string, std::size_t> previous_by_name;
+    if (previous) previous_by_name = tensors_by_name(*previous);
     const codec::lossy_params params = coding_params_of(s.meta_);
     const slab_source slabs{nullptr, [&staged](std::uint64_t end) { return staged.await(end); }};
     for (; t; t = next()) {
@@ -196,7 +199,8 @@ void content_store::impl::run_stream(stream& s) {
           log("DCP shard " + s.path_ + ": tensor " + t->name +
               " is not in its base; the rest of the shard is coded without a base");
       }
-      const tensor_job j = job_for(index, *t, base_meta.get(), base_by_name);
+      const tensor_job j =
+          job_for(index, *t, base_meta.get(), base_by_name, previous.get(), &previous_by_name);
       const auto sink = [&](std::uint64_t off, std::span<const std::byte> recon) {
         if (j.rewrites()) staged.overwrite(t->offset + off, recon);
         staged.settle(t->offset + off + recon.size());

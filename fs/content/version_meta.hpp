@@ -49,8 +49,10 @@ struct tensor_frame {
   std::vector<std::uint64_t> blocks;
   // A delta coded as ratios (codec::delta_kind::ratio; informational: the blocks say so too).
   bool ratio = false;
-  // A delta with slabs coded as values (codec::delta_kind::intra; informational as `ratio`).
-  bool intra = false;
+  // How many of the frame's 16 MiB slabs were coded as values (codec::delta_kind::intra;
+  // informational as `ratio`, and a keyframe's hint: a tensor whose every slab was is coded so
+  // in the next keyframe too).
+  std::uint32_t intra_slabs = 0;
   // Delta frames: how far the reconstruction is from the tensor as written (codec/fidelity.hpp),
   // for `ckptctl stat`. Absent in versions written before it was measured, and for lossless
   // frames (exact).

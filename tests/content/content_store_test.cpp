@@ -786,3 +786,59 @@ TEST_CASE("a tensor of several slabs codes each its own way: values, differences
     prev_read = got;
   }
 }
+
+TEST_CASE("a keyframe codes as values what its previous head coded as values", "[content]") {
+  // keyframe_interval=3: versions 0 and 3 are keyframes. Version 3's first moment was coded as
+  // values by version 2, so the keyframe codes it so too (mode intra, a fraction of version 0's
+  // bytes, within |u|, read back the same after a reopen); the weights stay rounded.
+  temp_dir d;
+  fs::content_options opt;
+  opt.exact_optimizer = false;
+  opt.keyframe_interval = 3;
+  opt.keyframe_bits = 12;
+  std::mt19937_64 rng(31);
+  std::normal_distribution<float> w(0.0f, 0.05f), step(0.0f, 1e-3f);
+  std::exponential_distribution<float> mag(1000.0f);
+  std::bernoulli_distribution coin(0.5);
+  std::vector<float> a(40000), m(40000);
+  for (auto& x : a) x = w(rng);
+  std::vector<fs::content_ref> refs;
+  std::vector<bytes> files, before(5);
+  {
+    opened s(d.path, opt);
+    for (int ver = 0; ver < 5; ++ver) {
+      for (auto& x : a) x += step(rng);
+      for (auto& x : m) x = 0.2f * x + (coin(rng) ? 1.0f : -1.0f) * mag(rng);
+      files.push_back(safetensors({{"w", a}, {"exp_avg", m}}));
+      refs.push_back(s.content.put("opt.safetensors", format::memory_source(files.back())));
+    }
+    const auto k0 = s.content.detail(refs[0]), k3 = s.content.detail(refs[3]);
+    REQUIRE(s.content.info(refs[3]).kind == "keyframe");
+    CHECK(k0.tensors[1].mode == "rounded");  // no head before it: nothing to follow
+    CHECK(k3.tensors[0].mode == "rounded");
+    CHECK(k3.tensors[1].mode == "intra");
+    CHECK(k3.tensors[1].stored_bytes * 4 < k0.tensors[1].stored_bytes);
+    CHECK(s.content.detail(refs[4]).tensors[1].mode == "intra");
+    const bytes out = read_all(s.content, refs[3]);
+    const auto u = floats_at(files[3], files[3].size() - 4 * m.size(), m.size());
+    const auto got = floats_at(out, files[3].size() - 4 * m.size(), m.size());
+    std::size_t outside = 0;
+    for (std::size_t i = 0; i < m.size(); ++i)
+      outside += std::fabs(got[i] - u[i]) > std::fabs(u[i]);
+    CHECK(outside == 0);
+    CHECK(k3.tensors[1].rel_error > 0.1);  // lossy, as a delta's m is
+    for (std::size_t v = 3; v < 5; ++v) before[v] = read_all(s.content, refs[v]);
+  }
+  opened again(d.path, opt, refs);
+  for (std::size_t v = 3; v < 5; ++v) {
+    opened& s = again;
+    const bytes out = read_all(s.content, refs[v]);
+    CHECK(out == before[v]);
+    const auto got = floats_at(out, files[v].size() - 4 * m.size(), m.size());
+    const auto u = floats_at(files[v], files[v].size() - 4 * m.size(), m.size());
+    std::size_t outside = 0;
+    for (std::size_t i = 0; i < m.size(); ++i)
+      outside += std::fabs(got[i] - u[i]) > std::fabs(u[i]);
+    CHECK(outside == 0);
+  }
+}
