@@ -381,7 +381,7 @@ struct content_store::impl {
     // read): the tensors that head coded as values are coded so in the keyframe too.
     std::uint64_t previous = 0;
   };
-  // The record of c.previous, or null (none, or it went meanwhile).
+  // The record of c.previous, or null (none, it went meanwhile, or keyframes are exact).
   std::shared_ptr<const cache_item> previous_meta(const base_choice& c);
   base_choice choose_base(std::uint64_t lineage_id);
   // A DCP shard's stream picks its base before the shard's tensors (its lineage signature) are

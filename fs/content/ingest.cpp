@@ -425,7 +425,8 @@ int rounded_bits_of(const version_meta& meta) {
 }
 
 std::shared_ptr<const cache_item> content_store::impl::previous_meta(const base_choice& c) {
-  if (!c.previous || opt.lossless || !opt.intra) return nullptr;
+  // Only lossy keyframes (keyframe_bits): keyframe_bits=0 promises exact ones.
+  if (!c.previous || opt.lossless || !opt.intra || !opt.keyframe_bits) return nullptr;
   try {
     return meta_of(c.previous);
   } catch (const std::exception&) {
