@@ -439,19 +439,19 @@ content_store::impl::tensor_job content_store::impl::job_for(
     const std::unordered_map<std::string, std::size_t>& base_by_name, const cache_item* previous,
     const std::unordered_map<std::string, std::size_t>* previous_by_name) const {
   tensor_job j{index, *format::codec_dtype(t.type), base_tensor_for(t, base_meta, base_by_name)};
-  if (!j.base_tensor && previous && previous_by_name) {
-    if (const auto p = base_tensor_for(t, previous, *previous_by_name)) {
-      const tensor_frame* f = frame_of(*previous, *p);
-      const std::uint64_t slabs = (t.length + kSlabBytes - 1) / kSlabBytes;
-      j.values = f && f->intra_slabs == slabs;
-    }
-  }
   const int kb = opt.keyframe_bits;
   if (!kb || opt.lossless || (opt.exact_optimizer && is_optimizer_state(t.name)) ||
       kb >= codec::mantissa_bits(j.type))
     return j;
   if (!j.base_tensor) {
     j.keep_bits = kb;  // a lossy keyframe: the frame without a base is rounded
+    // ... or coded as values, where the head before it coded every slab of it so.
+    if (previous && previous_by_name) {
+      if (const auto p = base_tensor_for(t, previous, *previous_by_name)) {
+        const tensor_frame* f = frame_of(*previous, *p);
+        j.values = f && f->intra_slabs == (t.length + kSlabBytes - 1) / kSlabBytes;
+      }
+    }
     return j;
   }
   // A delta on a base that has at most kb mantissa bits (a rounded frame of a version written

@@ -68,11 +68,19 @@ std::uint64_t content_store::rekey(std::uint64_t v) {
   }
   for (tensor_frame f : om.tensors) {
     const std::uint64_t at = out.data_size();
-    if (f.mode == tensor_mode::lossless) {
+    // A delta frame coded as values in every slab needs no base: its blocks (lc_intra, or raw)
+    // are copied, as a keyframe would code that tensor, not recoded exactly at many times the
+    // size (rotation's rewrite estimate counts on a rewrite costing about a keyframe).
+    const bool values =
+        f.mode == tensor_mode::delta &&
+        f.intra_slabs == (om.layout.tensors.at(f.tensor).length + kSlabBytes - 1) / kSlabBytes;
+    if (f.mode == tensor_mode::lossless || values) {
       // Frames from before block indexes get one (the copy walks their block headers).
       m.copy_encoded(*old, f.data_at, f.encoded_bytes, out, slab,
                      m.opt.block_index && f.blocks.empty() ? &f : nullptr);
       f.data_at = at;
+      f.mode = tensor_mode::lossless;
+      f.base_tensor = 0;
     } else {
       const std::uint64_t length = om.layout.tensors.at(f.tensor).length;
       XXH3_state_t digest;

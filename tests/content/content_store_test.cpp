@@ -828,6 +828,15 @@ TEST_CASE("a keyframe codes as values what its previous head coded as values", "
     CHECK(outside == 0);
     CHECK(k3.tensors[1].rel_error > 0.1);  // lossy, as a delta's m is
     for (std::size_t v = 3; v < 5; ++v) before[v] = read_all(s.content, refs[v]);
+    // A rewrite of delta 4 as a keyframe (rotation's rekey) keeps its values frame as it is:
+    // the same bytes read, about the same size, no base needed.
+    const auto m4 = s.content.detail(refs[4]).tensors[1].stored_bytes;
+    REQUIRE(s.content.rekey(refs[4].version) > 0);
+    REQUIRE(s.content.info(refs[4]).kind == "keyframe");
+    const auto r4 = s.content.detail(refs[4]).tensors[1];
+    CHECK(r4.mode == "intra");
+    CHECK(r4.stored_bytes <= m4 + 4096);
+    CHECK(read_all(s.content, refs[4]) == before[4]);
   }
   opened again(d.path, opt, refs);
   for (std::size_t v = 3; v < 5; ++v) {

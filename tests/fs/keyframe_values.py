@@ -12,7 +12,8 @@ Checked after each save with `ckptctl stat` and torch.load:
     (within 2^-13); at least one such tensor occurs;
   - only exp_avg tensors are ever coded as values, each within |u|;
   - after a remount, every version reads back byte for byte as before;
-  - with -o intra=off, the keyframes round every tensor.
+  - with -o intra=off, the keyframes round every tensor; with -o keyframe_bits=0 they keep every
+    tensor exact (intra deltas or not).
 Usage: keyframe_values.py CKPTFS CKPTCTL   (as root; /usr/bin/python3; exit 77 without FUSE)
 """
 import hashlib
@@ -36,8 +37,9 @@ def stat(ctl, path):
     return json.loads(out.stdout)
 
 
-def run(binary, ctl, work, opts, intra):
-    store, mnt = f"{work}/{len(opts)}-store", f"{work}/{len(opts)}-mnt"
+def run(binary, ctl, work, opts, intra, exact_keyframes=False):
+    label = "-".join(opts) or "defaults"
+    store, mnt = f"{work}/{label}-store", f"{work}/{label}-mnt"
     digests, first_bytes, prev_modes, seen = {}, {}, {}, set()
     with mounted(binary, store, mnt, "keyframe_interval=3", *opts):
         for k, (model, opt, _) in enumerate(adamw_digits((256, 128), 10, SAVES)):
@@ -57,6 +59,9 @@ def run(binary, ctl, work, opts, intra):
                 seen.add((kind, name, mode))
                 if k == 0:
                     first_bytes[name] = t["stored_bytes"]
+                if kind == "keyframe" and exact_keyframes:  # keyframe_bits=0: exact, always
+                    assert mode == "lossless" and torch.equal(r, u), (k, name, mode)
+                    continue
                 if kind == "keyframe":
                     # As the head before it coded the tensor: values (intra) or rounded.
                     expect = "intra" if prev_modes.get(name) == "intra" else "rounded"
@@ -74,7 +79,8 @@ def run(binary, ctl, work, opts, intra):
             with open(path, "rb") as f:
                 digests[path] = hashlib.sha256(f.read()).hexdigest()
     # The feature was exercised: with intra on, some exp_avg coded as values in a keyframe.
-    assert not intra or any(kind == "keyframe" and mode == "intra" for kind, _, mode in seen), seen
+    assert not intra or exact_keyframes or any(
+        kind == "keyframe" and mode == "intra" for kind, _, mode in seen), seen
     with mounted(binary, store, mnt, "keyframe_interval=3", *opts):
         for path, h in digests.items():
             with open(path, "rb") as f:
@@ -88,7 +94,8 @@ def main():
     with tempfile.TemporaryDirectory(prefix="ckptfs-kfvalues-", dir="/var/tmp") as work:
         run(binary, ctl, work, (), True)
         run(binary, ctl, work, ("intra=off",), False)
-    print(f"keyframe_values: ok ({SAVES} saves, keyframes every 3, intra on and off)")
+        run(binary, ctl, work, ("keyframe_bits=0",), True, exact_keyframes=True)
+    print(f"keyframe_values: ok ({SAVES} saves, keyframes every 3: intra on, off, exact keyframes)")
 
 
 if __name__ == "__main__":
