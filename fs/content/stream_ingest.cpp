@@ -176,7 +176,7 @@ void content_store::impl::run_stream(stream& s) {
       base_meta = meta_of(s.bc_.base);
       base_by_name = tensors_by_name(*base_meta);
     }
-    const std::shared_ptr<const cache_item> previous = previous_meta(s.bc_);
+    std::shared_ptr<const cache_item> previous = previous_meta(s.bc_);
     std::unordered_map<std::string, std::size_t> previous_by_name;
     if (previous) previous_by_name = tensors_by_name(*previous);
     const codec::lossy_params params = coding_params_of(s.meta_);
@@ -198,6 +198,11 @@ void content_store::impl::run_stream(stream& s) {
         if (log)
           log("DCP shard " + s.path_ + ": tensor " + t->name +
               " is not in its base; the rest of the shard is coded without a base");
+      }
+      // Likewise for a keyframe's hint from the head before it: names are positions.
+      if (shard && previous && !shard_tensor_in(*t, *previous, previous_by_name)) {
+        previous.reset();
+        previous_by_name.clear();
       }
       const tensor_job j =
           job_for(index, *t, base_meta.get(), base_by_name, previous.get(), &previous_by_name);
