@@ -62,6 +62,10 @@ inline constexpr std::size_t kExactChunk =
 // codec blocks, 4 read chunks), with its own bucket table (per-tensor scope: a table per slab of
 // a larger tensor). Each encode running at once holds ~4 slabs (encode_slots.hpp).
 inline constexpr std::size_t kSlabBytes = 16 * codec::default_block_bytes;
+// How many slabs a tensor of `length` bytes is coded in (a frame's intra_slabs counts of them).
+inline std::uint64_t slab_count(std::uint64_t length) {
+  return (length + kSlabBytes - 1) / kSlabBytes;
+}
 // A small checkpoint's reconstruction stays in the cache a whole tensor at a time, tensors up to
 // this size: the transient overshoot while one is made is at most this.
 inline constexpr std::uint64_t kRetainTensorMax = std::uint64_t(64) << 20;

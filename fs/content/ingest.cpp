@@ -150,9 +150,12 @@ content_store::impl::tensor_result content_store::impl::encode_tensor(
     }
     std::span<const std::byte> recon = cur;
     slab.enc.clear();
-    if (j.base_tensor) {
-      const codec::delta_input in{j.type, cur, base};
-      codec::delta_kind kind = codec::choose_kind(in, opt.relative);
+    if (j.base_tensor || j.values) {
+      // A keyframe's tensor coded as its values (j.values) is intra against zeros: no base
+      // needed to read it.
+      const codec::delta_input in{j.type, cur, j.values ? std::span(codec::zero_base(), n) : base};
+      codec::delta_kind kind =
+          j.values ? codec::delta_kind::intra : codec::choose_kind(in, opt.relative);
       if (kind == codec::delta_kind::difference && opt.intra && !shared_tables &&
           codec::prefer_intra(in))
         kind = codec::delta_kind::intra;
@@ -160,31 +163,17 @@ content_store::impl::tensor_result content_store::impl::encode_tensor(
       // for every 16 MiB of a tensor (the tensor's own for smaller ones) follows large tensors
       // whose parts move differently (DeepSpeed's flat partitions hold every layer).
       const codec::quant_table table =
-          shared_tables ? (*shared_tables)[int(kind)]
-                        : codec::select_buckets(codec::gather_stats(std::span(&in, 1), range, kind),
-                                                opt.bits_for(kind), opt.rep, kind,
-                                                kind == codec::delta_kind::intra
-                                                    ? opt.intra_buckets_for(opt.bits_for(kind))
-                                                    : 0);
+          shared_tables && !j.values
+              ? (*shared_tables)[int(kind)]
+              : codec::select_buckets(codec::gather_stats(std::span(&in, 1), range, kind),
+                                      opt.bits_for(kind), opt.rep, kind,
+                                      kind == codec::delta_kind::intra
+                                          ? opt.intra_buckets_for(opt.bits_for(kind))
+                                          : 0);
       res.any_ratio |= table.kind == codec::delta_kind::ratio;
       res.intra_slabs += table.kind == codec::delta_kind::intra;
       const std::span<std::byte> out_recon(slab.recon.data(), n);
       codec::lossy_params p = params_for(params, table.kind);
-      p.round_bits = j.keep_bits;
-      if (!f.error) f.error.emplace();
-      codec::encode_delta_into(in, table, p, out_recon, slab.enc, codec::default_block_bytes,
-                               &*f.error);
-      recon = out_recon;
-    } else if (j.values) {
-      // A keyframe's tensor coded as its values: intra against zeros, no base needed to read it.
-      const codec::delta_input in{j.type, cur, std::span(codec::zero_base(), n)};
-      const codec::delta_kind kind = codec::delta_kind::intra;
-      const codec::quant_table table = codec::select_buckets(
-          codec::gather_stats(std::span(&in, 1), range, kind), opt.bits_for(kind), opt.rep, kind,
-          opt.intra_buckets_for(opt.bits_for(kind)));
-      ++res.intra_slabs;
-      const std::span<std::byte> out_recon(slab.recon.data(), n);
-      codec::lossy_params p = params_for(params, kind);
       p.round_bits = j.keep_bits;
       if (!f.error) f.error.emplace();
       codec::encode_delta_into(in, table, p, out_recon, slab.enc, codec::default_block_bytes,
@@ -449,7 +438,7 @@ content_store::impl::tensor_job content_store::impl::job_for(
     if (previous && previous_by_name) {
       if (const auto p = base_tensor_for(t, previous, *previous_by_name)) {
         const tensor_frame* f = frame_of(*previous, *p);
-        j.values = f && f->intra_slabs == (t.length + kSlabBytes - 1) / kSlabBytes;
+        j.values = f && f->intra_slabs == slab_count(t.length);
       }
     }
     return j;

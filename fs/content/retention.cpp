@@ -71,9 +71,8 @@ std::uint64_t content_store::rekey(std::uint64_t v) {
     // A delta frame coded as values in every slab needs no base: its blocks (lc_intra, or raw)
     // are copied, as a keyframe would code that tensor, not recoded exactly at many times the
     // size (rotation's rewrite estimate counts on a rewrite costing about a keyframe).
-    const bool values =
-        f.mode == tensor_mode::delta &&
-        f.intra_slabs == (om.layout.tensors.at(f.tensor).length + kSlabBytes - 1) / kSlabBytes;
+    const bool values = f.mode == tensor_mode::delta &&
+                        f.intra_slabs == slab_count(om.layout.tensors.at(f.tensor).length);
     if (f.mode == tensor_mode::lossless || values) {
       // Frames from before block indexes get one (the copy walks their block headers).
       m.copy_encoded(*old, f.data_at, f.encoded_bytes, out, slab,

@@ -244,6 +244,12 @@ def tensor_modes(ckptctl, path):
     return {t["name"]: t["mode"] for t in json.loads(out.stdout)["tensors"]}
 
 
+def beyond_value(got, u):
+    """How many elements read back further from their value than zero is: the bound of a
+    tensor coded as its values (intra) in a keyframe."""
+    return int(((got.double() - u.double()).abs() > u.double().abs()).sum())
+
+
 def closed_loop_bound(u, base_read, mode):
     """Per element, how far a delta version may read back from what was saved (docs/codec.md,
     "Guarantees"): |u - base_read| (the closed loop against what its base read back as); a

@@ -38,8 +38,8 @@ import threading
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ckptfs_testlib import (closed_loop_bound, daemon_log, info, keyframe_within,  # noqa: E402
-                            mounted, require_fuse, tensor_modes)
+from ckptfs_testlib import (beyond_value, closed_loop_bound, daemon_log, info,  # noqa: E402
+                            keyframe_within, mounted, require_fuse, tensor_modes)
 from digits_lib import adamw_digits  # noqa: E402
 
 RANKS, STEPS = 4, 6
@@ -150,7 +150,7 @@ def check_step(label, saved, read, prev_read, kind, modes):
             assert torch.equal(got, want), f"{label}: {key} must be exact ({kind})"
             continue
         if kind != "delta" and "intra" in modes.get(key, ""):  # as its previous head coded it
-            bad = int(((got.double() - want.double()).abs() > want.double().abs()).sum())
+            bad = beyond_value(got, want)
             assert bad == 0, f"{label}: {key}: {bad} elements further than |u| (keyframe)"
             continue
         if kind != "delta":  # a keyframe: rounded (-o keyframe_bits, default 12)

@@ -37,8 +37,8 @@ import torch
 from sklearn.datasets import load_digits
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ckptfs_testlib import (closed_loop_bound, du, has_mantissa_bits, keyframe_within,  # noqa: E402
-                            mounted, sha256)
+from ckptfs_testlib import (beyond_value, closed_loop_bound, du,  # noqa: E402
+                            has_mantissa_bits, keyframe_within, mounted, sha256)
 from scale_lib import flat_tensors  # noqa: E402
 
 SMALL = 4096  # bytes: float tensors below this are stored exact (recognise_options default)
@@ -106,7 +106,7 @@ class Checker:
                 assert has_mantissa_bits(got), f"{label}: {name}: more than 12 mantissa bits"
             if base is None and "intra" in modes.get(name, ""):
                 # A keyframe codes as values what its previous head did (Adam's m): within |u|.
-                bad = ((got.double() - u.double()).abs() > u.double().abs()).sum().item()
+                bad = beyond_value(got, u)
                 assert bad == 0, f"{label}: {name}: {bad} elements further than |u| (keyframe)"
                 continue
             if base is None:
