@@ -40,6 +40,13 @@ int dropped_bits(dtype t, int round_bits) {
   return round_bits ? mantissa_bits(t) - round_bits : 0;
 }
 
+// The symbol of the representative nearest d in a grid table (ties go up).
+inline unsigned grid_symbol_of(const quant_table& q, float d) {
+  int i = 0;
+  while (i < q.grid && d >= q.midpoint[std::size_t(i)]) ++i;
+  return q.grid_symbol[std::size_t(i)];
+}
+
 template <dtype T, delta_kind K>
 void encode_scalar(const std::byte* cur_b, const std::byte* base_b, std::size_t first,
                    std::size_t last, const quant_table& q, int drop, std::byte* recon_b,
@@ -59,7 +66,7 @@ void encode_scalar(const std::byte* cur_b, const std::byte* base_b, std::size_t 
       symbols[i] = 0;
       continue;
     }
-    const unsigned s = q.symbol_of_key[db >> 23];
+    const unsigned s = q.grid ? grid_symbol_of(q, d) : q.symbol_of_key[db >> 23];
     const S cand = rounded<T>(reconstruct<T, K>(base[i], q.rep[s]), drop);
     const S stay = rounded<T>(base[i], drop);
     const bool keep = std::fabs(E::to_f32(cand) - c) < std::fabs(c - b);
@@ -109,7 +116,7 @@ void encode_f32_avx2(const float* cur, const float* base, std::size_t n, const q
   std::int32_t keys[15], syms[15];
   float reps[15];
   alignas(32) std::int32_t sym_of_key[key_count];
-  for (int key = 0; key < key_count; ++key) {
+  for (int key = 0; key < key_count && !q.grid; ++key) {
     const int s = q.symbol_of_key[key];
     sym_of_key[key] = s;
     if (s == 0) continue;
@@ -142,7 +149,16 @@ void encode_f32_avx2(const float* cur, const float* base, std::size_t n, const q
     const __m256i key = _mm256_srli_epi32(di, 23);
     __m256i s = _mm256_setzero_si256();
     __m256 rv = identity;
-    if (gather) {
+    if (q.grid) {  // the midpoints ascending: the last one d reaches names the symbol
+      s = _mm256_set1_epi32(q.grid_symbol[0]);
+      rv = _mm256_set1_ps(q.rep[q.grid_symbol[0]]);
+      for (int j = 0; j < q.grid; ++j) {
+        const __m256 m = _mm256_cmp_ps(d, _mm256_set1_ps(q.midpoint[std::size_t(j)]), _CMP_GE_OQ);
+        const unsigned sj = q.grid_symbol[std::size_t(j) + 1];
+        s = _mm256_blendv_epi8(s, _mm256_set1_epi32(int(sj)), _mm256_castps_si256(m));
+        rv = _mm256_blendv_ps(rv, _mm256_set1_ps(q.rep[sj]), m);
+      }
+    } else if (gather) {
       s = _mm256_i32gather_epi32(sym_of_key, key, 4);
       rv = _mm256_i32gather_ps(q.rep.data(), s, 4);  // rep[0] is the identity
     } else {

@@ -333,4 +333,148 @@ quant_table select_buckets(const delta_stats& s, int bits, representative r, del
   return q;
 }
 
+quant_table select_grid(const delta_stats& s, int bits, double step) {
+  if (bits < 2 || bits > max_bits) throw invalid_argument("quantizer: a grid needs bits 2..4");
+  if (!(step > 0) || !std::isfinite(step)) throw invalid_argument("quantizer: bad grid step");
+  quant_table q;
+  q.bits = bits;
+  q.kind = delta_kind::difference;
+  q.rep.fill(0.0f);
+  q.rep[0] = -0.0f;
+  // Mean square from the buckets' mean magnitudes (within a bucket the spread is under a factor
+  // 2, so this is close; exact integer sums keep it independent of threads). Non-finite deltas
+  // are escapes and count for nothing.
+  double sum_sq = 0, count = 0;
+  for (int key = 0; key < key_count; ++key) {
+    const int e = key & 0xff;
+    if (e == 255 || s.count[key] == 0) continue;
+    count += double(s.count[key]);
+    if (e == 0) continue;
+    const double mag = magnitude(e, double(s.mantissa_sum[key]) / double(s.count[key]));
+    sum_sq += double(s.count[key]) * mag * mag;
+  }
+  const double delta = count > 0 ? step * std::sqrt(sum_sq / count) : 0.0;
+  const float d = float(delta);
+  if (!(d > 0) || !std::isnormal(d) || !std::isfinite(float(delta * (1 << bits)))) return q;
+  const int levels = (1 << (bits - 1)) - 1;
+  std::vector<std::pair<float, std::uint8_t>> sorted{{-0.0f, 0}};
+  for (int j = 1; j <= levels; ++j) {
+    const float v = float(double(j) * delta);
+    q.rep[2 * j - 1] = v;
+    q.rep[2 * j] = -v;
+    sorted.emplace_back(v, std::uint8_t(2 * j - 1));
+    sorted.emplace_back(-v, std::uint8_t(2 * j));
+  }
+  std::sort(sorted.begin(), sorted.end());
+  q.grid = int(sorted.size()) - 1;
+  for (std::size_t i = 0; i < sorted.size(); ++i) {
+    q.grid_symbol[i] = sorted[i].second;
+    if (i + 1 < sorted.size())
+      q.midpoint[i] = float(0.5 * (double(sorted[i].first) + double(sorted[i + 1].first)));
+  }
+  return q;
+}
+
+namespace {
+
+// The l for which exp(-l t) on [0, 1) has mean `mean` (clamped to what |l| <= 60 reaches). The
+// mean falls with l: 1/l - 1/(e^l - 1), 1/2 at l = 0.
+double decay_for_mean(double mean) {
+  auto mean_of = [](double l) {
+    return std::fabs(l) < 1e-6 ? 0.5 - l / 12 : 1 / l - 1 / std::expm1(l);
+  };
+  double lo = -60, hi = 60;
+  for (int i = 0; i < 40; ++i) {
+    const double mid = 0.5 * (lo + hi);
+    (mean_of(mid) > mean ? lo : hi) = mid;
+  }
+  return 0.5 * (lo + hi);
+}
+
+}  // namespace
+
+coding_estimate estimate_coding(const delta_stats& s, const quant_table& q) {
+  if (q.kind != delta_kind::difference)
+    throw invalid_argument("quantizer: estimates are for difference tables");
+  constexpr int points = 16;  // per binade
+  std::array<double, 1 << max_bits> weight{};
+  double total = 0, sq = 0;
+  for (int key = 0; key < key_count; ++key) {
+    const int e = key & 0xff;
+    if (e == 255 || s.count[key] == 0) continue;
+    const double count = double(s.count[key]);
+    total += count;
+    if (e == 0) {  // zeros and subnormals: the zero symbol, no error to speak of
+      weight[0] += count;
+      continue;
+    }
+    // Density exp(-l t) on the mantissa fraction t in [0, 1) with the key's mean (a tail falls
+    // steeply within its binade, a bulk barely does).
+    const double mean_t = double(s.mantissa_sum[key]) / count / 8388608.0;
+    const double l = decay_for_mean(mean_t);
+    double norm = 0;
+    std::array<double, points> w{};
+    for (int i = 0; i < points; ++i) norm += w[i] = std::exp(-l * ((i + 0.5) / points - 0.5));
+    const unsigned bucket_symbol = q.symbol_of_key[key];
+    for (int i = 0; i < points; ++i) {
+      const double mag = std::ldexp(1.0 + (i + 0.5) / points, e - 127);
+      const float x = float(key & 0x100 ? -mag : mag);
+      unsigned sym = bucket_symbol;
+      if (q.grid) {
+        int j = 0;
+        while (j < q.grid && x >= q.midpoint[std::size_t(j)]) ++j;
+        sym = q.grid_symbol[std::size_t(j)];
+      }
+      const double err = double(x) - double(q.rep[sym]);
+      const double c = count * w[i] / norm;
+      if (sym != 0 && std::fabs(err) < std::fabs(double(x))) {
+        weight[sym] += c;
+        sq += c * err * err;
+      } else {
+        weight[0] += c;
+        sq += c * double(x) * double(x);
+      }
+    }
+  }
+  coding_estimate r;
+  if (total <= 0) return r;
+  for (double w : weight)
+    if (w > 0) r.bits -= w / total * std::log2(w / total);
+  r.mse = sq / total;
+  return r;
+}
+
+quant_table select_difference(const delta_stats& s, int bits, representative r) {
+  quant_table buckets = select_buckets(s, bits, r, delta_kind::difference);
+  if (bits < 2) return buckets;
+  const coding_estimate b = estimate_coding(s, buckets);
+  if (b.bits <= 0) return buckets;
+  // Steps from 1/4 to 8 times the RMS, a sixth of an octave apart, then the largest step that
+  // keeps the error between the best one and the next (the error grows with the step past the
+  // smallest steps, where clipping at the outermost level dominates, and the bits fall).
+  quant_table best = buckets;
+  double best_bits = b.bits * 0.98, best_step = 0;
+  auto consider = [&](double step) {
+    const quant_table g = select_grid(s, bits, step);
+    if (!g.grid) return false;
+    const coding_estimate e = estimate_coding(s, g);
+    if (e.mse > b.mse) return false;
+    if (e.bits < best_bits) {
+      best = g;
+      best_bits = e.bits;
+      best_step = step;
+    }
+    return true;
+  };
+  for (int i = 0; i <= 30; ++i) consider(std::exp2(-2.0 + i / 6.0));
+  if (best_step > 0) {
+    double lo = best_step, hi = best_step * std::exp2(1.0 / 6.0);
+    for (int i = 0; i < 6; ++i) {
+      const double mid = std::sqrt(lo * hi);
+      (consider(mid) ? lo : hi) = mid;
+    }
+  }
+  return best;
+}
+
 }  // namespace ckpt::codec

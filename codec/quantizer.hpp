@@ -56,6 +56,12 @@ struct quant_table {
   // base bit for bit: -0.0f for differences (x + -0 = x, also for x = -0), 1.0f for ratios.
   std::array<float, 1 << max_bits> rep{};
   std::array<std::uint8_t, key_count> symbol_of_key{};
+  // A grid table (select_grid) instead maps each delta to its nearest representative: `grid`
+  // midpoints between the representatives sorted ascending (the zero symbol's among them), and
+  // grid_symbol[i] the symbol of the i-th smallest. 0: a bucket table, symbol_of_key applies.
+  int grid = 0;
+  std::array<float, (1 << max_bits) - 1> midpoint{};
+  std::array<std::uint8_t, 1 << max_bits> grid_symbol{};
   int symbols() const { return 1 << bits; }
 };
 
@@ -63,6 +69,30 @@ struct quant_table {
 // unused (their representative is 0, or the factor 1).
 quant_table select_buckets(const delta_stats& s, int bits, representative r,
                            delta_kind kind = delta_kind::difference, int buckets = 0);
+
+// A uniform grid for differences: representatives ±j·Δ for j = 1 .. 2^(bits-1) - 1 with
+// Δ = step · (RMS of the deltas, estimated from the key statistics), each element taking the
+// nearest (an entropy-coded uniform quantiser). Against the paper's buckets it spends fewer bits
+// at the same error on weight deltas, whose bulk the largest-magnitude buckets skip. The table
+// is an ordinary one to decoders. Needs bits >= 2; deltas that are all zero get no symbols.
+quant_table select_grid(const delta_stats& s, int bits, double step);
+
+// Estimated cost of coding the differences behind `s` with table `q` (a bucket or a grid table):
+// the order-0 entropy of the symbols in bits per element and the mean squared error, assuming the
+// deltas of each key spread over its binade with a linear density of the key's mean (the closed
+// loop included: an element whose symbol would not bring it closer stays at its base).
+struct coding_estimate {
+  double bits = 0;
+  double mse = 0;
+};
+coding_estimate estimate_coding(const delta_stats& s, const quant_table& q);
+
+// The table for a difference slab: the grid (select_grid) at the step whose estimated error is at
+// most the buckets' with the fewest estimated bits, when that is 2% fewer than the buckets';
+// otherwise the buckets (select_buckets). The error stays where the buckets put it; the grid
+// wins where the buckets of the largest binades leave the bulk of the deltas at their base.
+// bits = 1 always gets the buckets.
+quant_table select_difference(const delta_stats& s, int bits, representative r);
 
 // True when every element is >= 0 and not NaN (a tensor that ratio deltas may code; -0.0 counts).
 bool nonnegative(dtype t, std::span<const std::byte> data) noexcept;

@@ -463,7 +463,7 @@ struct content_store::impl {
     tensor_frame frame;
     std::uint32_t crc = 0;  // CRC-32 of the reconstruction (zip members are rewritten with it)
     bool any_ratio = false;
-    std::uint32_t intra_slabs = 0;
+    std::uint32_t intra_slabs = 0, grid_slabs = 0;
   };
   // Where encode_tensor's working memory comes from: a put's one set, or (a stream) a set per
   // slab, taken once wait() says the slab's bytes are written (false: stop, io_error ECANCELED).

@@ -27,6 +27,24 @@ namespace ckpt::fs {
 
 using bytes = std::vector<std::byte>;
 
+namespace {
+
+// The table a slab coded as `kind` gets: for differences a uniform grid when the mount fixes its
+// step, the grid or the buckets by estimate with grid=auto (content_options::grid_step), else
+// the buckets, fewer of them for intra slabs.
+codec::quant_table table_for(const content_options& opt, const codec::delta_stats& s,
+                             codec::delta_kind kind) {
+  const int bits = opt.bits_for(kind);
+  if (kind == codec::delta_kind::difference && opt.grid_step > 0 && bits >= 2)
+    return codec::select_grid(s, bits, opt.grid_step);
+  if (kind == codec::delta_kind::difference && opt.grid_step < 0)
+    return codec::select_difference(s, bits, opt.rep);
+  return codec::select_buckets(s, bits, opt.rep, kind,
+                               kind == codec::delta_kind::intra ? opt.intra_buckets_for(bits) : 0);
+}
+
+}  // namespace
+
 void keep_straddling_tensors_exact(format::layout& l) {
   for (auto& t : l.tensors) {
     if (!t.compress) continue;
@@ -165,13 +183,10 @@ content_store::impl::tensor_result content_store::impl::encode_tensor(
       const codec::quant_table table =
           shared_tables && !j.values
               ? (*shared_tables)[int(kind)]
-              : codec::select_buckets(codec::gather_stats(std::span(&in, 1), range, kind),
-                                      opt.bits_for(kind), opt.rep, kind,
-                                      kind == codec::delta_kind::intra
-                                          ? opt.intra_buckets_for(opt.bits_for(kind))
-                                          : 0);
+              : table_for(opt, codec::gather_stats(std::span(&in, 1), range, kind), kind);
       res.any_ratio |= table.kind == codec::delta_kind::ratio;
       res.intra_slabs += table.kind == codec::delta_kind::intra;
+      res.grid_slabs += table.grid != 0;
       const std::span<std::byte> out_recon(slab.recon.data(), n);
       codec::lossy_params p = params_for(params, table.kind);
       p.round_bits = j.keep_bits;
@@ -208,6 +223,7 @@ content_store::impl::tensor_result content_store::impl::encode_tensor(
   f.digest = XXH3_64bits_digest(&digest);
   f.ratio = res.any_ratio;
   f.intra_slabs = res.intra_slabs;
+  f.grid_slabs = res.grid_slabs;
   f.rounded = j.keep_bits != 0;
   return res;
 }
@@ -644,10 +660,8 @@ content_ref content_store::impl::put(std::string_view path, const format::source
           all[int(kind)].merge(codec::gather_stats(std::span(&in, 1), range, kind));
         }
       }
-      shared_tables = {codec::select_buckets(all[0], m.opt.bits_for(codec::delta_kind::difference),
-                                             m.opt.rep, codec::delta_kind::difference),
-                       codec::select_buckets(all[1], m.opt.bits_for(codec::delta_kind::ratio),
-                                             m.opt.rep, codec::delta_kind::ratio)};
+      shared_tables = {table_for(m.opt, all[0], codec::delta_kind::difference),
+                       table_for(m.opt, all[1], codec::delta_kind::ratio)};
     }
     const codec::lossy_params params = m.coding_params_of(meta);
     // A large checkpoint's staged bytes become its head image: each delta tensor's payload is

@@ -347,6 +347,7 @@ version_detail content_store::detail(const content_ref& ref) {
                                             : f.rounded   ? "rounded"
                                                           : "lossless")
                          : f.ratio       ? (f.intra_slabs ? "ratio+intra" : "ratio")
+                         : f.grid_slabs  ? (f.intra_slabs ? "grid+intra" : "grid")
                          : f.intra_slabs ? "intra"
                                          : "delta",
                          f.encoded_bytes,

@@ -105,6 +105,7 @@ std::uint64_t content_store::rekey(std::uint64_t v) {
       f.mode = tensor_mode::lossless;
       f.ratio = false;
       f.intra_slabs = 0;
+      f.grid_slabs = 0;
       f.base_tensor = 0;
       f.data_at = at;
       f.encoded_bytes = frame_at;

@@ -92,6 +92,7 @@ std::vector<std::byte> encode_meta(const version_meta& m) {
     }
     if (t.ratio) f["r"] = true;
     if (t.intra_slabs) f["in"] = t.intra_slabs;
+    if (t.grid_slabs) f["gd"] = t.grid_slabs;
     if (t.rounded) f["rd"] = true;
     if (t.error) {
       f["ee"] = t.error->err;
@@ -158,6 +159,7 @@ version_meta decode_meta(std::span<const std::byte> cbor) {
                            t.value("d", std::uint64_t(0)), t.value("be", std::uint32_t(0)),
                            t.value("bo", std::vector<std::uint64_t>{}), t.value("r", false),
                            t.value("in", std::uint32_t(0)), error, t.value("rd", false)});
+      m.tensors.back().grid_slabs = t.value("gd", std::uint32_t(0));
     }
     m.member_crcs = j.at("crcs").get<std::vector<std::pair<std::size_t, std::uint32_t>>>();
     m.bits = j.at("bits").get<int>();

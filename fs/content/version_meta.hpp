@@ -63,6 +63,9 @@ struct tensor_frame {
   // delta against it rounds too. A rekeyed unrounded delta's frame is not rounded: it keeps
   // its error (it reads as the delta did) but its values have every mantissa bit.
   bool rounded = false;
+  // How many of the frame's slabs coded their differences on a uniform grid instead of buckets
+  // (codec::select_grid; informational as `ratio`).
+  std::uint32_t grid_slabs = 0;
 };
 
 // The lossy coding parameters a delta version was written with (for stat and the docs).

@@ -73,6 +73,18 @@ double parse_factor(std::string_view text, std::string_view option) {
   return v;
 }
 
+// A grid step: "off", 0, or from 0.05 to 16 (times the RMS of a slab's change).
+double parse_step(std::string_view text, std::string_view option) {
+  const std::string s(text);
+  char* end = nullptr;
+  errno = 0;
+  const double v = s.empty() ? -1 : std::strtod(s.c_str(), &end);
+  if (s.empty() || errno || end != s.c_str() + s.size() || !(v == 0 || (v >= 0.05 && v <= 16)))
+    throw usage_error("invalid value '" + s + "' for -o " + std::string(option) +
+                      " (auto, off, or a step from 0.05 to 16 times the RMS of a slab's change)");
+  return v;
+}
+
 void take_option(daemon_options& d, const std::string& o) {
   auto eq = o.find('=');
   std::string key = o.substr(0, eq);
@@ -119,6 +131,12 @@ void take_option(daemon_options& d, const std::string& o) {
   } else if (key == "intra") {
     need_value();
     d.content.intra = choose(val, key, {"on", "off"}) == 0;
+  } else if (key == "grid") {
+    need_value();
+    d.content.grid_step = val == "off"    ? 0.0
+                          : val == "auto" ? content_options::kAutoGrid
+                                          : parse_step(val, key);
+    d.grid_set = true;
   } else if (key == "intra_buckets") {
     need_value();
     d.content.intra_buckets = parse_int(val, key, 1, 15);
@@ -244,6 +262,8 @@ daemon_options parse_command_line(int argc, const char* const* argv) {
     throw usage_error("-o intra_buckets=" + std::to_string(d.content.intra_buckets) +
                       " is more than bits=" + std::to_string(d.content.bits) + " has (" +
                       std::to_string((1 << d.content.bits) - 1) + ")");
+  if (d.grid_set && d.content.grid_step != 0 && d.content.bits < 2)
+    throw usage_error("-o grid needs bits=2 or more (bits=1 has one symbol per sign)");
   if (positional.size() != 2)
     throw usage_error(positional.size() < 2 ? "missing STORE and/or MOUNTPOINT"
                                             : "too many arguments");
@@ -299,6 +319,12 @@ std::string usage_text(std::string_view program) {
          "                         is coded as its quantised values; off: always as a delta\n"
          "  -o intra_buckets=N     buckets such a tensor keeps, 1..2^bits-1 (default\n"
          "                         2^bits-3: 5 at bits=3; fewer: smaller, less exact)\n"
+         "  -o grid=auto|off|STEP  weights' deltas: auto: per slab a uniform grid (every\n"
+         "                         element to the nearest multiple of a step) where it is\n"
+         "                         estimated to cost fewer bits than the paper's buckets at\n"
+         "                         their error; STEP: always the grid, step = STEP times\n"
+         "                         the RMS of the slab's change; off: the buckets (default\n"
+         "                         off; grid needs bits>=2)\n"
          "  -o cache=SIZE          memory for reconstructed checkpoints and decoded data\n"
          "                         (default RAM/8, from 256M to 2G: " +
          human(default_cache_bytes()) +

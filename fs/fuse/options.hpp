@@ -46,6 +46,7 @@ struct daemon_options {
   // library's own default is exact keyframes).
   content_options content;
   bool keyframe_bits_set = false;  // -o keyframe_bits given (it contradicts -o lossless)
+  bool grid_set = false;           // -o grid given (bits=1 refuses it)
   std::uint64_t buffer_bytes = default_buffer_bytes();
   bool direct_checkpoint_reads = true;    // -o reads=direct (default) or reads=cached
   bool heads = true;                      // -o heads=on|off (head_min: content.head_min)

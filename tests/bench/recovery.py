@@ -359,9 +359,9 @@ class Setting:
 
     def __init__(self, coding="grouped", bits=3, rep="mean", scope="tensor", optimizer="lossy",
                  keyframe_interval=20, lossless=False, defaults=False, perturb=0.0,
-                 relative="off", keyframe_bits=0, ratio_bits=0, intra="off"):
+                 relative="off", keyframe_bits=0, ratio_bits=0, intra="off", grid=0.0):
         self.coding, self.bits, self.rep, self.scope = coding, bits, rep, scope
-        self.relative, self.intra = relative, intra
+        self.relative, self.intra, self.grid = relative, intra, grid
         self.keyframe_bits, self.ratio_bits = keyframe_bits, ratio_bits
         self.optimizer, self.keyframe_interval = optimizer, keyframe_interval
         self.lossless, self.defaults, self.perturb = lossless or perturb > 0, defaults, perturb
@@ -374,7 +374,8 @@ class Setting:
         return [f"coding={self.coding}", f"bits={self.bits}", f"rep={self.rep}",
                 f"scope={self.scope}", f"optimizer={self.optimizer}",
                 f"relative={self.relative}", f"keyframe_interval={self.keyframe_interval}",
-                f"keyframe_bits={self.keyframe_bits}", f"intra={self.intra}"] + (
+                f"keyframe_bits={self.keyframe_bits}", f"intra={self.intra}",
+                f"grid={self.grid or 'off'}"] + (
                     [f"ratio_bits={self.ratio_bits}"] if self.ratio_bits else [])
 
     @property
@@ -399,6 +400,8 @@ class Setting:
             name += f"-rb{self.ratio_bits}"
         if self.intra == "on":
             name += "-intra"
+        if self.grid:
+            name += f"-grid{self.grid}" if isinstance(self.grid, str) else f"-grid{self.grid:g}"
         return name
 
     def with_keyframe_interval(self, k):
@@ -446,6 +449,11 @@ def settings_matrix(quick):
     # worse than zero), on today's other defaults.
     rows.append(Setting("grouped", 3, "midrange", "tensor", relative="on", keyframe_bits=12,
                         intra="on"))
+    # Weights' deltas on a uniform grid (step times the RMS change) instead of the buckets, or
+    # per slab whichever is estimated to cost fewer bits at the buckets' error (auto).
+    for step in ("auto", 1.0, 1.25):
+        rows.append(Setting("grouped", 3, "midrange", "tensor", relative="on", keyframe_bits=12,
+                            intra="on", grid=step))
     for bits in (3, 4):
         rows.append(Setting("grouped", bits, "mean", "tensor", optimizer="exact"))
     return rows

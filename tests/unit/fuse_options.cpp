@@ -112,6 +112,23 @@ TEST_CASE("fuse options: intra on by default, intra_buckets within what bits has
     CHECK_THROWS_AS(parse_o(bad), usage_error);
 }
 
+TEST_CASE("fuse options: grid auto, off or a step, and only with bits >= 2", "[fuse]") {
+  using ckpt::fs::content_options;
+  CHECK(parse_o("bits=3").content.grid_step == 0);
+  CHECK(parse_o("grid=auto").content.grid_step == content_options::kAutoGrid);
+  CHECK(parse_o("grid=off").content.grid_step == 0);
+  CHECK(parse_o("grid=0").content.grid_step == 0);
+  CHECK(parse_o("grid=1.25").content.grid_step == 1.25);
+  CHECK(parse_o("bits=2,grid=0.05").content.grid_step == 0.05);
+  CHECK(parse_o("bits=1").content.bits == 1);  // the default needs no refusal
+  CHECK(parse_o("bits=1,grid=off").content.grid_step == 0);
+  CHECK_THROWS_WITH(parse_o("bits=1,grid=auto"), Catch::Contains("bits=2"));
+  CHECK_THROWS_WITH(parse_o("bits=1,grid=1"), Catch::Contains("bits=2"));
+  for (const char* bad :
+       {"grid=", "grid", "grid=on", "grid=-1", "grid=0.01", "grid=17", "grid=1x", "grid=nan"})
+    CHECK_THROWS_AS(parse_o(bad), usage_error);
+}
+
 TEST_CASE("fuse options: keyframe_bits 0..23, default 12, not with lossless", "[fuse]") {
   CHECK(parse_o("bits=3").content.keyframe_bits == 12);
   CHECK(parse_o("keyframe_bits=8").content.keyframe_bits == 8);
