@@ -43,6 +43,11 @@ std::vector<sample> samples() {
                  p.base, p.cur.size()});
   }
   {
+    const auto q = select_grid(gather_stats(std::span(&in, 1), false), 3, 1.0);
+    REQUIRE(q.grid == 6);
+    s.push_back({"lc grid b3 k2", encode_delta(in, q, {3, 2}, recon), p.base, p.cur.size()});
+  }
+  {
     // Values unrelated to their base: an intra block (decoded without one).
     const auto other = random_pair(dtype::f32, 3000, 4);
     const delta_input fresh{dtype::f32, p.cur, other.cur};

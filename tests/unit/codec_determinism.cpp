@@ -1,10 +1,11 @@
 // Encoded bytes and reconstructions are identical whatever the number of threads, for difference,
-// ratio and intra deltas.
+// ratio and intra deltas, and grid tables.
 #include <tbb/global_control.h>
 #include <tbb/task_arena.h>
 
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <random>
 
 #include "codec/tensor_codec.hpp"
 #include "codec_test_util.hpp"
@@ -31,6 +32,15 @@ pair_data nonnegative_pair(dtype t, std::size_t n, std::uint64_t seed) {
   return p;
 }
 
+// Gaussian steps: light tails, where select_difference takes a grid.
+pair_data gaussian_pair(dtype t, std::size_t n, std::uint64_t seed) {
+  pair_data p = random_pair(t, n, seed);
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> g(0.0f, 1e-3f);
+  for (std::size_t i = 0; i < n; ++i) set_f32(p.cur, t, i, get_f32(p.base, t, i) + g(rng));
+  return p;
+}
+
 output encode_all(int threads, dtype t, representative rep, bucket_scope scope, int round_bits) {
   tbb::global_control limit(tbb::global_control::max_allowed_parallelism, std::size_t(threads));
   tbb::task_arena arena(threads);
@@ -50,6 +60,16 @@ output encode_all(int threads, dtype t, representative rep, bucket_scope scope, 
                                       {3, 0, rep, entropy_policy::best, round_bits}, recon, 65536));
       o.recon.insert(o.recon.end(), recon.begin(), recon.end());
     }
+    // The grid or the buckets by estimate (select_difference), from statistics gathered on
+    // every thread there is.
+    const auto e = gaussian_pair(t, 200001, 6);
+    const delta_input steps{t, e.cur, e.base};
+    const auto grid = select_difference(gather_stats(std::span(&steps, 1), true), 3, rep);
+    o.kinds.push_back(grid.grid ? delta_kind::intra : delta_kind::ratio);  // a marker: grid or not
+    auto recon = tensor(t, e.cur.size() / element_size(t));
+    o.frames.push_back(
+        encode_delta(steps, grid, {3, 0, rep, entropy_policy::best, round_bits}, recon, 65536));
+    o.recon.insert(o.recon.end(), recon.begin(), recon.end());
     o.frames.push_back(encode_exact(t, a.cur, 65536));
   });
   return o;
@@ -68,7 +88,9 @@ TEST_CASE("identical bytes with 1, 2 and 8 threads", "[determinism]") {
           REQUIRE(one.kinds == std::vector{delta_kind::difference, delta_kind::difference,
                                            delta_kind::ratio,
                                            scope == bucket_scope::tensor ? delta_kind::intra
-                                                                         : delta_kind::difference});
+                                                                         : delta_kind::difference,
+                                           one.kinds.back()});
+          if (t == dtype::f32) REQUIRE(one.kinds.back() == delta_kind::intra);  // a grid
           REQUIRE(encode_all(2, t, rep, scope, round_bits) == one);
           REQUIRE(encode_all(8, t, rep, scope, round_bits) == one);
         }
