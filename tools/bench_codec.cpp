@@ -46,6 +46,7 @@ struct mode {
   enum kind_t { lossy, lossless, zstd_delta } kind = lossy;
   bool relative = false;  // nonnegative tensors as ratios (the mount's relative=on)
   int round_bits = 0;     // reconstructions rounded (a chain on a lossy keyframe), the base too
+  bool grid = false;      // difference tables by codec::select_difference (the mount's grid=auto)
 };
 
 struct options {
@@ -165,7 +166,12 @@ result run_lossy(const dataset& data, const mode& m, const options& o) {
   std::vector<std::byte> recon(d.cur.size()), decoded(d.cur.size());
   std::vector<std::vector<std::byte>> frames(inputs.size());
   const double enc = median_seconds(o.repeats, [&] {
-    const auto tables = plan_tables(inputs, m.bits, m.rep, m.scope, m.relative);
+    auto tables = plan_tables(inputs, m.bits, m.rep, m.scope, m.relative);
+    for (std::size_t i = 0; m.grid && i < inputs.size(); ++i)
+      if (tables[i].kind == delta_kind::difference)
+        tables[i] = select_difference(
+            gather_stats(std::span(&inputs[i], 1), m.rep == representative::midrange), m.bits,
+            m.rep);
     std::size_t at = 0;
     for (std::size_t i = 0; i < inputs.size(); ++i) {
       frames[i].clear();
@@ -263,6 +269,10 @@ std::vector<mode> modes(bool per_tensor_available) {
     mode r{"grouped-tensor-rel-round12", 3, 2, entropy_policy::best, bucket_scope::tensor};
     r.relative = true;
     r.round_bits = 12;
+    m.push_back(r);
+    // ... and differences on a grid where it is estimated to save bits (grid=auto).
+    r.name = "grouped-tensor-rel-round12-grid";
+    r.grid = true;
     m.push_back(r);
   }
   mode l;
