@@ -83,10 +83,11 @@ struct content_options {
   // Difference slabs on a uniform grid (codec::select_grid): > 0, step = this times the RMS of
   // the slab's change, each element to the nearest multiple; kAutoGrid: per slab the grid or the
   // buckets, whichever is estimated to cost fewer bits at the buckets' error
-  // (codec::select_difference); 0: the paper's buckets. bits = 1 keeps the buckets; ratio and
-  // intra slabs always do.
+  // (codec::select_difference; the default: more compression than the buckets at their error on
+  // every workload of the recovery and language-model benchmarks, benchmarks.md "Grid tables");
+  // 0: the paper's buckets. bits = 1 keeps the buckets; ratio and intra slabs always do.
   static constexpr double kAutoGrid = -1;
-  double grid_step = 0;
+  double grid_step = kAutoGrid;
   // Record each frame's block index (chunked cold reads). false only in tests, to write objects
   // as stores from before the index did and check that they still read.
   bool block_index = true;

@@ -9,6 +9,7 @@
 #include <array>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <optional>
 #include <unordered_map>
@@ -409,6 +410,9 @@ void content_store::impl::start_coding(version_meta& meta, bool keyframe) const 
   meta.coding.exact_optimizer = opt.exact_optimizer;
   meta.coding.relative = opt.relative;
   meta.coding.ratio_bits = opt.ratio_bits && opt.ratio_bits != opt.bits ? opt.ratio_bits : 0;
+  char step[32];
+  std::snprintf(step, sizeof step, "%g", opt.grid_step);
+  meta.coding.grid = opt.grid_step < 0 ? "auto" : opt.grid_step > 0 ? step : "off";
 }
 
 void content_store::impl::note_rounding(version_meta& meta) const {

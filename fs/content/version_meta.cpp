@@ -100,26 +100,27 @@ std::vector<std::byte> encode_meta(const version_meta& m) {
     }
     tensors.push_back(std::move(f));
   }
-  const json j{{"size", m.size},
-               {"kind", int(m.kind)},
-               {"layout", layout_to_json(m.layout)},
-               // Regions in other versions' objects go under another key, so that a daemon
-               // from before shared regions refuses the version (EIO) instead of misreading it.
-               {shared ? "exact_shared" : "exact", exact},
-               {"tensors", tensors},
-               {"crcs", m.member_crcs},
-               {"bits", m.bits},
-               {"ct", m.created_ns},
-               {"cp",
-                {{"b", m.coding.bits},
-                 {"g", m.coding.group},
-                 {"r", m.coding.rep},
-                 {"s", m.coding.scope},
-                 {"c", m.coding.coder},
-                 {"xo", m.coding.exact_optimizer},
-                 {"rl", m.coding.relative},
-                 {"rb", m.coding.ratio_bits},
-                 {"kb", m.coding.keyframe_bits}}}};
+  json j{{"size", m.size},
+         {"kind", int(m.kind)},
+         {"layout", layout_to_json(m.layout)},
+         // Regions in other versions' objects go under another key, so that a daemon
+         // from before shared regions refuses the version (EIO) instead of misreading it.
+         {shared ? "exact_shared" : "exact", exact},
+         {"tensors", tensors},
+         {"crcs", m.member_crcs},
+         {"bits", m.bits},
+         {"ct", m.created_ns},
+         {"cp",
+          {{"b", m.coding.bits},
+           {"g", m.coding.group},
+           {"r", m.coding.rep},
+           {"s", m.coding.scope},
+           {"c", m.coding.coder},
+           {"xo", m.coding.exact_optimizer},
+           {"rl", m.coding.relative},
+           {"rb", m.coding.ratio_bits},
+           {"kb", m.coding.keyframe_bits}}}};
+  if (!m.coding.grid.empty()) j["cp"]["gr"] = m.coding.grid;
   const auto bytes = json::to_cbor(j);
   return {reinterpret_cast<const std::byte*>(bytes.data()),
           reinterpret_cast<const std::byte*>(bytes.data() + bytes.size())};
@@ -174,6 +175,7 @@ version_meta decode_meta(std::span<const std::byte> cbor) {
       m.coding.relative = cp->value("rl", false);
       m.coding.ratio_bits = cp->value("rb", 0);
       m.coding.keyframe_bits = cp->value("kb", 0);
+      m.coding.grid = cp->value("gr", std::string());
     }
     if (m.layout.file_size != m.size) throw corrupt_error("content: layout size mismatch");
     for (const auto& t : m.tensors) {

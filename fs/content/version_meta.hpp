@@ -79,6 +79,7 @@ struct coding_params {
   bool relative = false;  // nonnegative tensors coded as ratios (absent before: false)
   int ratio_bits = 0;     // bits of ratio-coded deltas when not `bits` (absent: 0, the same)
   int keyframe_bits = 0;  // mantissa bits of lossy keyframes' float tensors (absent: 0, exact)
+  std::string grid;       // difference tables: "auto", "off" or the step (absent: "", the buckets)
 };
 
 enum class version_kind : std::uint8_t { exact = 0, keyframe = 1, delta = 2 };

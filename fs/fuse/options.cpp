@@ -324,7 +324,7 @@ std::string usage_text(std::string_view program) {
          "                         estimated to cost fewer bits than the paper's buckets at\n"
          "                         their error; STEP: always the grid, step = STEP times\n"
          "                         the RMS of the slab's change; off: the buckets (default\n"
-         "                         off; grid needs bits>=2)\n"
+         "                         auto; an explicit grid needs bits>=2)\n"
          "  -o cache=SIZE          memory for reconstructed checkpoints and decoded data\n"
          "                         (default RAM/8, from 256M to 2G: " +
          human(default_cache_bytes()) +

@@ -146,8 +146,9 @@ TEST_CASE("admin: ls groups versions by lineage with totals, stat shows tensors 
   CHECK(st["coding"]["bits"] == content_options{}.bits);
   CHECK(st["coding"]["coder"] == "grouped");
   CHECK(st["coding"]["scope"] == "tensor");
+  CHECK(st["coding"]["grid"] == "auto");
   REQUIRE(st["tensors"].size() == 2);
-  CHECK(st["tensors"][0]["mode"] == "delta");
+  CHECK(st["tensors"][0]["mode"] == "grid");  // grid=auto, the default
   CHECK(st["tensors"][0]["elements"].get<std::uint64_t>() > 0);
 
   CHECK_THROWS_AS(s.run({{"op", "stat"}, {"path", "run/nope.st"}}), io_error);

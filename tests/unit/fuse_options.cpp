@@ -114,7 +114,7 @@ TEST_CASE("fuse options: intra on by default, intra_buckets within what bits has
 
 TEST_CASE("fuse options: grid auto, off or a step, and only with bits >= 2", "[fuse]") {
   using ckpt::fs::content_options;
-  CHECK(parse_o("bits=3").content.grid_step == 0);
+  CHECK(parse_o("bits=3").content.grid_step == content_options::kAutoGrid);
   CHECK(parse_o("grid=auto").content.grid_step == content_options::kAutoGrid);
   CHECK(parse_o("grid=off").content.grid_step == 0);
   CHECK(parse_o("grid=0").content.grid_step == 0);
