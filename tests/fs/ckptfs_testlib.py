@@ -165,7 +165,10 @@ def du(path):
     total = 0
     for root, _, files in os.walk(path):
         for f in files:
-            total += os.lstat(os.path.join(root, f)).st_blocks * 512
+            try:
+                total += os.lstat(os.path.join(root, f)).st_blocks * 512
+            except FileNotFoundError:  # the daemon removed it (gc) after the listing
+                pass
     return total
 
 
