@@ -66,6 +66,12 @@ inline constexpr std::size_t kSlabBytes = 16 * codec::default_block_bytes;
 inline std::uint64_t slab_count(std::uint64_t length) {
   return (length + kSlabBytes - 1) / kSlabBytes;
 }
+// Whether a frame of a tensor of `length` bytes is decoded from its base: a delta frame, unless
+// every slab of it was coded as values (intra blocks need no base: its chain ends there, as at
+// a keyframe, and a cold read of Adam's m decodes one frame, not the chain).
+inline bool decodes_from_base(const tensor_frame& f, std::uint64_t length) {
+  return f.mode == tensor_mode::delta && !(length > 0 && f.intra_slabs == slab_count(length));
+}
 // A small checkpoint's reconstruction stays in the cache a whole tensor at a time, tensors up to
 // this size: the transient overshoot while one is made is at most this.
 inline constexpr std::uint64_t kRetainTensorMax = std::uint64_t(64) << 20;

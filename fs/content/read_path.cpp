@@ -176,7 +176,8 @@ byte_buffer content_store::impl::materialize(std::uint64_t v, std::size_t t) {
   }
   byte_buffer out;
   std::shared_ptr<const cache_item> cached_base;
-  if (f->mode == tensor_mode::delta) {
+  const bool from_base = decodes_from_base(*f, length);
+  if (from_base) {
     const std::uint64_t base_id = m->base;
     cached_base = cache.get({base_id, k_tensor, f->base_tensor});
     out = cached_base ? byte_buffer(length) : materialize(base_id, f->base_tensor);
@@ -190,7 +191,7 @@ byte_buffer content_store::impl::materialize(std::uint64_t v, std::size_t t) {
   thread_local byte_buffer scratch;
   const std::span<const std::byte> enc =
       objects.read_uncached(m->obj_id, m->data_base + f->data_at, f->encoded_bytes, scratch);
-  if (f->mode == tensor_mode::delta) {
+  if (from_base) {
     codec::decode(enc,
                   cached_base ? std::span<const std::byte>(cached_base->data)
                               : std::span<const std::byte>(out),
@@ -261,7 +262,7 @@ std::size_t content_store::impl::decode_blocks_into(std::uint64_t v, std::size_t
   std::shared_ptr<const cache_item> held;  // keeps a cached base alive while it is read
   std::span<const std::byte> base;
   std::size_t frames = 1;
-  if (f->mode == tensor_mode::delta) {
+  if (decodes_from_base(*f, length)) {
     const std::uint64_t base_id = m->base;
     const auto bm = meta_of(base_id);
     const tensor_frame* bf = frame_of(*bm, f->base_tensor);
@@ -310,7 +311,8 @@ std::uint64_t content_store::impl::chain_chunk_bytes(std::uint64_t v, std::size_
   const tensor_frame* f = frame_of(*m, t);
   if (!f) return 0;
   const std::uint64_t cb = chunk_bytes(*f);
-  for (std::size_t depth = 0; cb && f->mode == tensor_mode::delta; ++depth) {
+  for (std::size_t depth = 0;
+       cb && decodes_from_base(*f, m->meta->layout.tensors.at(f->tensor).length); ++depth) {
     if (depth > 1'000'000) throw corrupt_error("content: base chain does not end");
     m = meta_of(m->base);
     const tensor_frame* b = frame_of(*m, f->base_tensor);

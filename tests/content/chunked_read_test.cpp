@@ -278,3 +278,43 @@ TEST_CASE("a read the kernel makes away from the reader decodes one block, not i
   REQUIRE(read_at(*reader, b_at + 100, 4096));
   CHECK(strays() == before + 2);
 }
+
+TEST_CASE("a cold read of a tensor coded as values decodes one frame, not its chain",
+          "[content][chunked]") {
+  // "w" drifts (a delta on its base at every version); "m" is new at every version, so each of
+  // its deltas codes it as values (intra, every slab). Reading the newest version cold decodes
+  // w's chunks through the whole chain and m's from its own frame alone.
+  temp_dir d;
+  fs::content_options opt;
+  opt.keyframe_interval = 100;
+  std::mt19937_64 rng(12);
+  drifting_weights w(3'300'000, rng);  // 4 chunks
+  std::vector<float> m(2'000'000);     // 2 chunks, one slab
+  std::exponential_distribution<float> mag(1000.0f);
+  std::bernoulli_distribution coin(0.5);
+  opened s(d.path, opt);
+  std::vector<fs::content_ref> refs;
+  std::vector<bytes> served;
+  for (int v = 0; v < 4; ++v) {
+    w.step(rng);
+    for (auto& x : m) x = (coin(rng) ? 1.0f : -1.0f) * mag(rng);
+    refs.push_back(s.content.put("run/step_" + std::to_string(v) + ".safetensors",
+                                 format::memory_source(safetensors({{"m", m}, {"w", w.values}}))));
+    served.push_back(read_all(s.content, refs.back()));
+  }
+  const auto detail = s.content.detail(refs[3]);
+  REQUIRE(detail.tensors.at(0).mode == "intra");
+  settled_usage(s.content);
+  s.content.drop_caches();
+  const auto before = s.content.usage();
+  REQUIRE(same(read_all(s.content, refs[3]), served[3]));
+  const auto after = settled_usage(s.content);
+  CHECK(after.chunks_decoded - before.chunks_decoded == 6);
+  CHECK(after.chunk_frames_decoded - before.chunk_frames_decoded == 4 * 4 + 2 * 1);
+  // Every version still reads as written, newest first and in pieces.
+  s.content.drop_caches();
+  for (std::size_t v = refs.size(); v-- > 0;)
+    REQUIRE(same(read_all(s.content, refs[v]), served[v]));
+  s.content.drop_caches();
+  random_reads(s.content, refs[2], served[2], 5);
+}
