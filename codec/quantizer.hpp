@@ -79,8 +79,10 @@ quant_table select_grid(const delta_stats& s, int bits, double step);
 
 // Estimated cost of coding the differences behind `s` with table `q` (a bucket or a grid table):
 // the order-0 entropy of the symbols in bits per element and the mean squared error, assuming the
-// deltas of each key spread over its binade with a linear density of the key's mean (the closed
-// loop included: an element whose symbol would not bring it closer stays at its base).
+// deltas of each key spread over its binade with an exponential density of the key's mean
+// mantissa, in fp32 arithmetic (the closed loop included: an element whose symbol would not bring
+// it closer stays at its base). It does not model candidates rounded to f16/bf16 or to fewer
+// mantissa bits: near the unit of those, the measured error can be well above the estimate.
 struct coding_estimate {
   double bits = 0;
   double mse = 0;

@@ -81,11 +81,13 @@ struct content_options {
     return intra_buckets ? std::min(intra_buckets, most) : std::max(1, most - 2);
   }
   // Difference slabs on a uniform grid (codec::select_grid): > 0, step = this times the RMS of
-  // the slab's change, each element to the nearest multiple; kAutoGrid: per slab the grid or the
-  // buckets, whichever is estimated to cost fewer bits at the buckets' error
+  // the slab's change, each element to the nearest multiple; kAutoGrid: per fp32 slab the grid
+  // or the buckets, whichever is estimated to cost fewer bits at the buckets' error
   // (codec::select_difference; the default: more compression than the buckets at their error on
   // every workload of the recovery and language-model benchmarks, benchmarks.md "Grid tables");
-  // 0: the paper's buckets. bits = 1 keeps the buckets; ratio and intra slabs always do.
+  // 0: the paper's buckets. Auto keeps the buckets for f16/bf16 slabs (the estimate models fp32
+  // arithmetic: on bf16 steps near its unit it chose grids with 1.2-3x the error), for the
+  // paper's coding or scope, and with bits = 1; ratio and intra slabs always do.
   static constexpr double kAutoGrid = -1;
   double grid_step = kAutoGrid;
   // Record each frame's block index (chunked cold reads). false only in tests, to write objects
@@ -100,6 +102,13 @@ struct content_options {
   // before streamed objects have them, to check that they still read.
   std::uint32_t object_format = 2;
 };
+
+// Whether grid=auto applies (content_options::grid_step): not under the paper's coding or scope,
+// nor with one bit a symbol.
+inline bool auto_grid(const content_options& o) noexcept {
+  return o.grid_step < 0 && o.bits >= 2 && !o.paper_coding &&
+         o.scope == codec::bucket_scope::tensor;
+}
 
 // True for tensors whose dict key path names optimizer state: a last component such as exp_avg,
 // exp_avg_sq, max_exp_avg_sq, momentum_buffer, square_avg, acc_delta, or a path under an

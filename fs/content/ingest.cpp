@@ -31,17 +31,23 @@ using bytes = std::vector<std::byte>;
 namespace {
 
 // The table a slab coded as `kind` gets: for differences a uniform grid when the mount fixes its
-// step, the grid or the buckets by estimate with grid=auto (content_options::grid_step), else
-// the buckets, fewer of them for intra slabs.
+// step (the buckets where the step is not usable: every change zero or beyond fp32), the grid or
+// the buckets by estimate with grid=auto (content_options::grid_step), else the buckets, fewer
+// of them for intra slabs. `type`: the slab's dtype, or nullopt for a table shared by tensors.
 codec::quant_table table_for(const content_options& opt, const codec::delta_stats& s,
-                             codec::delta_kind kind) {
+                             codec::delta_kind kind, std::optional<codec::dtype> type) {
   const int bits = opt.bits_for(kind);
-  if (kind == codec::delta_kind::difference && opt.grid_step > 0 && bits >= 2)
-    return codec::select_grid(s, bits, opt.grid_step);
-  if (kind == codec::delta_kind::difference && opt.grid_step < 0)
+  const auto buckets = [&] {
+    return codec::select_buckets(
+        s, bits, opt.rep, kind, kind == codec::delta_kind::intra ? opt.intra_buckets_for(bits) : 0);
+  };
+  if (kind == codec::delta_kind::difference && opt.grid_step > 0 && bits >= 2) {
+    auto g = codec::select_grid(s, bits, opt.grid_step);
+    return g.grid ? g : buckets();
+  }
+  if (kind == codec::delta_kind::difference && auto_grid(opt) && type == codec::dtype::f32)
     return codec::select_difference(s, bits, opt.rep);
-  return codec::select_buckets(s, bits, opt.rep, kind,
-                               kind == codec::delta_kind::intra ? opt.intra_buckets_for(bits) : 0);
+  return buckets();
 }
 
 }  // namespace
@@ -184,7 +190,7 @@ content_store::impl::tensor_result content_store::impl::encode_tensor(
       const codec::quant_table table =
           shared_tables && !j.values
               ? (*shared_tables)[int(kind)]
-              : table_for(opt, codec::gather_stats(std::span(&in, 1), range, kind), kind);
+              : table_for(opt, codec::gather_stats(std::span(&in, 1), range, kind), kind, j.type);
       res.any_ratio |= table.kind == codec::delta_kind::ratio;
       res.intra_slabs += table.kind == codec::delta_kind::intra;
       res.grid_slabs += table.grid != 0;
@@ -412,7 +418,7 @@ void content_store::impl::start_coding(version_meta& meta, bool keyframe) const 
   meta.coding.ratio_bits = opt.ratio_bits && opt.ratio_bits != opt.bits ? opt.ratio_bits : 0;
   char step[32];
   std::snprintf(step, sizeof step, "%g", opt.grid_step);
-  meta.coding.grid = opt.grid_step < 0 ? "auto" : opt.grid_step > 0 ? step : "off";
+  meta.coding.grid = auto_grid(opt) ? "auto" : opt.grid_step > 0 && opt.bits >= 2 ? step : "off";
 }
 
 void content_store::impl::note_rounding(version_meta& meta) const {
@@ -664,8 +670,8 @@ content_ref content_store::impl::put(std::string_view path, const format::source
           all[int(kind)].merge(codec::gather_stats(std::span(&in, 1), range, kind));
         }
       }
-      shared_tables = {table_for(m.opt, all[0], codec::delta_kind::difference),
-                       table_for(m.opt, all[1], codec::delta_kind::ratio)};
+      shared_tables = {table_for(m.opt, all[0], codec::delta_kind::difference, std::nullopt),
+                       table_for(m.opt, all[1], codec::delta_kind::ratio, std::nullopt)};
     }
     const codec::lossy_params params = m.coding_params_of(meta);
     // A large checkpoint's staged bytes become its head image: each delta tensor's payload is

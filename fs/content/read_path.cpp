@@ -15,6 +15,25 @@
 
 namespace ckpt::fs {
 
+namespace {
+
+// Runs `decode` of a frame whose metadata says it needs no base (a keyframe's frame, or a delta's
+// whose every slab was coded as values): a block in it that needs one is damage in the store
+// (EIO), not a caller's mistake (EINVAL).
+template <class Decode>
+void decode_stored(bool without_base, Decode decode) {
+  try {
+    decode();
+  } catch (const invalid_argument& e) {
+    if (!without_base) throw;
+    throw corrupt_error(
+        std::string("content: a frame without a base has a block that needs one (") + e.what() +
+        ")");
+  }
+}
+
+}  // namespace
+
 using bytes = std::vector<std::byte>;
 
 void content_store::impl::prefetch(std::vector<prefetch_job> jobs) {
@@ -197,7 +216,7 @@ byte_buffer content_store::impl::materialize(std::uint64_t v, std::size_t t) {
                               : std::span<const std::byte>(out),
                   out);
   } else {
-    codec::decode(enc, {}, out);
+    decode_stored(true, [&] { codec::decode(enc, {}, out); });
   }
   return out;
 }
@@ -293,13 +312,15 @@ std::size_t content_store::impl::decode_blocks_into(std::uint64_t v, std::size_t
   thread_local byte_buffer scratch;
   const std::span<const std::byte> enc =
       objects.read_uncached(m->obj_id, m->data_base + f->data_at + from, to - from, scratch);
-  if (parallel) {
-    // Isolated: while it waits for its blocks, this thread must not take other work of the
-    // arena (a save's base read decodes into the same thread_local scratch that `enc` is in).
-    tbb::this_task_arena::isolate([&] { codec::decode(enc, base, out); });
-  } else {
-    codec::decode_here(enc, base, out);
-  }
+  decode_stored(base.empty(), [&] {
+    if (parallel) {
+      // Isolated: while it waits for its blocks, this thread must not take other work of the
+      // arena (a save's base read decodes into the same thread_local scratch that `enc` is in).
+      tbb::this_task_arena::isolate([&] { codec::decode(enc, base, out); });
+    } else {
+      codec::decode_here(enc, base, out);
+    }
+  });
   return frames;
 }
 

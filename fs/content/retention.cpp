@@ -275,7 +275,7 @@ std::string content_store::verify(std::uint64_t v, bool deep,
         byte_buffer enc(f.encoded_bytes);
         m.objects.read(item->obj_id, item->data_base + f.data_at, enc);
         byte_buffer out(t.length);
-        if (f.mode == tensor_mode::delta) {
+        if (decodes_from_base(f, t.length)) {  // as reads decode it
           const auto base = m.tensor_recon(r.base, f.base_tensor);
           if (base->data.size() != t.length) return "a delta frame's base has another size";
           codec::decode(enc, base->data, out);
@@ -318,7 +318,7 @@ std::string content_store::verify(std::uint64_t v, bool deep,
           same = fi.offsets[i] + from == f.blocks[b0 + i];
         if (!same) return "tensor '" + t.name + "' has a block index that does not match its frame";
         const std::span<std::byte> out(slab.recon.data(), n);
-        if (f.mode == tensor_mode::delta) {
+        if (decodes_from_base(f, t.length)) {  // as reads decode it
           const std::span<std::byte> base(slab.base.data(), n);
           m.read_recon_slab(r.base, f.base_tensor, at, base, base_whole);
           codec::decode(slab.enc, base, out);

@@ -317,4 +317,21 @@ TEST_CASE("a cold read of a tensor coded as values decodes one frame, not its ch
     REQUIRE(same(read_all(s.content, refs[v]), served[v]));
   s.content.drop_caches();
   random_reads(s.content, refs[2], served[2], 5);
+  // Frames without a block index (stores from before it) take the whole-tensor path: the same.
+  temp_dir d2;
+  opt.block_index = false;
+  opened old(d2.path, opt);
+  std::vector<fs::content_ref> old_refs;
+  std::vector<bytes> old_served;
+  for (int v = 0; v < 4; ++v) {
+    old_refs.push_back(old.content.put("run/step_" + std::to_string(v) + ".safetensors",
+                                       format::memory_source(bytes(served[std::size_t(v)]))));
+    old_served.push_back(read_all(old.content, old_refs.back()));
+  }
+  REQUIRE(old.content.detail(old_refs[3]).tensors.at(0).mode == "intra");
+  old.content.drop_caches();
+  for (std::size_t v = old_refs.size(); v-- > 0;) {
+    INFO("without a block index, version " << v);
+    REQUIRE(same(read_all(old.content, old_refs[v]), old_served[v]));
+  }
 }

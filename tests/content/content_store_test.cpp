@@ -801,6 +801,42 @@ TEST_CASE("weights' differences on a grid with grid=auto: fewer bytes at the buc
   CHECK(double(bytes_auto) < 0.9 * double(bytes_off));
 }
 
+TEST_CASE("grid=auto keeps the buckets where its estimate does not hold", "[content]") {
+  // bf16 weights (the estimate models fp32: near bf16's unit a grid's candidates round back to
+  // the base), the paper's coding, and a fixed step on a tensor that did not change (no step to
+  // take): the buckets, mode "delta".
+  std::mt19937_64 rng(14);
+  std::normal_distribution<float> w(0.0f, 0.05f), step(0.0f, 1e-3f);
+  std::vector<float> a(60000);
+  for (auto& x : a) x = w(rng);
+  fs::content_options paper;
+  paper.paper_coding = true;
+  fs::content_options fixed;
+  fixed.grid_step = 1.0;
+  struct store_case {
+    const char* what;
+    fs::content_options opt;
+    bool bf16, changes;
+  };
+  for (const auto& c : {store_case{"bf16", {}, true, true}, store_case{"paper", paper, false, true},
+                        store_case{"unchanged", fixed, false, false}}) {
+    INFO(c.what);
+    temp_dir d;
+    opened s(d.path, c.opt);
+    auto b = a;
+    for (int ver = 0; ver < 3; ++ver) {
+      if (c.changes)
+        for (auto& x : b) x += step(rng);
+      const bytes file = c.bf16 ? safetensors_bf16({{"w", b}}) : safetensors({{"w", b}});
+      const auto ref = s.content.put("w.safetensors", format::memory_source(file));
+      if (ver == 0) continue;
+      REQUIRE(s.content.info(ref).kind == "delta");
+      CHECK(s.content.detail(ref).tensors.at(0).mode == "delta");
+      if (!c.changes) CHECK(read_all(s.content, ref) == file);
+    }
+  }
+}
+
 TEST_CASE("a tensor of several slabs codes each its own way: values, differences, ratios",
           "[content]") {
   // 48 MiB of fp32 in one tensor, three 16 MiB slabs: the first new at every version (intra),

@@ -70,6 +70,33 @@ inline bytes safetensors(const std::vector<std::pair<std::string, std::vector<fl
   return out;
 }
 
+// The same with BF16 tensors (each float rounded to nearest, ties to even).
+inline bytes safetensors_bf16(
+    const std::vector<std::pair<std::string, std::vector<float>>>& tensors) {
+  nlohmann::json h = nlohmann::json::object();
+  std::uint64_t at = 0;
+  for (const auto& [name, v] : tensors) {
+    h[name] = {{"dtype", "BF16"}, {"shape", {v.size()}}, {"data_offsets", {at, at + 2 * v.size()}}};
+    at += 2 * v.size();
+  }
+  std::string js = h.dump();
+  while ((8 + js.size()) % 8) js += ' ';
+  bytes out(8 + js.size() + at);
+  const std::uint64_t n = js.size();
+  std::memcpy(out.data(), &n, 8);
+  std::memcpy(out.data() + 8, js.data(), js.size());
+  std::size_t p = 8 + js.size();
+  for (const auto& [name, v] : tensors)
+    for (float f : v) {
+      std::uint32_t x;
+      std::memcpy(&x, &f, 4);
+      const auto b = std::uint16_t((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+      std::memcpy(out.data() + p, &b, 2);
+      p += 2;
+    }
+  return out;
+}
+
 // A weight vector that drifts like a trained layer's: values from N(0, 0.05), and each step()
 // adds N(0, 1e-3) x scale to every one. The generator is the test's, shared by its tensors.
 struct drifting_weights {
