@@ -489,10 +489,9 @@ TEST_CASE("nonnegative tensors are stored as ratios (relative=on), within 2x of 
         REQUIRE(s.content.info(ref).kind == "delta");
         const auto detail = s.content.detail(ref);
         REQUIRE(detail.tensors.size() == 2);
-        // Gaussian steps: a grid (grid=auto, the default), except where the paper's scope shares
-        // one difference table with v's heavy-tailed differences (relative=off).
-        CHECK(detail.tensors[0].mode ==
-              (scope == codec::bucket_scope::tensor || relative ? "grid" : "delta"));
+        // Gaussian steps: a grid (grid=auto, the default) per tensor; the paper's scope keeps the
+        // paper's buckets.
+        CHECK(detail.tensors[0].mode == (scope == codec::bucket_scope::tensor ? "grid" : "delta"));
         CHECK(detail.tensors[1].mode == (relative ? "ratio" : "delta"));
         const bytes out = read_all(s.content, ref);
         const auto got = floats_at(out, file.size() - 4 * v.size(), v.size());
