@@ -61,28 +61,32 @@ bool dropped_mount_option(std::string_view o) {
          o.rfind("comment=", 0) == 0;
 }
 
-// 0 (off) or a factor from 1 to 100: "1.25".
-double parse_factor(std::string_view text, std::string_view option) {
+// A number for -o `option` that `ok` accepts, else a usage error ending in `expect`.
+template <class Ok>
+double parse_number(std::string_view text, std::string_view option, Ok ok,
+                    std::string_view expect) {
   const std::string s(text);
   char* end = nullptr;
   errno = 0;
   const double v = s.empty() ? -1 : std::strtod(s.c_str(), &end);
-  if (s.empty() || errno || end != s.c_str() + s.size() || !(v == 0 || (v >= 1 && v <= 100)))
-    throw usage_error("invalid value '" + s + "' for -o " + std::string(option) +
-                      " (0 to turn it off, or a factor from 1 to 100, e.g. 1.25)");
+  if (s.empty() || errno || end != s.c_str() + s.size() || !ok(v))
+    throw usage_error("invalid value '" + s + "' for -o " + std::string(option) + " (" +
+                      std::string(expect) + ")");
   return v;
 }
 
-// A grid step: "off", 0, or from 0.05 to 16 (times the RMS of a slab's change).
+// 0 (off) or a factor from 1 to 100: "1.25".
+double parse_factor(std::string_view text, std::string_view option) {
+  return parse_number(
+      text, option, [](double v) { return v == 0 || (v >= 1 && v <= 100); },
+      "0 to turn it off, or a factor from 1 to 100, e.g. 1.25");
+}
+
+// A grid step: 0 (off) or from 0.05 to 16 (times the RMS of a slab's change).
 double parse_step(std::string_view text, std::string_view option) {
-  const std::string s(text);
-  char* end = nullptr;
-  errno = 0;
-  const double v = s.empty() ? -1 : std::strtod(s.c_str(), &end);
-  if (s.empty() || errno || end != s.c_str() + s.size() || !(v == 0 || (v >= 0.05 && v <= 16)))
-    throw usage_error("invalid value '" + s + "' for -o " + std::string(option) +
-                      " (auto, off, or a step from 0.05 to 16 times the RMS of a slab's change)");
-  return v;
+  return parse_number(
+      text, option, [](double v) { return v == 0 || (v >= 0.05 && v <= 16); },
+      "auto, off, or a step from 0.05 to 16 times the RMS of a slab's change");
 }
 
 void take_option(daemon_options& d, const std::string& o) {

@@ -826,7 +826,7 @@ TEST_CASE("grid=auto keeps the buckets where its estimate does not hold", "[cont
     for (int ver = 0; ver < 3; ++ver) {
       if (c.changes)
         for (auto& x : b) x += step(rng);
-      const bytes file = c.bf16 ? safetensors_bf16({{"w", b}}) : safetensors({{"w", b}});
+      const bytes file = safetensors({{"w", b}}, c.bf16);
       const auto ref = s.content.put("w.safetensors", format::memory_source(file));
       if (ver == 0) continue;
       REQUIRE(s.content.info(ref).kind == "delta");

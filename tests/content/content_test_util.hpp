@@ -48,36 +48,18 @@ inline std::vector<float> floats_at(const bytes& file, std::size_t offset, std::
   return v;
 }
 
-// A safetensors file: header JSON padded to 8 bytes, then the tensors' bytes in order.
-inline bytes safetensors(const std::vector<std::pair<std::string, std::vector<float>>>& tensors) {
+// A safetensors file: header JSON padded to 8 bytes, then the tensors' bytes in order; F32, or
+// BF16 with each float rounded to nearest, ties to even.
+inline bytes safetensors(const std::vector<std::pair<std::string, std::vector<float>>>& tensors,
+                         bool bf16 = false) {
+  const std::size_t es = bf16 ? 2 : 4;
   nlohmann::json h = nlohmann::json::object();
   std::uint64_t at = 0;
   for (const auto& [name, v] : tensors) {
-    h[name] = {{"dtype", "F32"}, {"shape", {v.size()}}, {"data_offsets", {at, at + 4 * v.size()}}};
-    at += 4 * v.size();
-  }
-  std::string js = h.dump();
-  while ((8 + js.size()) % 8) js += ' ';
-  bytes out(8 + js.size() + at);
-  const std::uint64_t n = js.size();
-  std::memcpy(out.data(), &n, 8);
-  std::memcpy(out.data() + 8, js.data(), js.size());
-  std::size_t p = 8 + js.size();
-  for (const auto& [name, v] : tensors) {
-    std::memcpy(out.data() + p, v.data(), 4 * v.size());
-    p += 4 * v.size();
-  }
-  return out;
-}
-
-// The same with BF16 tensors (each float rounded to nearest, ties to even).
-inline bytes safetensors_bf16(
-    const std::vector<std::pair<std::string, std::vector<float>>>& tensors) {
-  nlohmann::json h = nlohmann::json::object();
-  std::uint64_t at = 0;
-  for (const auto& [name, v] : tensors) {
-    h[name] = {{"dtype", "BF16"}, {"shape", {v.size()}}, {"data_offsets", {at, at + 2 * v.size()}}};
-    at += 2 * v.size();
+    h[name] = {{"dtype", bf16 ? "BF16" : "F32"},
+               {"shape", {v.size()}},
+               {"data_offsets", {at, at + es * v.size()}}};
+    at += es * v.size();
   }
   std::string js = h.dump();
   while ((8 + js.size()) % 8) js += ' ';
@@ -90,9 +72,9 @@ inline bytes safetensors_bf16(
     for (float f : v) {
       std::uint32_t x;
       std::memcpy(&x, &f, 4);
-      const auto b = std::uint16_t((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
-      std::memcpy(out.data() + p, &b, 2);
-      p += 2;
+      if (bf16) x = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+      std::memcpy(out.data() + p, &x, es);  // little-endian: the low half is the bf16
+      p += es;
     }
   return out;
 }
