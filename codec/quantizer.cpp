@@ -391,42 +391,58 @@ double decay_for_mean(double mean) {
   return 0.5 * (lo + hi);
 }
 
-}  // namespace
+// The deltas behind a key, as estimate_coding models them: `points` values spread over the
+// key's binade, each with its share of the key's count.
+constexpr int kPoints = 16;
+struct key_model {
+  int key;
+  double count;
+  std::array<double, kPoints> share;  // sums to count
+};
 
-coding_estimate estimate_coding(const delta_stats& s, const quant_table& q) {
-  if (q.kind != delta_kind::difference)
-    throw invalid_argument("quantizer: estimates are for difference tables");
-  constexpr int points = 16;  // per binade
-  std::array<double, 1 << max_bits> weight{};
-  double total = 0, sq = 0;
+std::vector<key_model> model_of(const delta_stats& s, double& total, double& zeros) {
+  std::vector<key_model> keys;
+  total = zeros = 0;
   for (int key = 0; key < key_count; ++key) {
     const int e = key & 0xff;
     if (e == 255 || s.count[key] == 0) continue;
     const double count = double(s.count[key]);
     total += count;
     if (e == 0) {  // zeros and subnormals: the zero symbol, no error to speak of
-      weight[0] += count;
+      zeros += count;
       continue;
     }
     // Density exp(-l t) on the mantissa fraction t in [0, 1) with the key's mean (a tail falls
     // steeply within its binade, a bulk barely does).
-    const double mean_t = double(s.mantissa_sum[key]) / count / 8388608.0;
-    const double l = decay_for_mean(mean_t);
+    const double l = decay_for_mean(double(s.mantissa_sum[key]) / count / 8388608.0);
+    key_model k{key, count, {}};
     double norm = 0;
-    std::array<double, points> w{};
-    for (int i = 0; i < points; ++i) norm += w[i] = std::exp(-l * ((i + 0.5) / points - 0.5));
-    const unsigned bucket_symbol = q.symbol_of_key[key];
-    for (int i = 0; i < points; ++i) {
-      const double mag = std::ldexp(1.0 + (i + 0.5) / points, e - 127);
-      const float x = float(key & 0x100 ? -mag : mag);
+    for (int i = 0; i < kPoints; ++i)
+      norm += k.share[i] = std::exp(-l * ((i + 0.5) / kPoints - 0.5));
+    for (auto& w : k.share) w *= count / norm;
+    keys.push_back(k);
+  }
+  return keys;
+}
+
+coding_estimate estimate_with(const std::vector<key_model>& keys, double total, double zeros,
+                              const quant_table& q) {
+  std::array<double, 1 << max_bits> weight{};
+  weight[0] = zeros;
+  double sq = 0;
+  for (const auto& k : keys) {
+    const int e = k.key & 0xff;
+    const unsigned bucket_symbol = q.symbol_of_key[k.key];
+    for (int i = 0; i < kPoints; ++i) {
+      const double mag = std::ldexp(1.0 + (i + 0.5) / kPoints, e - 127);
+      const float x = float(k.key & 0x100 ? -mag : mag);
       unsigned sym = bucket_symbol;
       if (q.grid) {
         int j = 0;
         while (j < q.grid && x >= q.midpoint[std::size_t(j)]) ++j;
         sym = q.grid_symbol[std::size_t(j)];
       }
-      const double err = double(x) - double(q.rep[sym]);
-      const double c = count * w[i] / norm;
+      const double err = double(x) - double(q.rep[sym]), c = k.share[i];
       if (sym != 0 && std::fabs(err) < std::fabs(double(x))) {
         weight[sym] += c;
         sq += c * err * err;
@@ -444,10 +460,22 @@ coding_estimate estimate_coding(const delta_stats& s, const quant_table& q) {
   return r;
 }
 
+}  // namespace
+
+coding_estimate estimate_coding(const delta_stats& s, const quant_table& q) {
+  if (q.kind != delta_kind::difference)
+    throw invalid_argument("quantizer: estimates are for difference tables");
+  double total, zeros;
+  const auto keys = model_of(s, total, zeros);
+  return estimate_with(keys, total, zeros, q);
+}
+
 quant_table select_difference(const delta_stats& s, int bits, representative r) {
   quant_table buckets = select_buckets(s, bits, r, delta_kind::difference);
   if (bits < 2) return buckets;
-  const coding_estimate b = estimate_coding(s, buckets);
+  double total, zeros;
+  const auto keys = model_of(s, total, zeros);  // once: the same deltas for every table
+  const coding_estimate b = estimate_with(keys, total, zeros, buckets);
   if (b.bits <= 0) return buckets;
   // Steps from 1/4 to 8 times the RMS, a sixth of an octave apart, then the largest step that
   // keeps the error between the best one and the next (the error grows with the step past the
@@ -457,7 +485,7 @@ quant_table select_difference(const delta_stats& s, int bits, representative r) 
   auto consider = [&](double step) {
     const quant_table g = select_grid(s, bits, step);
     if (!g.grid) return false;
-    const coding_estimate e = estimate_coding(s, g);
+    const coding_estimate e = estimate_with(keys, total, zeros, g);
     if (e.mse > b.mse) return false;
     if (e.bits < best_bits) {
       best = g;
