@@ -473,35 +473,44 @@ coding_estimate estimate_coding(const delta_stats& s, const quant_table& q) {
 quant_table select_difference(const delta_stats& s, int bits, representative r) {
   quant_table buckets = select_buckets(s, bits, r, delta_kind::difference);
   if (bits < 2) return buckets;
+  // Fewer deltas than this keep the buckets: the choice (about 0.15 ms) would cost more than
+  // coding them, for a few bytes.
+  std::uint64_t n = 0;
+  for (auto c : s.count) n += c;
+  if (n < kGridMinElements) return buckets;
   double total, zeros;
   const auto keys = model_of(s, total, zeros);  // once: the same deltas for every table
   const coding_estimate b = estimate_with(keys, total, zeros, buckets);
   if (b.bits <= 0) return buckets;
-  // Steps from 1/4 to 8 times the RMS, a sixth of an octave apart, then the largest step that
-  // keeps the error between the best one and the next (the error grows with the step past the
-  // smallest steps, where clipping at the outermost level dominates, and the bits fall).
+  // The bits fall as the step grows, and the error grows with it past the smallest steps
+  // (where clipping at the outermost level dominates): the cheapest grid within the buckets'
+  // error is at the largest step that keeps it. Down from 8 times the RMS a quarter of an octave
+  // at a time to the first step within it (none below 1/4: the buckets), then halving the
+  // interval to the step above four times.
   quant_table best = buckets;
-  double best_bits = b.bits * 0.98, best_step = 0;
-  auto consider = [&](double step) {
+  const double best_bits = b.bits * 0.98;
+  auto within = [&](double step, bool take) {
     const quant_table g = select_grid(s, bits, step);
     if (!g.grid) return false;
     const coding_estimate e = estimate_with(keys, total, zeros, g);
     if (e.mse > b.mse) return false;
-    if (e.bits < best_bits) {
-      best = g;
-      best_bits = e.bits;
-      best_step = step;
-    }
+    if (take && e.bits < best_bits) best = g;
     return true;
   };
-  for (int i = 0; i <= 30; ++i) consider(std::exp2(-2.0 + i / 6.0));
-  if (best_step > 0) {
-    double lo = best_step, hi = best_step * std::exp2(1.0 / 6.0);
-    for (int i = 0; i < 6; ++i) {
-      const double mid = std::sqrt(lo * hi);
-      (consider(mid) ? lo : hi) = mid;
+  double lo = 0, hi = 8.0 * std::exp2(0.25);
+  for (double step = 8.0; step >= 0.25; step *= std::exp2(-0.25)) {
+    if (within(step, false)) {
+      lo = step;
+      break;
     }
+    hi = step;
   }
+  if (lo == 0) return buckets;
+  for (int i = 0; i < 4; ++i) {
+    const double mid = std::sqrt(lo * hi);
+    (within(mid, false) ? lo : hi) = mid;
+  }
+  within(lo, true);
   return best;
 }
 

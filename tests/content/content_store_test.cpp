@@ -477,7 +477,7 @@ TEST_CASE("nonnegative tensors are stored as ratios (relative=on), within 2x of 
       std::mt19937_64 rng(11);
       std::normal_distribution<float> w(0.0f, 0.05f), step(0.0f, 1e-3f);
       std::uniform_real_distribution<double> lg(std::log(1e-12), std::log(1e-3)), grow(-1, 4);
-      std::vector<float> a(20000), v(20000);
+      std::vector<float> a(70000), v(20000);
       for (auto& x : a) x = w(rng);
       for (auto& x : v) x = float(std::exp(lg(rng)));
       for (int ver = 0; ver < 3; ++ver) {
@@ -719,7 +719,7 @@ TEST_CASE("a tensor its base does not predict (Adam's m) is coded as values with
   std::normal_distribution<float> w(0.0f, 0.05f), step(0.0f, 1e-3f);
   std::exponential_distribution<float> mag(1000.0f);
   std::bernoulli_distribution coin(0.5);
-  std::vector<float> a(40000), m(40000);
+  std::vector<float> a(70000), m(70000);
   for (auto& x : a) x = w(rng);
   for (int ver = 0; ver < 4; ++ver) {
     for (auto& x : a) x += step(rng);
@@ -766,7 +766,7 @@ TEST_CASE("weights' differences on a grid with grid=auto: fewer bytes at the buc
   opened fixed(dstep.path, opt);
   std::mt19937_64 rng(13);
   std::normal_distribution<float> w(0.0f, 0.05f), step(0.0f, 1e-3f);
-  std::vector<float> a(60000), prev_read;
+  std::vector<float> a(70000), prev_read;
   for (auto& x : a) x = w(rng);
   std::uint64_t bytes_off = 0, bytes_auto = 0;
   for (int ver = 0; ver < 5; ++ver) {
@@ -806,7 +806,7 @@ TEST_CASE("grid=auto keeps the buckets where its estimate does not hold", "[cont
   // take): the buckets, mode "delta".
   std::mt19937_64 rng(14);
   std::normal_distribution<float> w(0.0f, 0.05f), step(0.0f, 1e-3f);
-  std::vector<float> a(60000);
+  std::vector<float> a(70000);
   for (auto& x : a) x = w(rng);
   fs::content_options paper;
   paper.paper_coding = true;

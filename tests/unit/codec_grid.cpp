@@ -234,6 +234,13 @@ TEST_CASE("grid: select_difference takes the grid where it saves bits at the buc
     CHECK(double(c.frame.size()) < (heavy ? 0.95 : 0.9) * double(buckets.frame.size()));
     CHECK(mse(p, c.recon) <= mse(p, buckets.out));
   }
+  // Below kGridMinElements the choice is not worth its time: the buckets.
+  {
+    const auto few = stepped(kGridMinElements - 1, false, 34);
+    const delta_input in{dtype::f32, few.cur, few.base};
+    CHECK(select_difference(gather_stats(std::span(&in, 1), true), 3, representative::midrange)
+              .grid == 0);
+  }
   // One bit a symbol is the buckets' alone.
   const auto p = stepped(10000, false, 32);
   const delta_input in{dtype::f32, p.cur, p.base};
