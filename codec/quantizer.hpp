@@ -94,7 +94,7 @@ coding_estimate estimate_coding(const delta_stats& s, const quant_table& q);
 // otherwise the buckets (select_buckets). The error stays where the buckets put it; the grid
 // wins where the buckets of the largest binades leave the bulk of the deltas at their base.
 // bits = 1, and deltas of fewer than kGridMinElements elements, always get the buckets.
-inline constexpr std::uint64_t kGridMinElements = std::uint64_t(1) << 16;
+inline constexpr std::uint64_t kGridMinElements = std::uint64_t(1) << 12;
 quant_table select_difference(const delta_stats& s, int bits, representative r);
 
 // True when every element is >= 0 and not NaN (a tensor that ratio deltas may code; -0.0 counts).
