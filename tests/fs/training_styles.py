@@ -234,6 +234,11 @@ def main():
         print(f"tensors coded as values (intra) in some delta: {sorted(intra)}")
         assert any(n.endswith("exp_avg") for n in intra), "no exp_avg was coded as values"
         assert not any(n.endswith("weight") for n in intra), "a weight was coded as values"
+        grid = {n for n, m in checker.modes if m.startswith("grid")}
+        print(f"tensors coded on a grid (grid=auto) in some delta: {sorted(grid)}")
+        # The larger weights' Adam steps are light-tailed: grid=auto (the default) puts them on a
+        # grid (fc1, conv2); every element was checked against the closed loop's bound above.
+        assert any(n.endswith("weight") for n in grid), "no weight was coded on a grid"
         stored = du(store) - first_store_bytes
         ratio = logical / max(stored, 1)
         print(f"logical {logical} bytes, store {stored} bytes, ratio {ratio:.1f}x")
