@@ -484,9 +484,9 @@ quant_table select_difference(const delta_stats& s, int bits, representative r) 
   if (b.bits <= 0) return buckets;
   // The bits fall as the step grows, and the error grows with it past the smallest steps
   // (where clipping at the outermost level dominates): the cheapest grid within the buckets'
-  // error is at the largest step that keeps it. Down from 8 times the RMS a quarter of an octave
-  // at a time to the first step within it (none below 1/4: the buckets), then halving the
-  // interval to the step above four times.
+  // error is at the largest step that keeps it. Down from 4 times the RMS half an octave at a
+  // time to the first step within it (none below 1/4: the buckets), then halving the interval to
+  // the step above five times.
   quant_table best = buckets;
   const double best_bits = b.bits * 0.98;
   auto within = [&](double step, bool take) {
@@ -497,8 +497,8 @@ quant_table select_difference(const delta_stats& s, int bits, representative r) 
     if (take && e.bits < best_bits) best = g;
     return true;
   };
-  double lo = 0, hi = 8.0 * std::exp2(0.25);
-  for (double step = 8.0; step >= 0.25; step *= std::exp2(-0.25)) {
+  double lo = 0, hi = 4.0 * std::exp2(0.5);
+  for (double step = 4.0; step >= 0.25; step *= std::exp2(-0.5)) {
     if (within(step, false)) {
       lo = step;
       break;
@@ -506,7 +506,7 @@ quant_table select_difference(const delta_stats& s, int bits, representative r) 
     hi = step;
   }
   if (lo == 0) return buckets;
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < 5; ++i) {
     const double mid = std::sqrt(lo * hi);
     (within(mid, false) ? lo : hi) = mid;
   }

@@ -166,12 +166,18 @@ result run_lossy(const dataset& data, const mode& m, const options& o) {
   std::vector<std::byte> recon(d.cur.size()), decoded(d.cur.size());
   std::vector<std::vector<std::byte>> frames(inputs.size());
   const double enc = median_seconds(o.repeats, [&] {
-    auto tables = plan_tables(inputs, m.bits, m.rep, m.scope, m.relative);
-    for (std::size_t i = 0; m.grid && i < inputs.size(); ++i)
-      if (tables[i].kind == delta_kind::difference)
-        tables[i] = select_difference(
-            gather_stats(std::span(&inputs[i], 1), m.rep == representative::midrange), m.bits,
-            m.rep);
+    // grid: each tensor's statistics once, then its table as the mount's grid=auto picks it.
+    std::vector<quant_table> tables;
+    if (m.grid) {
+      for (const auto& in : inputs) {
+        const auto kind = choose_kind(in, m.relative);
+        const auto st = gather_stats(std::span(&in, 1), m.rep == representative::midrange, kind);
+        tables.push_back(kind == delta_kind::difference ? select_difference(st, m.bits, m.rep)
+                                                        : select_buckets(st, m.bits, m.rep, kind));
+      }
+    } else {
+      tables = plan_tables(inputs, m.bits, m.rep, m.scope, m.relative);
+    }
     std::size_t at = 0;
     for (std::size_t i = 0; i < inputs.size(); ++i) {
       frames[i].clear();
