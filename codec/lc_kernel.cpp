@@ -40,13 +40,6 @@ int dropped_bits(dtype t, int round_bits) {
   return round_bits ? mantissa_bits(t) - round_bits : 0;
 }
 
-// The symbol of the representative nearest d in a grid table (ties go up).
-inline unsigned grid_symbol_of(const quant_table& q, float d) {
-  int i = 0;
-  while (i < q.grid && d >= q.midpoint[std::size_t(i)]) ++i;
-  return q.grid_symbol[std::size_t(i)];
-}
-
 template <dtype T, delta_kind K>
 void encode_scalar(const std::byte* cur_b, const std::byte* base_b, std::size_t first,
                    std::size_t last, const quant_table& q, int drop, std::byte* recon_b,
@@ -66,7 +59,7 @@ void encode_scalar(const std::byte* cur_b, const std::byte* base_b, std::size_t 
       symbols[i] = 0;
       continue;
     }
-    const unsigned s = q.grid ? grid_symbol_of(q, d) : q.symbol_of_key[db >> 23];
+    const unsigned s = q.grid ? q.nearest(d) : q.symbol_of_key[db >> 23];
     const S cand = rounded<T>(reconstruct<T, K>(base[i], q.rep[s]), drop);
     const S stay = rounded<T>(base[i], drop);
     const bool keep = std::fabs(E::to_f32(cand) - c) < std::fabs(c - b);

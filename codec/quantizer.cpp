@@ -436,12 +436,7 @@ coding_estimate estimate_with(const std::vector<key_model>& keys, double total, 
     for (int i = 0; i < kPoints; ++i) {
       const double mag = std::ldexp(1.0 + (i + 0.5) / kPoints, e - 127);
       const float x = float(k.key & 0x100 ? -mag : mag);
-      unsigned sym = bucket_symbol;
-      if (q.grid) {
-        int j = 0;
-        while (j < q.grid && x >= q.midpoint[std::size_t(j)]) ++j;
-        sym = q.grid_symbol[std::size_t(j)];
-      }
+      const unsigned sym = q.grid ? q.nearest(x) : bucket_symbol;
       const double err = double(x) - double(q.rep[sym]), c = k.share[i];
       if (sym != 0 && std::fabs(err) < std::fabs(double(x))) {
         weight[sym] += c;

@@ -63,6 +63,12 @@ struct quant_table {
   std::array<float, (1 << max_bits) - 1> midpoint{};
   std::array<std::uint8_t, 1 << max_bits> grid_symbol{};
   int symbols() const { return 1 << bits; }
+  // A grid table's symbol for the delta d: the nearest representative's (ties go up).
+  unsigned nearest(float d) const {
+    int i = 0;
+    while (i < grid && d >= midpoint[std::size_t(i)]) ++i;
+    return grid_symbol[std::size_t(i)];
+  }
 };
 
 // `buckets`: how many survive, at most (and by default) 2^bits - 1; symbols beyond them stay
