@@ -1,10 +1,13 @@
 #pragma once
 // Content objects: the object payload of one stored version (docs/format.md, "Content objects").
 //
-// Format 2, written since versions are streamed into their objects:
-//   prefix (24: magic "CKCV", u32 version 2, 16 reserved zero bytes) | data area |
-//   metadata (CBOR) | trailer (24: u64 metadata length, u64 XXH3-64 of the metadata, u32 0,
-//   u32 magic "CKCM")
+// Format 3, written since 2026-11-27 (format 2 with its metadata compressed):
+//   prefix (24: magic "CKCV", u32 version 3, 16 reserved zero bytes) | data area |
+//   metadata (one zstd frame of the CBOR, its content size recorded) | trailer (24: u64 length
+//   of the zstd frame, u64 XXH3-64 of it, u32 0, u32 magic "CKCM")
+// The metadata names every tensor and zip member of the file and is nearly the same from one
+// version to the next; uncompressed it was 5-15% of a small model's delta (docs/benchmarks.md).
+// Format 2 (written before; read, never written unless asked): the same with the CBOR as it is.
 // The data area (codec frames and exact regions, each block with its own checksum) goes first, as
 // it is encoded; the metadata that indexes it follows once it is complete, so neither the
 // version's encoding nor its metadata's offsets have to be known up front.
@@ -13,6 +16,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "fs/content/version_meta.hpp"
@@ -22,15 +26,16 @@ namespace ckpt::fs {
 
 inline constexpr std::uint32_t content_magic = 0x5643'4b43;          // "CKCV"
 inline constexpr std::uint32_t content_trailer_magic = 0x4d43'4b43;  // "CKCM"
-inline constexpr std::uint32_t content_format_version = 2;
+inline constexpr std::uint32_t content_format_version = 3;
 inline constexpr std::size_t content_prefix_size = 24;
 inline constexpr std::size_t content_trailer_size = 24;
 
 // Streams one version's content object into the object store.
 class content_object_writer {
  public:
-  // Starts the object (writes the prefix). Throws io_error. `format` 1 exists for tests only
-  // (objects as stores before format 2 have them): its data area is held in memory until finish.
+  // Starts the object (writes the prefix). Throws io_error. `format` 1 and 2 exist for tests
+  // only (objects as older stores have them); format 1's data area is held in memory until
+  // finish.
   explicit content_object_writer(store::object_store& objects,
                                  std::uint32_t format = content_format_version);
 
@@ -47,15 +52,26 @@ class content_object_writer {
   std::vector<std::byte> v1_data_;  // format 1 only
 };
 
+// The largest metadata a reader inflates: a 100 GB shard's block index is about 1 MiB of CBOR;
+// a damaged frame that claims more is refused before anything is allocated.
+inline constexpr std::uint64_t max_metadata_bytes = std::uint64_t(1) << 30;
+
+// Format 3's metadata: one zstd frame of the CBOR with its content size. inflate_metadata
+// throws corrupt_error (naming `what`) for a frame without a content size, one that claims more
+// than `max_bytes`, or one that does not decompress to exactly that size.
+std::vector<std::byte> compress_metadata(std::span<const std::byte> cbor);
+std::vector<std::byte> inflate_metadata(std::span<const std::byte> frame, const std::string& what,
+                                        std::uint64_t max_bytes = max_metadata_bytes);
+
 // A content object's metadata and where its data area starts in the payload.
 struct content_header {
   std::shared_ptr<const version_meta> meta;
   std::uint64_t data_base = 0;   // payload offset of data area byte 0
   std::uint64_t data_bytes = 0;  // length of the data area
-  std::uint64_t meta_bytes = 0;  // size of the encoded metadata (cache accounting)
+  std::uint64_t meta_bytes = 0;  // size of the decoded (CBOR) metadata (cache accounting)
 };
 
-// Reads and checks the metadata of object `obj` (either format). corrupt_error on damage,
+// Reads and checks the metadata of object `obj` (any format). corrupt_error on damage,
 // error(unsupported) for a format version this build does not know.
 content_header read_content_header(const store::object_store& objects,
                                    const store::object_ref& obj);

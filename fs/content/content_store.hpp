@@ -98,9 +98,10 @@ struct content_options {
   // delta's base and the usual restore do not replay the chain. Empty heads_dir: no heads.
   std::string heads_dir;
   std::uint64_t head_min = std::uint64_t(64) << 20;
-  // Content object format written (content_object.hpp). 1 only in tests: objects as stores from
-  // before streamed objects have them, to check that they still read.
-  std::uint32_t object_format = 2;
+  // Content object format written (content_object.hpp). 1 and 2 only in tests: objects as
+  // older stores have them (before streamed objects, before compressed metadata), to check that
+  // they still read.
+  std::uint32_t object_format = 3;
 };
 
 // Whether grid=auto applies (content_options::grid_step): not under the paper's coding or scope,

@@ -1,9 +1,13 @@
-// Content objects (fs/content/content_object.hpp): format 2 (data area first, metadata in a
-// trailer) is what the store writes; format 1 (metadata first) is what stores before it hold, and
-// must keep reading: as versions on their own, as bases of format-2 deltas, through verify.
+// Content objects (fs/content/content_object.hpp): format 3 (data area first, compressed
+// metadata in a trailer) is what the store writes; formats 1 (metadata first) and 2 (metadata
+// not compressed) are what older stores hold, and must keep reading: as versions on their own,
+// as bases of newer deltas, through verify.
+#include <zstd.h>
+
 #include <catch2/catch.hpp>
 #include <random>
 
+#include "codec/error.hpp"
 #include "codec/format/source.hpp"
 #include "content_test_util.hpp"
 #include "fs/content/content_object.hpp"
@@ -11,7 +15,7 @@
 using namespace ckpt;
 using namespace ckpt::test;
 
-TEST_CASE("format-1 content objects (older stores) read the same and serve as bases",
+TEST_CASE("format-1 and format-2 content objects (older stores) read the same and serve as bases",
           "[content][format]") {
   temp_dir d;
   fs::content_options opt;
@@ -22,8 +26,10 @@ TEST_CASE("format-1 content objects (older stores) read the same and serve as ba
   std::vector<bytes> served;
   const bytes plain(3u << 20, std::byte{0x5a});
   fs::content_ref exact;
-  for (int step = 0; step < 5; ++step) {
-    opt.object_format = step < 2 ? 1 : 2;      // a keyframe and a delta in format 1, then format 2
+  // A keyframe and a delta in format 1, two deltas in format 2, then format 3 (the default).
+  auto format_at = [](std::size_t step) { return step < 2 ? 1u : step < 4 ? 2u : 3u; };
+  for (int step = 0; step < 6; ++step) {
+    opt.object_format = format_at(step);
     std::vector<fs::content_ref> live = refs;  // the names of the versions (and the exact file)
     if (exact.version) live.push_back(exact);
     opened s(d.path, opt, live);
@@ -45,9 +51,9 @@ TEST_CASE("format-1 content objects (older stores) read the same and serve as ba
     s.objects.read(s.content.info(r).object, 4, std::as_writable_bytes(std::span(&f, 1)));
     return f;
   };
-  for (std::size_t i = 0; i < 5; ++i) CHECK(format_of(refs[i]) == (i < 2 ? 1u : 2u));
+  for (std::size_t i = 0; i < 6; ++i) CHECK(format_of(refs[i]) == format_at(i));
   CHECK(format_of(exact) == 1u);
-  for (std::size_t i = 0; i < 5; ++i) {
+  for (std::size_t i = 0; i < 6; ++i) {
     INFO("version " << i);
     s.content.drop_caches();
     REQUIRE(read_all(s.content, refs[i]) == served[i]);
@@ -55,4 +61,74 @@ TEST_CASE("format-1 content objects (older stores) read the same and serve as ba
   }
   REQUIRE(read_all(s.content, exact) == plain);
   REQUIRE(s.content.verify(exact.version, true, {}).empty());
+}
+
+namespace {
+std::vector<std::byte> as_bytes(const std::string& s) {
+  const auto* p = reinterpret_cast<const std::byte*>(s.data());
+  return {p, p + s.size()};
+}
+}  // namespace
+
+TEST_CASE("format 3 stores the metadata compressed; the store writes it by default",
+          "[content][format]") {
+  temp_dir d;
+  opened s(d.path, {});
+  std::mt19937_64 rng(3);
+  // Many named tensors: metadata that names them is what format 3 shrinks.
+  std::vector<std::pair<std::string, std::vector<float>>> ts;
+  for (int i = 0; i < 40; ++i) {
+    drifting_weights w(1500, rng);
+    ts.emplace_back("model.layers." + std::to_string(i) + ".weight", w.values);
+  }
+  const bytes file = safetensors(ts);
+  const auto r = s.content.put("m.safetensors", format::memory_source(file));
+  const auto obj = s.content.info(r).object;
+  std::uint32_t f = 0;
+  s.objects.read(obj, 4, std::as_writable_bytes(std::span(&f, 1)));
+  REQUIRE(f == 3u);
+  // The trailer's metadata length is the frame's; the CBOR it inflates to is several times more.
+  char name[32];
+  std::snprintf(name, sizeof name, "%016llx.obj", static_cast<unsigned long long>(obj));
+  const std::uint64_t size = bfs::file_size(d.path / "objects" / name) - 64;  // object framing
+  std::uint64_t stored = 0;
+  s.objects.read(obj, size - fs::content_trailer_size,
+                 std::as_writable_bytes(std::span(&stored, 1)));
+  store::object_ref ref{obj, size};
+  const auto h = fs::read_content_header(s.objects, ref);
+  CHECK(h.meta_bytes > 2 * stored);
+  CHECK(h.meta->layout.tensors.size() == 40);
+  s.content.drop_caches();
+  REQUIRE(read_all(s.content, r) == file);
+  REQUIRE(s.content.verify(r.version, true, {}).empty());
+}
+
+TEST_CASE("metadata frames: round trip, and damaged or oversized frames are refused",
+          "[content][format]") {
+  const auto cbor = as_bytes(std::string(5000, 'x') + "end");
+  const auto z = fs::compress_metadata(cbor);
+  CHECK(z.size() < cbor.size() / 10);
+  CHECK(fs::inflate_metadata(z, "t") == cbor);
+  // A frame that claims more than the cap is refused before any allocation.
+  REQUIRE_THROWS_AS(fs::inflate_metadata(z, "t", cbor.size() - 1), ckpt::corrupt_error);
+  // Cut frames, and bytes that are no frame.
+  for (std::size_t n : {std::size_t(0), std::size_t(3), z.size() / 2, z.size() - 1}) {
+    INFO("cut to " << n);
+    REQUIRE_THROWS_AS(fs::inflate_metadata(std::span(z).first(n), "t"), ckpt::corrupt_error);
+  }
+  REQUIRE_THROWS_AS(fs::inflate_metadata(cbor, "t"), ckpt::corrupt_error);
+  // A frame that does not record its content size (a streamed compressor's) is refused.
+  std::vector<std::byte> nosize(ZSTD_compressBound(cbor.size()));
+  ZSTD_CCtx* c = ZSTD_createCCtx();
+  REQUIRE(c);
+  ZSTD_CCtx_setParameter(c, ZSTD_c_contentSizeFlag, 0);
+  const std::size_t n = ZSTD_compress2(c, nosize.data(), nosize.size(), cbor.data(), cbor.size());
+  ZSTD_freeCCtx(c);
+  REQUIRE(!ZSTD_isError(n));
+  nosize.resize(n);
+  REQUIRE_THROWS_AS(fs::inflate_metadata(nosize, "t"), ckpt::corrupt_error);
+  // Two frames: more bytes than the first frame's recorded size.
+  auto twice = z;
+  twice.insert(twice.end(), z.begin(), z.end());
+  REQUIRE_THROWS_AS(fs::inflate_metadata(twice, "t"), ckpt::corrupt_error);
 }
