@@ -22,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "codec/format/recognise.hpp"
 #include "codec/format/source.hpp"
 #include "codec/quantizer.hpp"
 #include "codec/tensor_codec.hpp"
@@ -98,6 +99,16 @@ struct content_options {
   // delta's base and the usual restore do not replay the chain. Empty heads_dir: no heads.
   std::string heads_dir;
   std::uint64_t head_min = std::uint64_t(64) << 20;
+  // Float tensors of fewer bytes are stored exactly in every version instead of coded
+  // (format::recognise_options::min_compress_bytes): Adam's step counters, loss scales. A
+  // tensor's frame, its table and its metadata cost about 100-200 bytes, so below a few hundred
+  // bytes coding saves nothing.
+  std::uint64_t min_tensor_bytes = 4096;
+  format::recognise_options recognise() const {
+    format::recognise_options r;
+    r.min_compress_bytes = std::max<std::uint64_t>(min_tensor_bytes, 1);
+    return r;
+  }
   // Content object format written (content_object.hpp). 1 and 2 only in tests: objects as
   // older stores have them (before streamed objects, before compressed metadata), to check that
   // they still read.

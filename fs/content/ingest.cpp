@@ -591,7 +591,7 @@ content_ref content_store::impl::put(std::string_view path, const format::source
   auto& m = *this;
   const std::uint64_t size = src.size();
   if (size == 0) return {};
-  format::layout layout = format::recognise(src);
+  format::layout layout = format::recognise(src, opt.recognise());
   keep_straddling_tensors_exact(layout);
   bool checkpoint = false;
   for (const auto& t : layout.tensors) checkpoint |= t.compress;

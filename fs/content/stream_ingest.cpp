@@ -121,7 +121,7 @@ void content_store::impl::run_stream(stream& s) {
       // to the commit, as a smaller torch.save file is): the base is then chosen to agree with
       // every compressible tensor walked so far (DCP writes them largest or smallest first,
       // by writer thread count and device).
-      shard.emplace(padded, format::recognise_options{});
+      shard.emplace(padded, opt.recognise());
       std::uint64_t compressible = 0;
       while (compressible == 0 || compressible < opt.head_min) {
         auto u = shard->next();
@@ -135,7 +135,7 @@ void content_store::impl::run_stream(stream& s) {
       s.bc_ = choose_shard_base(s.path_, held);
       t = held[held_next++];
     } else {
-      walk.emplace(src, format::recognise_options{});
+      walk.emplace(src, opt.recognise());
       if (walk->predicted_bytes(true) < opt.head_min) {
         s.declined_ = "smaller than head_min";
         return;
@@ -247,7 +247,7 @@ std::optional<content_ref> content_store::impl::finish_stream(stream& s, std::st
   const format::source src(staged.size(), [&staged](std::uint64_t off, std::span<std::byte> out) {
     staged.read_fully(off, out);
   });
-  format::layout layout = format::recognise(src);
+  format::layout layout = format::recognise(src, opt.recognise());
   keep_straddling_tensors_exact(layout);
   const auto expected = s.distcp_ ? format::file_format::distcp : format::file_format::torch_zip;
   if (layout.format != expected) {

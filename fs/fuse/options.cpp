@@ -156,6 +156,10 @@ void take_option(daemon_options& d, const std::string& o) {
   } else if (key == "head_min") {
     need_value();
     d.content.head_min = parse_size(val, key);
+  } else if (key == "min_tensor") {
+    need_value();
+    d.content.min_tensor_bytes = parse_size(val, key);
+    if (d.content.min_tensor_bytes == 0) throw usage_error("-o min_tensor must be at least 1 byte");
   } else if (key == "scratch") {
     need_value();
     if (val.empty() || val[0] != '/') throw usage_error("-o scratch needs an absolute directory");
@@ -329,6 +333,8 @@ std::string usage_text(std::string_view program) {
          "                         their error; STEP: always the grid, step = STEP times\n"
          "                         the RMS of the slab's change; off: the buckets (default\n"
          "                         auto; an explicit grid needs bits>=2)\n"
+         "  -o min_tensor=SIZE     float tensors smaller than SIZE are stored exactly in every\n"
+         "                         version, not coded (default 4K)\n"
          "  -o cache=SIZE          memory for reconstructed checkpoints and decoded data\n"
          "                         (default RAM/8, from 256M to 2G: " +
          human(default_cache_bytes()) +

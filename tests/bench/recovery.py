@@ -359,9 +359,11 @@ class Setting:
 
     def __init__(self, coding="grouped", bits=3, rep="mean", scope="tensor", optimizer="lossy",
                  keyframe_interval=20, lossless=False, defaults=False, perturb=0.0,
-                 relative="off", keyframe_bits=0, ratio_bits=0, intra="off", grid=0.0):
+                 relative="off", keyframe_bits=0, ratio_bits=0, intra="off", grid=0.0,
+                 min_tensor=0):
         self.coding, self.bits, self.rep, self.scope = coding, bits, rep, scope
         self.relative, self.intra, self.grid = relative, intra, grid
+        self.min_tensor = min_tensor  # bytes; 0: the mount's default
         self.keyframe_bits, self.ratio_bits = keyframe_bits, ratio_bits
         self.optimizer, self.keyframe_interval = optimizer, keyframe_interval
         self.lossless, self.defaults, self.perturb = lossless or perturb > 0, defaults, perturb
@@ -376,7 +378,8 @@ class Setting:
                 f"relative={self.relative}", f"keyframe_interval={self.keyframe_interval}",
                 f"keyframe_bits={self.keyframe_bits}", f"intra={self.intra}",
                 f"grid={self.grid or 'off'}"] + (
-                    [f"ratio_bits={self.ratio_bits}"] if self.ratio_bits else [])
+                    [f"ratio_bits={self.ratio_bits}"] if self.ratio_bits else []) + (
+                    [f"min_tensor={self.min_tensor}"] if self.min_tensor else [])
 
     @property
     def name(self):
@@ -402,6 +405,8 @@ class Setting:
             name += "-intra"
         if self.grid:
             name += f"-grid{self.grid}" if isinstance(self.grid, str) else f"-grid{self.grid:g}"
+        if self.min_tensor:
+            name += f"-mt{self.min_tensor}"
         return name
 
     def with_keyframe_interval(self, k):
@@ -454,6 +459,10 @@ def settings_matrix(quick):
     for step in ("auto", 1.0, 1.25):
         rows.append(Setting("grouped", 3, "midrange", "tensor", relative="on", keyframe_bits=12,
                             intra="on", grid=step))
+    # Small tensors (biases, norms' scales and their optimizer state) coded too, not exact.
+    for mt in (256, 4096):
+        rows.append(Setting("grouped", 3, "midrange", "tensor", relative="on", keyframe_bits=12,
+                            intra="on", grid="auto", min_tensor=mt))
     for bits in (3, 4):
         rows.append(Setting("grouped", bits, "mean", "tensor", optimizer="exact"))
     return rows

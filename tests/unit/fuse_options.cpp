@@ -129,6 +129,16 @@ TEST_CASE("fuse options: grid auto, off or a step, and only with bits >= 2", "[f
     CHECK_THROWS_AS(parse_o(bad), usage_error);
 }
 
+TEST_CASE("fuse options: min_tensor is a size of at least one byte", "[fuse]") {
+  CHECK(parse_o("bits=3").content.min_tensor_bytes == 4096);
+  CHECK(parse_o("min_tensor=256").content.min_tensor_bytes == 256);
+  CHECK(parse_o("min_tensor=1K").content.min_tensor_bytes == 1024);
+  CHECK(parse_o("min_tensor=1").content.recognise().min_compress_bytes == 1);
+  for (const char* bad :
+       {"min_tensor=0", "min_tensor=", "min_tensor", "min_tensor=-1", "min_tensor=1Q"})
+    CHECK_THROWS_AS(parse_o(bad), usage_error);
+}
+
 TEST_CASE("fuse options: keyframe_bits 0..23, default 12, not with lossless", "[fuse]") {
   CHECK(parse_o("bits=3").content.keyframe_bits == 12);
   CHECK(parse_o("keyframe_bits=8").content.keyframe_bits == 8);
