@@ -43,6 +43,8 @@ content_store::content_store(store::object_store& objects, store::journal& journ
   if (opt.ratio_bits < 0 || opt.ratio_bits > codec::max_bits)
     throw invalid_argument("ratio_bits must be 1..4 (0: bits)");
   if (opt.keyframe_interval < 1) throw invalid_argument("keyframe_interval must be >= 1");
+  if (opt.moment_bits < 0 || opt.moment_bits > 23)
+    throw invalid_argument("moment_bits must be 1..23 (0: keyframe_bits)");
 }
 
 content_store::~content_store() = default;
@@ -63,6 +65,13 @@ bool is_optimizer_state(std::string_view name) noexcept {
   for (auto b : buffers)
     if (last == b) return true;
   return false;
+}
+
+bool is_second_moment(std::string_view name) noexcept {
+  const auto last_dot = name.rfind('.');
+  const std::string_view last =
+      last_dot == std::string_view::npos ? name : name.substr(last_dot + 1);
+  return last == "exp_avg_sq" || last == "max_exp_avg_sq" || last == "square_avg";
 }
 
 std::string tensor_class(std::string_view name) {

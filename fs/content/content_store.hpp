@@ -51,6 +51,12 @@ struct content_options {
   // `lossless`, nor for optimizer state under exact_optimizer; rekey and rotation rewrites stay
   // exact (a version must keep reading as it did).
   int keyframe_bits = 0;
+  // Second-moment state (is_second_moment: Adam's exp_avg_sq) on a lossy chain
+  // (keyframe_bits > 0) keeps this many mantissa bits instead: keyframes round it so, and deltas
+  // on a rounded chain round what they reconstruct so. Adam divides by its square root, and its
+  // deltas already carry several per cent of error (ratio coding), so bits beyond ~6 (each
+  // element within 2^-7 = 0.8%) buy nothing but keyframe bytes. 0: keyframe_bits.
+  int moment_bits = 0;
   int bits_for(codec::delta_kind k) const noexcept {
     return k == codec::delta_kind::ratio && ratio_bits ? ratio_bits : bits;
   }
@@ -126,6 +132,9 @@ inline bool auto_grid(const content_options& o) noexcept {
 // exp_avg_sq, max_exp_avg_sq, momentum_buffer, square_avg, acc_delta, or a path under an
 // "optimizer"/"optim"/"optimizer_state" key.
 bool is_optimizer_state(std::string_view tensor_name) noexcept;
+// True for an optimizer's running mean of squared gradients by its key's last component:
+// exp_avg_sq and max_exp_avg_sq (Adam, AdamW, AMSGrad), square_avg (RMSprop).
+bool is_second_moment(std::string_view tensor_name) noexcept;
 // The class `ckptctl stat` reports fidelity by (class_fidelity): "exp_avg" or "exp_avg_sq" (the
 // last component), "optimizer (other)" for other optimizer state, else "weights".
 std::string tensor_class(std::string_view tensor_name);

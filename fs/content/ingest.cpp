@@ -232,6 +232,7 @@ content_store::impl::tensor_result content_store::impl::encode_tensor(
   f.intra_slabs = res.intra_slabs;
   f.grid_slabs = res.grid_slabs;
   f.rounded = j.keep_bits != 0;
+  f.round_bits = j.keep_bits && j.keep_bits != opt.keyframe_bits ? j.keep_bits : 0;
   return res;
 }
 
@@ -455,11 +456,14 @@ content_store::impl::tensor_job content_store::impl::job_for(
     const std::unordered_map<std::string, std::size_t>* previous_by_name) const {
   tensor_job j{index, *format::codec_dtype(t.type), base_tensor_for(t, base_meta, base_by_name)};
   const int kb = opt.keyframe_bits;
+  // Second moments keep fewer bits on a lossy chain (content_options::moment_bits).
+  const int keep =
+      kb && opt.moment_bits && is_second_moment(t.name) ? std::min(kb, opt.moment_bits) : kb;
   if (!kb || opt.lossless || (opt.exact_optimizer && is_optimizer_state(t.name)) ||
       kb >= codec::mantissa_bits(j.type))
     return j;
   if (!j.base_tensor) {
-    j.keep_bits = kb;  // a lossy keyframe: the frame without a base is rounded
+    j.keep_bits = keep;  // a lossy keyframe: the frame without a base is rounded
     // ... or coded as values, where the head before it coded every slab of it so.
     if (previous && previous_by_name) {
       if (const auto p = base_tensor_for(t, previous, *previous_by_name)) {
@@ -472,12 +476,16 @@ content_store::impl::tensor_job content_store::impl::job_for(
   // A delta on a base that has at most kb mantissa bits (a rounded frame of a version written
   // with kb or fewer) rounds its reconstruction too: every version of the chain then has kb
   // bits, and rotation's rewrite of one as a keyframe costs what a lossy keyframe costs.
+  // The base frame's own bits where fewer than its version's (moment_bits): rounding to fewer
+  // than the base has would move the elements the delta leaves at their base, so never below.
   const version_meta& bm = *base_meta->meta;
   const std::size_t at =
       *j.base_tensor < base_meta->frame_at.size() ? base_meta->frame_at[*j.base_tensor] : 0;
-  if (at && bm.tensors[at - 1].rounded && bm.coding.keyframe_bits > 0 &&
-      bm.coding.keyframe_bits <= kb)
-    j.keep_bits = kb;
+  if (at && bm.tensors[at - 1].rounded && bm.coding.keyframe_bits > 0) {
+    const tensor_frame& bf = bm.tensors[at - 1];
+    const int base_bits = bf.round_bits ? bf.round_bits : bm.coding.keyframe_bits;
+    if (base_bits <= kb) j.keep_bits = std::max(keep, base_bits);
+  }
   return j;
 }
 

@@ -94,6 +94,7 @@ std::vector<std::byte> encode_meta(const version_meta& m) {
     if (t.intra_slabs) f["in"] = t.intra_slabs;
     if (t.grid_slabs) f["gd"] = t.grid_slabs;
     if (t.rounded) f["rd"] = true;
+    if (t.round_bits) f["fb"] = t.round_bits;
     if (t.error) {
       f["ee"] = t.error->err;
       f["er"] = t.error->ref;
@@ -161,6 +162,9 @@ version_meta decode_meta(std::span<const std::byte> cbor) {
                            t.value("bo", std::vector<std::uint64_t>{}), t.value("r", false),
                            t.value("in", std::uint32_t(0)), error, t.value("rd", false)});
       m.tensors.back().grid_slabs = t.value("gd", std::uint32_t(0));
+      m.tensors.back().round_bits = t.value("fb", 0);
+      if (m.tensors.back().round_bits < 0 || m.tensors.back().round_bits > 23)
+        throw corrupt_error("content: a frame's rounding bits out of range");
     }
     m.member_crcs = j.at("crcs").get<std::vector<std::pair<std::size_t, std::uint32_t>>>();
     m.bits = j.at("bits").get<int>();

@@ -63,6 +63,10 @@ struct tensor_frame {
   // delta against it rounds too. A rekeyed unrounded delta's frame is not rounded: it keeps
   // its error (it reads as the delta did) but its values have every mantissa bit.
   bool rounded = false;
+  // A rounded frame's mantissa bits when fewer than its version's coding.keyframe_bits (second
+  // moments under content_options::moment_bits); 0: those. A delta on it rounds to no fewer
+  // (rounding the elements it leaves at their base would move them).
+  int round_bits = 0;
   // How many of the frame's slabs coded their differences on a uniform grid instead of buckets
   // (codec::select_grid; informational as `ratio`).
   std::uint32_t grid_slabs = 0;

@@ -108,6 +108,9 @@ void take_option(daemon_options& d, const std::string& o) {
     need_value();
     d.content.keyframe_bits = parse_int(val, key, 0, 23);
     d.keyframe_bits_set = true;
+  } else if (key == "moment_bits") {
+    need_value();
+    d.content.moment_bits = parse_int(val, key, 0, 23);
   } else if (key == "lossless") {
     if (eq != std::string::npos) throw usage_error("-o lossless takes no value");
     d.content.lossless = true;
@@ -241,6 +244,8 @@ daemon_options parse_command_line(int argc, const char* const* argv) {
   daemon_options d;
   d.content.cache_bytes = default_cache_bytes();
   d.content.keyframe_bits = kDefaultKeyframeBits;
+  d.content.min_tensor_bytes = kDefaultMinTensor;
+  d.content.moment_bits = kDefaultMomentBits;
   std::vector<std::string> positional;
   for (int i = 1; i < argc; ++i) {
     std::string_view a = argv[i];
@@ -311,6 +316,9 @@ std::string usage_text(std::string_view program) {
          "  -o keyframe_bits=N     keyframes' float tensors rounded to N mantissa bits, each\n"
          "                         within 2^-(N+1) of its value, and the deltas on them too\n"
          "                         (default 12); 0 or 23: exact keyframes\n"
+         "  -o moment_bits=N       the same for second moments (Adam's exp_avg_sq): each\n"
+         "                         within 2^-(N+1) in keyframes and in the deltas on them\n"
+         "                         (default 6; 0: keyframe_bits)\n"
          "  -o coding=MODE         grouped (default): symbol groups, best entropy coder per "
          "block;\n"
          "                         paper: LC-Checkpoint's one Huffman code word per element\n"
@@ -334,7 +342,7 @@ std::string usage_text(std::string_view program) {
          "                         the RMS of the slab's change; off: the buckets (default\n"
          "                         auto; an explicit grid needs bits>=2)\n"
          "  -o min_tensor=SIZE     float tensors smaller than SIZE are stored exactly in every\n"
-         "                         version, not coded (default 4K)\n"
+         "                         version, not coded (default 256)\n"
          "  -o cache=SIZE          memory for reconstructed checkpoints and decoded data\n"
          "                         (default RAM/8, from 256M to 2G: " +
          human(default_cache_bytes()) +

@@ -34,6 +34,15 @@ inline constexpr std::uint64_t kStreamAfter = std::uint64_t(8) << 20;
 // within 2^-13 of its value), chosen by the recovery and language-model benchmarks
 // (docs/benchmarks.md, "Lossy keyframes"): 8 bits lost accuracy on LeNet-5, 12 did not.
 inline constexpr int kDefaultKeyframeBits = 12;
+// The mount's min_tensor (content_options::min_tensor_bytes; the library keeps 4 KiB): a coded
+// tensor of 64 fp32 elements costs about 130 bytes against 256 exact, and below that the saving
+// goes; coding the biases, norms' scales and their Adam state made the language-model benchmark
+// 6% smaller and LeNet-5 20% (docs/benchmarks.md, "Small tensors coded").
+inline constexpr std::uint64_t kDefaultMinTensor = 256;
+// The mount's moment_bits (content_options::moment_bits): Adam's v in keyframes and on their
+// chains within 2^-7 of its value, against the several per cent its ratio deltas carry; the
+// language-model benchmark 4% smaller, v's error unchanged (docs/benchmarks.md).
+inline constexpr int kDefaultMomentBits = 6;
 
 struct daemon_options {
   std::string store;
@@ -43,7 +52,8 @@ struct daemon_options {
   bool help = false;
   bool version = false;
   // cache_bytes: default_cache_bytes(); keyframe_bits: kDefaultKeyframeBits unless set (the
-  // library's own default is exact keyframes).
+  // library's own default is exact keyframes); min_tensor_bytes: kDefaultMinTensor;
+  // moment_bits: kDefaultMomentBits.
   content_options content;
   bool keyframe_bits_set = false;  // -o keyframe_bits given (it contradicts -o lossless)
   bool grid_set = false;           // -o grid given (bits=1 refuses it)

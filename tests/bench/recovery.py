@@ -100,7 +100,7 @@ REPO = os.path.normpath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(REPO, "tests", "fs"))
 import ckptfs_testlib as testlib  # noqa: E402
 
-SMALL_TENSOR_BYTES = 4096  # recognise_options::min_compress_bytes: smaller tensors are exact
+SMALL_TENSOR_BYTES = 256  # the mount's default -o min_tensor: smaller float tensors are exact
 ACCURACY_PP = 0.2  # allowed loss of test accuracy, percentage points
 MF_LOSS_PCT = 1.0  # allowed rise of the MF test MSE, percent
 RESTORES = 10
@@ -360,10 +360,11 @@ class Setting:
     def __init__(self, coding="grouped", bits=3, rep="mean", scope="tensor", optimizer="lossy",
                  keyframe_interval=20, lossless=False, defaults=False, perturb=0.0,
                  relative="off", keyframe_bits=0, ratio_bits=0, intra="off", grid=0.0,
-                 min_tensor=0):
+                 min_tensor=0, moment_bits=0):
         self.coding, self.bits, self.rep, self.scope = coding, bits, rep, scope
         self.relative, self.intra, self.grid = relative, intra, grid
         self.min_tensor = min_tensor  # bytes; 0: the mount's default
+        self.moment_bits = moment_bits  # 0: the mount's default
         self.keyframe_bits, self.ratio_bits = keyframe_bits, ratio_bits
         self.optimizer, self.keyframe_interval = optimizer, keyframe_interval
         self.lossless, self.defaults, self.perturb = lossless or perturb > 0, defaults, perturb
@@ -379,7 +380,8 @@ class Setting:
                 f"keyframe_bits={self.keyframe_bits}", f"intra={self.intra}",
                 f"grid={self.grid or 'off'}"] + (
                     [f"ratio_bits={self.ratio_bits}"] if self.ratio_bits else []) + (
-                    [f"min_tensor={self.min_tensor}"] if self.min_tensor else [])
+                    [f"min_tensor={self.min_tensor}"] if self.min_tensor else []) + (
+                    [f"moment_bits={self.moment_bits}"] if self.moment_bits else [])
 
     @property
     def name(self):
@@ -407,6 +409,8 @@ class Setting:
             name += f"-grid{self.grid}" if isinstance(self.grid, str) else f"-grid{self.grid:g}"
         if self.min_tensor:
             name += f"-mt{self.min_tensor}"
+        if self.moment_bits:
+            name += f"-mb{self.moment_bits}"
         return name
 
     def with_keyframe_interval(self, k):
@@ -463,6 +467,10 @@ def settings_matrix(quick):
     for mt in (256, 4096):
         rows.append(Setting("grouped", 3, "midrange", "tensor", relative="on", keyframe_bits=12,
                             intra="on", grid="auto", min_tensor=mt))
+    # Second moments (Adam's v) with fewer mantissa bits on lossy chains.
+    for mb in (6, 12):
+        rows.append(Setting("grouped", 3, "midrange", "tensor", relative="on", keyframe_bits=12,
+                            intra="on", grid="auto", min_tensor=256, moment_bits=mb))
     for bits in (3, 4):
         rows.append(Setting("grouped", bits, "mean", "tensor", optimizer="exact"))
     return rows
@@ -516,7 +524,7 @@ OPTIMIZER_BUFFERS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer
 
 def float_counts(state):
     """(every float element, elements ckptfs codes lossily with optimizer=lossy, same with
-    optimizer=exact): tensors under 4 KiB are stored exact."""
+    optimizer=exact): tensors under SMALL_TENSOR_BYTES are stored exact."""
     total = coded = coded_no_opt = 0
     for name, t in testlib.flat_tensors(state).items():
         if not t.is_floating_point():

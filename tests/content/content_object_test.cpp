@@ -70,7 +70,7 @@ std::vector<std::byte> as_bytes(const std::string& s) {
 }
 }  // namespace
 
-TEST_CASE("format 3 stores the metadata compressed; the store writes it by default",
+TEST_CASE("format 3 stores the metadata compressed, and the store writes it by default",
           "[content][format]") {
   temp_dir d;
   opened s(d.path, {});

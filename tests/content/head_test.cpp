@@ -546,3 +546,118 @@ TEST_CASE("a dropped head image is closed off the dropping thread, and wait_publ
   CHECK(gate->closed);
   CHECK(heads.stat().images == 0);
 }
+
+TEST_CASE(
+    "moment_bits: second moments keep fewer mantissa bits on a lossy chain, weights keep "
+    "keyframe_bits",
+    "[content][heads]") {
+  std::mt19937_64 rng(53);
+  drifting_weights w(60'000, rng);
+  // Adam's v: positive, over several octaves, each step a decay and a fresh square.
+  std::vector<float> v(40'000);
+  std::uniform_real_distribution<double> lg(std::log(1e-10), std::log(1e-4)), u01(0, 1);
+  for (auto& x : v) x = float(std::exp(lg(rng)));
+  auto step_v = [&] {
+    for (auto& x : v) x = float(0.95 * x + 0.05 * std::exp(lg(rng)) * u01(rng));
+  };
+  for (const int mb : {0, 6}) {
+    INFO("moment_bits " << mb);
+    temp_dir d;
+    fs::content_options opt;
+    opt.keyframe_bits = 12;
+    opt.moment_bits = mb;
+    opened s(d.path, opt);
+    const int want_v = mb ? mb : 12;
+    std::vector<float> prev_v;
+    for (int k = 0; k < 4; ++k) {
+      w.step(rng);
+      step_v();
+      const bytes sf = safetensors({{"model.w", w.values}, {"state.0.exp_avg_sq", v}});
+      const auto r = s.content.put("run/opt.safetensors", format::memory_source(sf));
+      CHECK(s.content.info(r).kind == (k == 0 ? "keyframe" : "delta"));
+      const bytes out = read_all(s.content, r);
+      const auto got_w = floats_at(out, sf.size() - 4 * (v.size() + w.size()), w.size());
+      const auto got_v = floats_at(out, sf.size() - 4 * v.size(), v.size());
+      // v has want_v bits in every version (and uses them); the weights 12, not 6.
+      CHECK(has_bits(got_v, want_v));
+      CHECK_FALSE(has_bits(got_v, want_v - 2));
+      CHECK(has_bits(got_w, 12));
+      CHECK_FALSE(has_bits(got_w, 6));
+      if (mb == 0) CHECK_FALSE(has_bits(got_v, 6));
+      std::size_t outside = 0;
+      for (std::size_t i = 0; i < v.size(); ++i) {
+        const double u = v[i], g = got_v[i];
+        if (k == 0) {
+          // The keyframe: rounding alone, within 2^-(bits+1) of each value.
+          outside += std::fabs(g - u) > std::ldexp(u, -(want_v + 1));
+        } else {
+          // The closed loop with rounding, and never beyond a factor 2 (ratio coding).
+          const double bound = std::max(std::fabs(u - prev_v[i]), std::ldexp(u, -want_v));
+          outside += std::fabs(g - u) > bound || g < 0.5 * u || g > 2 * u;
+        }
+      }
+      CHECK(outside == 0);
+      prev_v = got_v;
+    }
+  }
+}
+
+TEST_CASE("is_second_moment names the running means of squared gradients", "[content]") {
+  for (const char* yes :
+       {"state.0.exp_avg_sq", "exp_avg_sq", "optimizer.state.fc.weight.exp_avg_sq",
+        "state.3.max_exp_avg_sq", "state.1.square_avg"})
+    CHECK(fs::is_second_moment(yes));
+  for (const char* no : {"state.0.exp_avg", "model.exp_avg_sq.weight", "exp_avg_sq_x", "step",
+                         "state.0.momentum_buffer", "", "."})
+    CHECK_FALSE(fs::is_second_moment(no));
+}
+
+TEST_CASE(
+    "moment_bits set on a chain whose second moments have more bits: its deltas keep the "
+    "base's bits until the next keyframe",
+    "[content][heads]") {
+  std::mt19937_64 rng(59);
+  drifting_weights w(50'000, rng);
+  std::vector<float> v(30'000);
+  std::uniform_real_distribution<double> lg(std::log(1e-10), std::log(1e-4)), u01(0, 1);
+  for (auto& x : v) x = float(std::exp(lg(rng)));
+  auto next = [&] {
+    w.step(rng);
+    for (auto& x : v) x = float(0.95 * x + 0.05 * std::exp(lg(rng)) * u01(rng));
+    return safetensors({{"model.w", w.values}, {"state.0.exp_avg_sq", v}});
+  };
+  temp_dir d;
+  fs::content_options opt;
+  opt.keyframe_bits = 12;
+  opt.keyframe_interval = 3;
+  std::vector<fs::content_ref> refs;
+  std::vector<float> prev;
+  auto v_of = [&](const bytes& out) { return floats_at(out, out.size() - 4 * v.size(), v.size()); };
+  {
+    opened s(d.path, opt);  // moment_bits = 0: v keeps 12 bits
+    refs.push_back(s.content.put("run/o.safetensors", format::memory_source(next())));
+    prev = v_of(read_all(s.content, refs.back()));
+    CHECK_FALSE(has_bits(prev, 6));
+    s.journal.sync();
+  }
+  opt.moment_bits = 6;
+  opened s(d.path, opt, refs);
+  for (int k = 1; k < 4; ++k) {
+    const bytes sf = next();
+    refs.push_back(s.content.put("run/o.safetensors", format::memory_source(sf)));
+    const auto got = v_of(read_all(s.content, refs.back()));
+    CHECK(s.content.info(refs.back()).kind == (k < 3 ? "delta" : "keyframe"));
+    if (k < 3) {
+      // On a 12-bit base: rounded to 12 bits, not 6, and the closed loop holds exactly.
+      CHECK(has_bits(got, 12));
+      CHECK_FALSE(has_bits(got, 6));
+      std::size_t outside = 0;
+      for (std::size_t i = 0; i < v.size(); ++i)
+        outside += std::fabs(double(got[i]) - v[i]) > std::fabs(double(v[i]) - prev[i]);
+      CHECK(outside == 0);
+    } else {
+      CHECK(has_bits(got, 6));  // the next keyframe takes moment_bits
+    }
+    prev = got;
+  }
+}

@@ -136,3 +136,23 @@ TEST_CASE("version_meta: a delta frame's error sums round-trip, older metadata h
   old["tensors"][0].erase("er");
   CHECK_FALSE(from_json(old).tensors[0].error);
 }
+
+TEST_CASE(
+    "version_meta: a frame's own rounding bits round-trip, are absent by default, and are "
+    "range-checked",
+    "[version_meta]") {
+  version_meta s = sample();
+  s.tensors[0].rounded = true;
+  s.coding.keyframe_bits = 12;
+  CHECK(as_json(s)["tensors"][0].count("fb") == 0);  // 0: the version's bits, not written
+  CHECK(from_json(as_json(s)).tensors[0].round_bits == 0);
+  s.tensors[0].round_bits = 6;
+  const json j = as_json(s);
+  CHECK(j["tensors"][0]["fb"] == 6);
+  CHECK(from_json(j).tensors[0].round_bits == 6);
+  for (const int bad : {-1, 24}) {
+    json x = j;
+    x["tensors"][0]["fb"] = bad;
+    REQUIRE_THROWS_AS(from_json(x), corrupt_error);
+  }
+}

@@ -198,6 +198,17 @@ def kill9(proc, mnt):
 
 
 KEYFRAME_BITS = 12  # the mount's default -o keyframe_bits (fs/fuse/options.hpp)
+# The mount's default -o min_tensor (kDefaultMinTensor): float tensors of fewer bytes are exact.
+MIN_TENSOR = 256
+# The mount's default -o moment_bits (kDefaultMomentBits): second moments' mantissa bits on a chain.
+MOMENT_BITS = 6
+SECOND_MOMENTS = ("exp_avg_sq", "max_exp_avg_sq", "square_avg")  # fs::is_second_moment
+
+
+def chain_bits(name):
+    """The mantissa bits a float32 tensor of this name keeps in a lossy keyframe and on its chain
+    at the mount's defaults: second moments MOMENT_BITS, everything else KEYFRAME_BITS."""
+    return MOMENT_BITS if name.split(".")[-1] in SECOND_MOMENTS else KEYFRAME_BITS
 
 
 def keyframe_within(got, want, bits=KEYFRAME_BITS):

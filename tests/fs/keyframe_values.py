@@ -26,7 +26,7 @@ import tempfile
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ckptfs_testlib import (beyond_value, flat_tensors, keyframe_within, mounted,  # noqa: E402
+from ckptfs_testlib import (beyond_value, chain_bits, flat_tensors, keyframe_within, mounted,  # noqa: E402
                             require_fuse)
 from digits_lib import adamw_digits  # noqa: E402
 
@@ -72,10 +72,12 @@ def run(binary, ctl, work, opts, intra, exact_keyframes=False):
                     assert name.endswith("exp_avg"), (k, name, "only Adam's m is new each time")
                     bad = beyond_value(r, u)
                     assert bad == 0, f"save {k}: {name}: {bad} elements further than |u|"
-                    if kind == "keyframe":
+                    # Far smaller than the rounded keyframe (tensors of a few hundred elements
+                    # are mostly a frame's fixed cost either way).
+                    if kind == "keyframe" and t["elements"] >= 1024:
                         assert t["stored_bytes"] * 4 < first_bytes[name], (k, name, t)
                 elif kind == "keyframe":
-                    assert keyframe_within(r, u), f"save {k}: {name}: off by more than 2^-13"
+                    assert keyframe_within(r, u, chain_bits(name)), f"save {k}: {name}: keyframe off"
                 prev_modes[name] = mode
             with open(path, "rb") as f:
                 digests[path] = hashlib.sha256(f.read()).hexdigest()

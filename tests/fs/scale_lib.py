@@ -14,11 +14,11 @@ import time
 
 import torch
 
-from ckptfs_testlib import flat_tensors, keyframe_within  # noqa: F401 (streaming.py imports it from here)
+from ckptfs_testlib import MIN_TENSOR, chain_bits, flat_tensors, keyframe_within  # noqa: F401 (streaming.py imports it from here)
 
 MiB = 1 << 20
 GiB = 1 << 30
-SMALL = 4096  # bytes: float tensors below this are stored exact (recognise_options default)
+SMALL = MIN_TENSOR  # bytes: float tensors below this are stored exact (the mount's default)
 SAMPLE = 1 << 16  # elements sampled per large tensor
 CHUNK = 1 << 22  # elements per in-place update (16 MiB of fp32 temporaries)
 
@@ -130,7 +130,7 @@ def check(label, saved, read, base_read, kind):
             assert torch.equal(got, u), f"{label}: {name} must be exact ({kind})"
             continue
         if kind != "delta":  # a keyframe: rounded to 12 mantissa bits (-o keyframe_bits)
-            assert keyframe_within(got, u), f"{label}: {name}: keyframe off by more than 2^-13"
+            assert keyframe_within(got, u, chain_bits(name)), f"{label}: {name}: keyframe off"
             continue
         assert base_read is not None, f"{label}: delta without its base's read-back"
         err = (got.double() - u.double()).abs()

@@ -29,7 +29,7 @@ from sklearn.datasets import load_digits
 here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, here)
 sys.path.insert(0, os.path.join(here, "..", "formats"))
-from ckptfs_testlib import daemon_log, flat_tensors, info, keyframe_within, mounted, require_fuse  # noqa: E402
+from ckptfs_testlib import MIN_TENSOR, chain_bits, daemon_log, flat_tensors, info, keyframe_within, mounted, require_fuse  # noqa: E402
 from real_files import read_safetensors, write_safetensors  # noqa: E402
 
 RANKS, STEPS = 4, 4
@@ -110,11 +110,11 @@ def safetensors_files(root, step, state):
 
 def closed_loop(label, want, got, prev):
     assert got.dtype == want.dtype and got.shape == want.shape, label
-    if want.numel() * want.element_size() < 4096 or not want.is_floating_point():
+    if want.numel() * want.element_size() < MIN_TENSOR or not want.is_floating_point():
         assert torch.equal(got, want), f"{label} must be exact"
         return
     if prev is None:  # a keyframe: rounded (-o keyframe_bits, default 12)
-        assert keyframe_within(got, want), f"{label}: keyframe off by more than 2^-13"
+        assert keyframe_within(got, want, chain_bits(label)), f"{label}: keyframe off"
         return
     err = (got.double() - want.double()).abs()
     bound = (want.double() - prev.double()).abs()

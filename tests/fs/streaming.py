@@ -45,7 +45,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ckptfs_testlib import mounted, sha256  # noqa: E402
+from ckptfs_testlib import MIN_TENSOR, mounted, sha256  # noqa: E402
 from scale_lib import (MiB, TrainingState, check, flat_tensors, read_dcp, sample,  # noqa: E402
                        scratch_dir, stat, write_dcp)
 
@@ -217,9 +217,9 @@ def rewrite(binary, ctl, work):
         at = raw.find(big.reshape(-1)[:16].numpy().tobytes())
         assert at > 0
         patch = torch.full((1024,), 7.5).numpy().tobytes()
-        # The float tensors the stream codes (the recogniser's threshold: 4 KiB).
+        # The float tensors the stream codes (the mount's -o min_tensor).
         coded = sum(t.numel() * t.element_size() for t in flat_tensors(sd).values()
-                    if t.is_floating_point() and t.numel() * t.element_size() >= 4096)
+                    if t.is_floating_point() and t.numel() * t.element_size() >= MIN_TENSOR)
         before = status(ctl, mnt)["coded_bytes"]
         with open(f"{mnt}/b.pt", "wb") as f:
             f.write(raw)

@@ -129,8 +129,19 @@ TEST_CASE("fuse options: grid auto, off or a step, and only with bits >= 2", "[f
     CHECK_THROWS_AS(parse_o(bad), usage_error);
 }
 
+TEST_CASE("fuse options: moment_bits 0..23, default 6", "[fuse]") {
+  CHECK(parse_o("bits=3").content.moment_bits == 6);
+  CHECK(ckpt::fs::content_options{}.moment_bits == 0);  // the library's own: keyframe_bits
+  CHECK(parse_o("moment_bits=0").content.moment_bits == 0);
+  CHECK(parse_o("moment_bits=12").content.moment_bits == 12);
+  for (const char* bad :
+       {"moment_bits=24", "moment_bits=-1", "moment_bits=", "moment_bits", "moment_bits=6x"})
+    CHECK_THROWS_AS(parse_o(bad), usage_error);
+}
+
 TEST_CASE("fuse options: min_tensor is a size of at least one byte", "[fuse]") {
-  CHECK(parse_o("bits=3").content.min_tensor_bytes == 4096);
+  CHECK(parse_o("bits=3").content.min_tensor_bytes == 256);
+  CHECK(ckpt::fs::content_options{}.min_tensor_bytes == 4096);  // the library's own
   CHECK(parse_o("min_tensor=256").content.min_tensor_bytes == 256);
   CHECK(parse_o("min_tensor=1K").content.min_tensor_bytes == 1024);
   CHECK(parse_o("min_tensor=1").content.recognise().min_compress_bytes == 1);
