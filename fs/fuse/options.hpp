@@ -34,9 +34,9 @@ inline constexpr std::uint64_t kStreamAfter = std::uint64_t(8) << 20;
 // within 2^-13 of its value), chosen by the recovery and language-model benchmarks
 // (docs/benchmarks.md, "Lossy keyframes"): 8 bits lost accuracy on LeNet-5, 12 did not.
 inline constexpr int kDefaultKeyframeBits = 12;
-// The mount's min_tensor (content_options::min_tensor_bytes; the library keeps 4 KiB): a coded
-// tensor of 64 fp32 elements costs about 130 bytes against 256 exact, and below that the saving
-// goes; coding the biases, norms' scales and their Adam state made the language-model benchmark
+// The mount's min_tensor (content_options::min_tensor_bytes; the library keeps 4 KiB): a delta
+// of a 64-element fp32 tensor costs about 100 bytes against 256 exact (its block's header and
+// table), so below that the saving goes; coding the biases, norms' scales and their Adam state made the language-model benchmark
 // 6% smaller and LeNet-5 20% (docs/benchmarks.md, "Small tensors coded").
 inline constexpr std::uint64_t kDefaultMinTensor = 256;
 // The mount's moment_bits (content_options::moment_bits): Adam's v in keyframes and on their
