@@ -10,6 +10,7 @@
 #include <string>
 
 #include "codec/format/recognise.hpp"
+#include "fs/fuse/options.hpp"
 #include "tools/commands.hpp"
 
 namespace ckpt::tools {
@@ -21,7 +22,7 @@ struct inspect_options {
   std::string path;
   bool json = false;
   bool segments = true;
-  std::uint64_t min_bytes = recognise_options{}.min_compress_bytes;
+  std::uint64_t min_bytes = fs::fuse::kDefaultMinTensor;  // what the mount codes by default
   int repeat = 0;
 };
 
@@ -147,7 +148,8 @@ void add_inspect_command(CLI::App& app) {
   cmd->add_option("FILE", o->path, "File to inspect")->required();
   cmd->add_flag("--json", o->json, "One JSON document instead of text");
   cmd->add_option("--min-compress-bytes", o->min_bytes,
-                  "Float payloads smaller than this are kept exact");
+                  "Float payloads smaller than this are kept exact (default: the mount's "
+                  "min_tensor, 256)");
   cmd->add_flag("!--no-segments", o->segments, "Omit the segment list from the text output");
   cmd->add_option("--bench", o->repeat, "Time recognition over N runs (benchmark)")->group("");
   cmd->callback([o] { exit_status = run(*o); });

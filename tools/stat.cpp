@@ -65,7 +65,7 @@ void print_text(const std::string& arg, const nlohmann::json& info) {
   if (auto c = info.find("coding");
       kind != "exact" && c != info.end() && c->is_object() && !c->empty()) {
     if ((kind == "keyframe" || jnum(*c, "bits") == 0) && jnum(*c, "keyframe_bits") > 0) {
-      std::printf("coding:   keyframe, float tensors rounded to %d mantissa bits\n",
+      std::printf("coding:   keyframe, float tensors rounded to %d mantissa bits or fewer\n",
                   int(jnum(*c, "keyframe_bits")));
     } else if (kind == "keyframe" || jnum(*c, "bits") == 0) {
       std::printf("coding:   lossless (keyframe)\n");

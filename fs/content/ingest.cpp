@@ -379,8 +379,12 @@ content_store::impl::base_choice content_store::impl::choose_shard_base(
       continue;  // reclaimed meanwhile
     }
     const auto by_name = tensors_by_name(*meta);
+    // The tensors that identify a checkpoint (lineage_key.hpp): a small one without a frame in
+    // a head written under another min_tensor is coded without a base, not a reason for a
+    // keyframe.
+    const bool large = has_large_tensor(found);
     const bool agrees = std::all_of(found.begin(), found.end(), [&](const format::tensor_info& t) {
-      return !t.compress || shard_tensor_in(t, *meta, by_name);
+      return !identifies(t, large) || shard_tensor_in(t, *meta, by_name);
     });
     if (!agrees) continue;
     std::lock_guard lock(mu);

@@ -58,10 +58,21 @@ std::string lineage_path_key(std::string_view path) {
   return out;
 }
 
+bool identifies(const format::tensor_info& t, bool has_large) noexcept {
+  return t.compress && (t.length >= identity_min_bytes || !has_large);
+}
+
+bool has_large_tensor(std::span<const format::tensor_info> tensors) noexcept {
+  for (const auto& t : tensors)
+    if (t.compress && t.length >= identity_min_bytes) return true;
+  return false;
+}
+
 std::uint64_t lineage_signature(const format::layout& l) {
   std::string sig;
+  const bool large = has_large_tensor(l.tensors);
   for (const auto& t : l.tensors) {
-    if (!t.compress) continue;
+    if (!identifies(t, large)) continue;
     sig += t.name;
     sig += '\x1f';
     sig += format::name(t.type);

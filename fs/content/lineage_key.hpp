@@ -3,6 +3,7 @@
 // signature (ordered tensor names, dtypes, shapes) and, to break ties, by path with step-like
 // numbers stripped. Numbers that name a rank or a shard are kept: they are separate lineages.
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -20,7 +21,18 @@ std::string lineage_path_key(std::string_view path);
 // of one save: never each other's base, even when their tensors match.
 std::string lineage_rank_tokens(std::string_view path);
 
-// XXH3-64 over the ordered (name, type, shape) of the compressible tensors; 0 if there are none.
+// Tensors that identify a checkpoint: compressible ones of at least this many bytes (what was
+// compressible before -o min_tensor existed), or every compressible one where none is that
+// large. Smaller ones are left out so that min_tensor, which decides whether they are coded,
+// does not change a checkpoint's identity: a store written before, or a mount with another
+// min_tensor, continues its lineages instead of starting each with a keyframe.
+inline constexpr std::uint64_t identity_min_bytes = 4096;
+bool identifies(const format::tensor_info& t, bool has_large) noexcept;
+// Whether any compressible tensor has identity_min_bytes or more.
+bool has_large_tensor(std::span<const format::tensor_info> tensors) noexcept;
+
+// XXH3-64 over the ordered (name, type, shape) of the tensors that identify the checkpoint
+// (identifies()); 0 if there are none.
 std::uint64_t lineage_signature(const format::layout& l);
 
 }  // namespace ckpt::fs

@@ -868,7 +868,7 @@ def report(results, meta, selection_notes):
                      f"{fixed:,} B ({refs[0]['bytes'] / fixed:.0f}x)", w.iterations, w.every_k,
                      f"{w.metric} {metric:.3f}{unit}"])
     parts.append(table(["workload", "model and training", "float elements per checkpoint",
-                        "of them in tensors coded lossily (rest: < 4 KiB, exact)",
+                        f"of them in tensors coded lossily (rest: < {SMALL_TENSOR_BYTES} B, exact)",
                         "checkpoint size", "an unchanged version stores (ceiling of a delta)",
                         "iterations", "k", "failure-free final (mean over seeds)"], rows))
     names = list(results.settings)

@@ -938,3 +938,38 @@ TEST_CASE("a keyframe codes as values what its previous head coded as values", "
     CHECK(beyond_value(got, u) == 0);
   }
 }
+
+TEST_CASE("a lower min_tensor continues a lineage: small tensors are coded, not a new identity",
+          "[content]") {
+  temp_dir d;
+  fs::content_options opt;  // min_tensor 4 KiB: the 1 KiB bias is stored exactly
+  std::mt19937_64 rng(61);
+  drifting_weights w(50'000, rng), b(256, rng);
+  auto file = [&] {
+    w.step(rng);
+    b.step(rng);
+    return safetensors({{"w", w.values}, {"b", b.values}});
+  };
+  std::vector<fs::content_ref> refs;
+  {
+    opened s(d.path, opt);
+    for (int k = 0; k < 2; ++k)
+      refs.push_back(s.content.put("run/step_" + std::to_string(k) + ".safetensors",
+                                   format::memory_source(file())));
+    CHECK(s.content.detail(refs.back()).tensors.size() == 1);  // w only
+    s.journal.sync();
+  }
+  opt.min_tensor_bytes = 256;
+  opened s(d.path, opt, refs);
+  const auto r = s.content.put("run/step_2.safetensors", format::memory_source(file()));
+  const auto i = s.content.info(r);
+  CHECK(i.kind == "delta");
+  CHECK(i.lineage == s.content.info(refs.front()).lineage);
+  CHECK(i.base == refs.back().version);
+  const auto det = s.content.detail(r);
+  REQUIRE(det.tensors.size() == 2);  // b is coded now (without a base: its first frame)
+  CHECK(std::any_of(det.tensors.begin(), det.tensors.end(),
+                    [](const auto& t) { return t.name == "b" && t.mode == "lossless"; }));
+  const auto next = s.content.put("run/step_3.safetensors", format::memory_source(file()));
+  for (const auto& t : s.content.detail(next).tensors) CHECK(t.mode != "lossless");
+}
