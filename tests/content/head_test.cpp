@@ -547,19 +547,29 @@ TEST_CASE("a dropped head image is closed off the dropping thread, and wait_publ
   CHECK(heads.stat().images == 0);
 }
 
+namespace {
+// Adam's v: positive, over several octaves, each step a decay and a fresh square.
+struct second_moment {
+  std::vector<float> values;
+  std::uniform_real_distribution<double> lg{std::log(1e-10), std::log(1e-4)}, u01{0, 1};
+  second_moment(std::size_t n, std::mt19937_64& rng) : values(n) {
+    for (auto& x : values) x = float(std::exp(lg(rng)));
+  }
+  void step(std::mt19937_64& rng) {
+    for (auto& x : values) x = float(0.95 * x + 0.05 * std::exp(lg(rng)) * u01(rng));
+  }
+};
+}  // namespace
+
 TEST_CASE(
     "moment_bits: second moments keep fewer mantissa bits on a lossy chain, weights keep "
     "keyframe_bits",
     "[content][heads]") {
   std::mt19937_64 rng(53);
   drifting_weights w(60'000, rng);
-  // Adam's v: positive, over several octaves, each step a decay and a fresh square.
-  std::vector<float> v(40'000);
-  std::uniform_real_distribution<double> lg(std::log(1e-10), std::log(1e-4)), u01(0, 1);
-  for (auto& x : v) x = float(std::exp(lg(rng)));
-  auto step_v = [&] {
-    for (auto& x : v) x = float(0.95 * x + 0.05 * std::exp(lg(rng)) * u01(rng));
-  };
+  second_moment sm(40'000, rng);
+  const std::vector<float>& v = sm.values;
+  auto step_v = [&] { sm.step(rng); };
   for (const int mb : {0, 6}) {
     INFO("moment_bits " << mb);
     temp_dir d;
@@ -618,12 +628,11 @@ TEST_CASE(
     "[content][heads]") {
   std::mt19937_64 rng(59);
   drifting_weights w(50'000, rng);
-  std::vector<float> v(30'000);
-  std::uniform_real_distribution<double> lg(std::log(1e-10), std::log(1e-4)), u01(0, 1);
-  for (auto& x : v) x = float(std::exp(lg(rng)));
+  second_moment sm(30'000, rng);
+  const std::vector<float>& v = sm.values;
   auto next = [&] {
     w.step(rng);
-    for (auto& x : v) x = float(0.95 * x + 0.05 * std::exp(lg(rng)) * u01(rng));
+    sm.step(rng);
     return safetensors({{"model.w", w.values}, {"state.0.exp_avg_sq", v}});
   };
   temp_dir d;
