@@ -29,18 +29,17 @@ std::uint64_t get64(const std::byte* p) {
   return v;
 }
 
-std::shared_ptr<const version_meta> checked_meta(std::span<const std::byte> meta, std::uint64_t sum,
-                                                 const std::string& what) {
-  if (XXH3_64bits(meta.data(), meta.size()) != sum)
+// The stored metadata checked against its checksum before anything reads it.
+void check_sum(std::span<const std::byte> stored, std::uint64_t sum, const std::string& what) {
+  if (XXH3_64bits(stored.data(), stored.size()) != sum)
     throw corrupt_error("content: metadata checksum mismatch in " + what);
-  return std::make_shared<const version_meta>(decode_meta(meta));
 }
 
 }  // namespace
 
 // Level 9: metadata is small (kilobytes to a few MiB for the largest shards' block indexes) and
 // written once per version. On a language model's optimizer.pt (28 KB of CBOR) levels 3, 6, 9
-// and 19 gave 9.9, 9.5, 9.5 and 8.4 KB; 19 costs tens of milliseconds per MiB.
+// and 19 gave 9.9, 9.5, 9.5 and 8.4 KB.
 constexpr int meta_zstd_level = 9;
 
 std::vector<std::byte> compress_metadata(std::span<const std::byte> cbor) {
@@ -124,7 +123,8 @@ content_header read_content_header(const store::object_store& objects,
     if (len > obj.size - content_prefix_size) throw corrupt_error("content: meta length");
     std::vector<std::byte> meta(len);
     objects.read(obj.id, content_prefix_size, meta);
-    h.meta = checked_meta(meta, get64(prefix + 16), what);
+    check_sum(meta, get64(prefix + 16), what);
+    h.meta = std::make_shared<const version_meta>(decode_meta(meta));
     h.data_base = content_prefix_size + len;
     h.data_bytes = obj.size - h.data_base;
     h.meta_bytes = len;
@@ -145,16 +145,10 @@ content_header read_content_header(const store::object_store& objects,
     throw corrupt_error("content: meta length");
   std::vector<std::byte> meta(len);
   objects.read(obj.id, obj.size - content_trailer_size - len, meta);
-  if (version == 3) {
-    if (XXH3_64bits(meta.data(), meta.size()) != get64(trailer + 8))
-      throw corrupt_error("content: metadata checksum mismatch in " + what);
-    const std::vector<std::byte> cbor = inflate_metadata(meta, what);
-    h.meta = std::make_shared<const version_meta>(decode_meta(cbor));
-    h.meta_bytes = cbor.size();
-  } else {
-    h.meta = checked_meta(meta, get64(trailer + 8), what);
-    h.meta_bytes = len;
-  }
+  check_sum(meta, get64(trailer + 8), what);
+  const std::vector<std::byte> cbor = version == 3 ? inflate_metadata(meta, what) : std::move(meta);
+  h.meta = std::make_shared<const version_meta>(decode_meta(cbor));
+  h.meta_bytes = cbor.size();
   h.data_base = content_prefix_size;
   h.data_bytes = obj.size - content_prefix_size - content_trailer_size - len;
   return h;

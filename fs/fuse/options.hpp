@@ -36,12 +36,13 @@ inline constexpr std::uint64_t kStreamAfter = std::uint64_t(8) << 20;
 inline constexpr int kDefaultKeyframeBits = 12;
 // The mount's min_tensor (content_options::min_tensor_bytes; the library keeps 4 KiB): a delta
 // of a 64-element fp32 tensor costs about 100 bytes against 256 exact (its block's header and
-// table), so below that the saving goes; coding the biases, norms' scales and their Adam state made the language-model benchmark
-// 6% smaller and LeNet-5 20% (docs/benchmarks.md, "Small tensors coded").
+// table), so below that the saving goes. Coding the biases, norms' scales and their Adam state
+// made the language-model benchmark 6% smaller and LeNet-5 21% (docs/benchmarks.md, "Fixed
+// costs, small tensors and second moments").
 inline constexpr std::uint64_t kDefaultMinTensor = 256;
 // The mount's moment_bits (content_options::moment_bits): Adam's v in keyframes and on their
 // chains within 2^-7 of its value, against the several per cent its ratio deltas carry; the
-// language-model benchmark 4% smaller, v's error unchanged (docs/benchmarks.md).
+// language-model benchmark 4% smaller, v's error unchanged (docs/benchmarks.md, the same section).
 inline constexpr int kDefaultMomentBits = 6;
 
 struct daemon_options {
