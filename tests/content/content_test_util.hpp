@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "codec/dtype.hpp"
 #include "fs/content/content_store.hpp"
 #include "fs/store/journal.hpp"
 #include "fs/store/object_store.hpp"
@@ -70,10 +71,12 @@ inline bytes safetensors(const std::vector<std::pair<std::string, std::vector<fl
   std::size_t p = 8 + js.size();
   for (const auto& [name, v] : tensors)
     for (float f : v) {
-      std::uint32_t x;
-      std::memcpy(&x, &f, 4);
-      if (bf16) x = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
-      std::memcpy(out.data() + p, &x, es);  // little-endian: the low half is the bf16
+      if (bf16) {
+        const std::uint16_t h = codec::f32_to_bf16(f);
+        std::memcpy(out.data() + p, &h, 2);
+      } else {
+        std::memcpy(out.data() + p, &f, 4);
+      }
       p += es;
     }
   return out;
