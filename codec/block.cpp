@@ -11,6 +11,7 @@
 
 #include "codec/byte_io.hpp"
 #include "codec/error.hpp"
+#include "codec/escapes.hpp"
 #include "codec/huffman.hpp"
 #include "codec/lc_kernel.hpp"
 #include "codec/mantissa.hpp"
@@ -147,9 +148,20 @@ void encode_delta_block(dtype t, const std::byte* cur, const std::byte* base, st
   byte_writer w(out);
   for (int s = 1; s < (1 << p.bits); ++s) w.put<float>(q.rep[s]);
   w.put<std::uint32_t>(std::uint32_t(escapes.size()));
-  for (auto i : escapes) w.put<std::uint32_t>(i);
-  // What an escape reads as (the element itself, rounded where the block rounds).
-  for (auto i : escapes) w.put_bytes(std::span(recon + i * esize, esize));
+  // What an escape reads as: the element itself, rounded where the block rounds.
+  // Coded (version 4) where that is smaller than the plain list of indices and values.
+  thread_local std::vector<std::byte> values;
+  values.resize(escapes.size() * esize);
+  for (std::size_t e = 0; e < escapes.size(); ++e)
+    std::memcpy(values.data() + e * esize, recon + std::size_t(escapes[e]) * esize, esize);
+  const std::size_t list_at = out.size();
+  const bool coded = !escapes.empty() && put_coded_escapes(t, escapes, values, p.policy, out) <
+                                             escapes.size() * (4 + esize);
+  if (!coded) {
+    out.resize(list_at);
+    for (auto i : escapes) w.put<std::uint32_t>(i);
+    w.put_bytes(values);
+  }
   encode_bytes(groups, p.policy, out);
   if (out.size() - at - block_header_size >= n * esize) {  // did not shrink: store the elements
     out.resize(at);
@@ -160,6 +172,7 @@ void encode_delta_block(dtype t, const std::byte* cur, const std::byte* base, st
     put_raw_block(t, recon, n, out);
     return;
   }
+  if (coded) out[at + 4] = std::byte(block_format_version_coded_escapes);
   end_block(out, at);
 }
 
@@ -218,7 +231,7 @@ block_header read_block_header(std::span<const std::byte> in, bool whole_block) 
   if (r.get<std::uint32_t>() != block_magic) throw corrupt_error("block: bad magic");
   const auto version = r.get<std::uint8_t>();
   if (version != block_format_version && version != block_format_version_rounded &&
-      version != block_format_version_packed)
+      version != block_format_version_packed && version != block_format_version_coded_escapes)
     throw error(errc::unsupported, "block: format version " + std::to_string(version));
   block_header h;
   const auto codec = r.get<std::uint8_t>();
@@ -242,14 +255,20 @@ block_header read_block_header(std::span<const std::byte> in, bool whole_block) 
   if (is_lossy(h.codec) &&
       (h.bits < 1 || h.bits > max_bits || h.group < 1 || h.bits * h.group > 8 || !is_float(h.type)))
     throw corrupt_error("block: bad lossy parameters");
-  // Version 1 always wrote 0 here: anything else is damage, not a rounding to ignore.
-  if (version != block_format_version_rounded && flags != 0)
-    throw corrupt_error("block: bad flags");
-  if (version == block_format_version_rounded) {
-    if (!is_lossy(h.codec) || flags < 1 || flags >= mantissa_bits(h.type))
+  // Versions 1 and 3 always wrote 0 here: anything else is damage, not a rounding to ignore.
+  const bool rounds =
+      version == block_format_version_rounded || version == block_format_version_coded_escapes;
+  if (!rounds && flags != 0) throw corrupt_error("block: bad flags");
+  if (version == block_format_version_coded_escapes && !is_lossy(h.codec))
+    throw corrupt_error("block: version 4 is for lossy blocks");
+  if (rounds && flags) {
+    if (!is_lossy(h.codec) || flags >= mantissa_bits(h.type))
       throw corrupt_error("block: bad rounding");
     h.round_bits = flags;
+  } else if (version == block_format_version_rounded) {
+    throw corrupt_error("block: bad rounding");
   }
+  h.coded_escapes = version == block_format_version_coded_escapes;
   if (h.codec == block_codec::float_lossless && !is_float(h.type))
     throw corrupt_error("block: lossless float block of non-float type");
   if (version == block_format_version_packed && h.codec != block_codec::float_lossless)
@@ -313,18 +332,26 @@ void decode_block(std::span<const std::byte> in, const std::byte* base, std::byt
       for (int s = 1; s < (1 << h.bits); ++s) rep[s] = r.get<float>();
       const auto nesc = r.get<std::uint32_t>();
       if (nesc > n) throw corrupt_error("block: too many escapes");
-      auto idx_bytes = r.get_bytes(std::size_t(nesc) * 4);
-      auto val_bytes = r.get_bytes(std::size_t(nesc) * esize);
+      thread_local std::vector<std::uint32_t> indices;
+      thread_local std::vector<std::byte> values;
+      if (h.coded_escapes) {
+        get_coded_escapes(r, h.type, n, nesc, indices, values);
+      } else {
+        const auto idx_bytes = r.get_bytes(std::size_t(nesc) * 4);
+        const auto val_bytes = r.get_bytes(std::size_t(nesc) * esize);
+        indices.resize(nesc);
+        if (nesc) std::memcpy(indices.data(), idx_bytes.data(), std::size_t(nesc) * 4);
+        values.assign(val_bytes.begin(), val_bytes.end());
+      }
       thread_local std::vector<std::uint8_t> groups;
       groups.resize((n + h.group - 1) / h.group);
       decode_bytes(r.get_bytes(r.remaining()), groups);
       lc_decode_symbols(h.type, kind, base, n, groups.data(), h.bits, h.group, rep.data(),
                         h.round_bits, out);
-      for (std::uint32_t e = 0; e < nesc; ++e) {
-        std::uint32_t i;
-        std::memcpy(&i, idx_bytes.data() + 4 * e, 4);
+      for (std::size_t e = 0; e < nesc; ++e) {
+        const std::uint32_t i = indices[e];
         if (i >= n) throw corrupt_error("block: escape index out of range");
-        std::memcpy(out + std::size_t(i) * esize, val_bytes.data() + e * esize, esize);
+        std::memcpy(out + std::size_t(i) * esize, values.data() + e * esize, esize);
       }
       return;
     }

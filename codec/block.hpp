@@ -22,6 +22,10 @@ inline constexpr std::uint8_t block_format_version_rounded = 2;
 // Lossless float blocks with a bit-packed plane (entropy_mode::packed) are version 3, so that a
 // decoder from before packing refuses them as a newer format instead of as damage.
 inline constexpr std::uint8_t block_format_version_packed = 3;
+// Lossy blocks whose escapes are entropy-coded (index gaps and value planes, docs/format.md) are
+// version 4, byte 7 the rounding bits or 0, so that a decoder from before refuses them as a newer
+// format. Written only where that is smaller than the plain escape list.
+inline constexpr std::uint8_t block_format_version_coded_escapes = 4;
 inline constexpr std::size_t block_header_size = 32;
 inline constexpr std::size_t max_block_bytes = 64u << 20;  // refuse larger on decode
 
@@ -69,8 +73,9 @@ struct block_header {
   std::uint8_t bits = 0, group = 0;
   representative rep{};
   entropy_policy policy{};
-  std::uint8_t round_bits = 0;  // lossy blocks of version 2 (byte 7), else 0
+  std::uint8_t round_bits = 0;  // lossy blocks of version 2 or 4 (byte 7), else 0
   bool packed_planes = false;   // version 3: lossless planes may be bit-packed
+  bool coded_escapes = false;   // version 4: a lossy block's escapes are entropy-coded
   std::size_t total_size() const { return block_header_size + payload_size; }
 };
 

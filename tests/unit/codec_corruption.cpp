@@ -4,9 +4,11 @@
 #include <xxhash.h>
 
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <cstring>
 #include <random>
 
+#include "codec/block.hpp"
 #include "codec/error.hpp"
 #include "codec/tensor_codec.hpp"
 #include "codec_test_util.hpp"
@@ -46,6 +48,22 @@ std::vector<sample> samples() {
     const auto q = select_grid(gather_stats(std::span(&in, 1), false), 3, 1.0);
     REQUIRE(q.grid == 6);
     s.push_back({"lc grid b3 k2", encode_delta(in, q, {3, 2}, recon), p.base, p.cur.size()});
+  }
+  {
+    // Second moments whose growth one factor cannot follow: most elements escape, coded
+    // (block version 4).
+    pair_data v{tensor(dtype::f32, 3000), tensor(dtype::f32, 3000)};
+    std::mt19937_64 rng(7);
+    for (std::size_t i = 0; i < 3000; ++i) {
+      set_f32(v.base, dtype::f32, i, 1e-12f);
+      set_f32(v.cur, dtype::f32, i, float(1e-12 * std::exp2(double(rng() % 30))));
+    }
+    const delta_input vin{dtype::f32, v.cur, v.base};
+    const auto q =
+        plan_tables(std::span(&vin, 1), 1, representative::mean, bucket_scope::tensor, true)[0];
+    auto frame = encode_delta(vin, q, {1, 8}, recon);
+    REQUIRE(int(frame[4]) == block_format_version_coded_escapes);
+    s.push_back({"lc ratio b1 with coded escapes", std::move(frame), v.base, v.cur.size()});
   }
   {
     // Values unrelated to their base: an intra block (decoded without one).
