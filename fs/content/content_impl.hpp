@@ -417,8 +417,10 @@ struct content_store::impl {
   codec::lossy_params coding_params_of(const version_meta& meta) const;
   // meta.coding.keyframe_bits: set when one of its frames was rounded, else 0.
   void note_rounding(version_meta& meta) const;
-  // `p` for a slab coded as `kind`: ratio deltas may have their own bits (ratio_bits).
-  codec::lossy_params params_for(codec::lossy_params p, codec::delta_kind kind) const;
+  // `p` for a slab coded as `kind`: second moments' ratio deltas may have their own bits
+  // (ratio_bits; `second_moment` also where one shared table serves every ratio slab).
+  codec::lossy_params params_for(codec::lossy_params p, codec::delta_kind kind,
+                                 bool second_moment) const;
   static std::unordered_map<std::string, std::size_t> tensors_by_name(const cache_item& meta);
   // The base tensor `t` is coded against: the base's tensor of the same name, type and size.
   std::optional<std::size_t> base_tensor_for(
@@ -453,6 +455,8 @@ struct content_store::impl {
     // a base), as the previous head coded it: Adam's first moment, which no later version is
     // coded against, costs a keyframe what it costs a delta instead of 12 mantissa bits.
     bool values = false;
+    // Adam's second moment by name (is_second_moment): its ratio deltas get ratio_bits.
+    bool second_moment = false;
     // The frame reads back other than the bytes written: its reconstruction goes to the head.
     bool rewrites() const noexcept { return base_tensor || keep_bits || values; }
   };

@@ -40,9 +40,12 @@ namespace ckpt::fs {
 // differences lossy Adam moments diverged after early restores), a keyframe every 20 versions.
 struct content_options {
   int bits = 3;  // 1..4
-  // Bits for deltas coded as ratios (nonnegative state: Adam's exp_avg_sq, BatchNorm's
-  // running_var), 1..4; 0: `bits`. Ratio-coded state needs fewer: Adam's step divides by its
-  // square root, and its relative changes cluster (tests/bench/lm_run.py, benchmarks.md).
+  // Bits for the ratio-coded deltas of second moments (is_second_moment, by name: Adam's
+  // exp_avg_sq), 1..4; 0: `bits`. Adam's step divides by their square root, and their own
+  // estimate is noisy (benchmarks.md, "Fewer bits for Adam's v"). Other ratio-coded tensors
+  // (weights that happen to be nonnegative, as a LayerNorm's scale; unnamed DCP items) keep
+  // `bits`: one factor, at 1 bit, would move them one way only. With the paper's checkpoint
+  // scope one ratio table serves every ratio-coded tensor, and it has ratio_bits.
   int ratio_bits = 0;
   // Lossy keyframes: the float tensors a lossy lineage codes are rounded to this many mantissa
   // bits (fp32's scale; fp16/bf16 keep min(this, their own)) in keyframes and in frames without
@@ -57,8 +60,8 @@ struct content_options {
   // deltas already carry several per cent of error (ratio coding), so bits beyond ~6 (each
   // element within 2^-7 = 0.8%) buy nothing but keyframe bytes. 0: keyframe_bits.
   int moment_bits = 0;
-  int bits_for(codec::delta_kind k) const noexcept {
-    return k == codec::delta_kind::ratio && ratio_bits ? ratio_bits : bits;
+  int bits_for(codec::delta_kind k, bool second_moment) const noexcept {
+    return k == codec::delta_kind::ratio && second_moment && ratio_bits ? ratio_bits : bits;
   }
   bool lossless = false;       // every checkpoint stored exactly (float-aware lossless)
   int keyframe_interval = 20;  // every N-th version of a lineage is a keyframe

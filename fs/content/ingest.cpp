@@ -34,9 +34,11 @@ namespace {
 // step (the buckets where the step is not usable: every change zero or beyond fp32), the grid or
 // the buckets by estimate with grid=auto (content_options::grid_step), else the buckets, fewer
 // of them for intra slabs. `type`: the slab's dtype, or nullopt for a table shared by tensors.
+// `second_moment`: ratio tables have ratio_bits (content_options::ratio_bits).
 codec::quant_table table_for(const content_options& opt, const codec::delta_stats& s,
-                             codec::delta_kind kind, std::optional<codec::dtype> type) {
-  const int bits = opt.bits_for(kind);
+                             codec::delta_kind kind, std::optional<codec::dtype> type,
+                             bool second_moment) {
+  const int bits = opt.bits_for(kind, second_moment);
   const auto buckets = [&] {
     return codec::select_buckets(
         s, bits, opt.rep, kind, kind == codec::delta_kind::intra ? opt.intra_buckets_for(bits) : 0);
@@ -190,12 +192,13 @@ content_store::impl::tensor_result content_store::impl::encode_tensor(
       const codec::quant_table table =
           shared_tables && !j.values
               ? (*shared_tables)[int(kind)]
-              : table_for(opt, codec::gather_stats(std::span(&in, 1), range, kind), kind, j.type);
+              : table_for(opt, codec::gather_stats(std::span(&in, 1), range, kind), kind, j.type,
+                          j.second_moment);
       res.any_ratio |= table.kind == codec::delta_kind::ratio;
       res.intra_slabs += table.kind == codec::delta_kind::intra;
       res.grid_slabs += table.grid != 0;
       const std::span<std::byte> out_recon(slab.recon.data(), n);
-      codec::lossy_params p = params_for(params, table.kind);
+      codec::lossy_params p = params_for(params, table.kind, j.second_moment || shared_tables);
       p.round_bits = j.keep_bits;
       if (!f.error) f.error.emplace();
       codec::encode_delta_into(in, table, p, out_recon, slab.enc, codec::default_block_bytes,
@@ -459,10 +462,10 @@ content_store::impl::tensor_job content_store::impl::job_for(
     const std::unordered_map<std::string, std::size_t>& base_by_name, const cache_item* previous,
     const std::unordered_map<std::string, std::size_t>* previous_by_name) const {
   tensor_job j{index, *format::codec_dtype(t.type), base_tensor_for(t, base_meta, base_by_name)};
+  j.second_moment = is_second_moment(t.name);
   const int kb = opt.keyframe_bits;
   // Second moments keep fewer bits on a lossy chain (content_options::moment_bits).
-  const int keep =
-      kb && opt.moment_bits && is_second_moment(t.name) ? std::min(kb, opt.moment_bits) : kb;
+  const int keep = kb && opt.moment_bits && j.second_moment ? std::min(kb, opt.moment_bits) : kb;
   if (!kb || opt.lossless || (opt.exact_optimizer && is_optimizer_state(t.name)) ||
       kb >= codec::mantissa_bits(j.type))
     return j;
@@ -493,9 +496,9 @@ content_store::impl::tensor_job content_store::impl::job_for(
   return j;
 }
 
-codec::lossy_params content_store::impl::params_for(codec::lossy_params p,
-                                                    codec::delta_kind kind) const {
-  const int bits = opt.bits_for(kind);
+codec::lossy_params content_store::impl::params_for(codec::lossy_params p, codec::delta_kind kind,
+                                                    bool second_moment) const {
+  const int bits = opt.bits_for(kind, second_moment);
   if (bits != p.bits) {
     p.bits = bits;
     if (p.group != 1) p.group = codec::default_group(bits);  // 1: the paper's coder keeps it
@@ -682,8 +685,8 @@ content_ref content_store::impl::put(std::string_view path, const format::source
           all[int(kind)].merge(codec::gather_stats(std::span(&in, 1), range, kind));
         }
       }
-      shared_tables = {table_for(m.opt, all[0], codec::delta_kind::difference, std::nullopt),
-                       table_for(m.opt, all[1], codec::delta_kind::ratio, std::nullopt)};
+      shared_tables = {table_for(m.opt, all[0], codec::delta_kind::difference, std::nullopt, true),
+                       table_for(m.opt, all[1], codec::delta_kind::ratio, std::nullopt, true)};
     }
     const codec::lossy_params params = m.coding_params_of(meta);
     // A large checkpoint's staged bytes become its head image: each delta tensor's payload is

@@ -506,10 +506,11 @@ TEST_CASE("nonnegative tensors are stored as ratios (relative=on), within 2x of 
   }
 }
 
-TEST_CASE("ratio_bits codes ratio deltas with their own bits and leaves differences alone",
+TEST_CASE("ratio_bits codes second moments' ratio deltas with their own bits and nothing else",
           "[content]") {
   // Two stores fed the same versions, one with ratio_bits=1: the weights' frames come out the
-  // same, exp_avg_sq is smaller with one bit and still within 2x of its value element by
+  // same (a nonnegative norm scale, coded as ratios, included: ratio_bits is for second moments
+  // by name), exp_avg_sq is smaller with one bit and still within 2x of its value element by
   // element, and each read back is the reconstruction the closed loop promises.
   for (auto scope : {codec::bucket_scope::tensor, codec::bucket_scope::checkpoint}) {
     CAPTURE(int(scope));
@@ -523,29 +524,35 @@ TEST_CASE("ratio_bits codes ratio deltas with their own bits and leaves differen
     std::mt19937_64 rng(5);
     std::normal_distribution<float> w(0.0f, 0.05f), step(0.0f, 1e-3f);
     std::uniform_real_distribution<double> lg(std::log(1e-12), std::log(1e-3)), grow(-0.5, 1);
-    std::vector<float> a(20000), v(20000);
+    std::vector<float> a(20000), g(20000), v(20000);
     for (auto& x : a) x = w(rng);
+    for (auto& x : g) x = 1.0f + w(rng);
     for (auto& x : v) x = float(std::exp(lg(rng)));
     for (int ver = 0; ver < 3; ++ver) {
       for (auto& x : a) x += step(rng);
+      for (auto& x : g) x += step(rng);
       for (auto& x : v) x = float(x * std::exp2(grow(rng)));
-      const bytes file = safetensors({{"w", a}, {"exp_avg_sq", v}});
+      const bytes file = safetensors({{"w", a}, {"norm.weight", g}, {"exp_avg_sq", v}});
       const auto r3 = s3.content.put("opt.safetensors", format::memory_source(file));
       const auto r1 = s1.content.put("opt.safetensors", format::memory_source(file));
       if (ver == 0) continue;
       const auto d3d = s3.content.detail(r3), d1d = s1.content.detail(r1);
-      REQUIRE(d1d.tensors.size() == 2);
+      REQUIRE(d1d.tensors.size() == 3);
       CHECK(d1d.tensors[1].mode == "ratio");
+      CHECK(d1d.tensors[2].mode == "ratio");
       CHECK(d1d.coding.bits == 3);
       CHECK(d1d.coding.ratio_bits == 1);
       CHECK(d3d.coding.ratio_bits == 0);
-      if (scope == codec::bucket_scope::tensor)  // a shared table also sees the other tensor
-        CHECK(d1d.tensors[0].stored_bytes == d3d.tensors[0].stored_bytes);
-      CHECK(d1d.tensors[1].stored_bytes < d3d.tensors[1].stored_bytes);
       const bytes out3 = read_all(s3.content, r3), out1 = read_all(s1.content, r1);
-      const auto at_v = file.size() - 4 * v.size();
-      CHECK(floats_at(out1, at_v - 4 * a.size(), a.size()) ==
-            floats_at(out3, at_v - 4 * a.size(), a.size()));
+      const auto at_v = file.size() - 4 * v.size(), at_g = at_v - 4 * g.size();
+      if (scope == codec::bucket_scope::tensor) {  // a shared table also sees the other tensors
+        CHECK(d1d.tensors[0].stored_bytes == d3d.tensors[0].stored_bytes);
+        CHECK(d1d.tensors[1].stored_bytes == d3d.tensors[1].stored_bytes);
+        CHECK(floats_at(out1, at_g, g.size()) == floats_at(out3, at_g, g.size()));
+      }
+      CHECK(d1d.tensors[2].stored_bytes < d3d.tensors[2].stored_bytes);
+      CHECK(floats_at(out1, at_g - 4 * a.size(), a.size()) ==
+            floats_at(out3, at_g - 4 * a.size(), a.size()));
       const auto got = floats_at(out1, at_v, v.size());
       std::size_t far = 0;
       for (std::size_t i = 0; i < v.size(); ++i) far += got[i] < v[i] / 2 || got[i] > v[i] * 2;
