@@ -246,6 +246,7 @@ daemon_options parse_command_line(int argc, const char* const* argv) {
   d.content.keyframe_bits = kDefaultKeyframeBits;
   d.content.min_tensor_bytes = kDefaultMinTensor;
   d.content.moment_bits = kDefaultMomentBits;
+  d.content.ratio_bits = kDefaultRatioBits;
   std::vector<std::string> positional;
   for (int i = 1; i < argc; ++i) {
     std::string_view a = argv[i];
@@ -309,8 +310,9 @@ std::string usage_text(std::string_view program) {
          "  -f                     stay in the foreground (log to stderr)\n"
          "  -d                     debug: foreground, and log every FUSE request\n"
          "  -o bits=N              bits per changed element, 1..4 (default 3)\n"
-         "  -o ratio_bits=N        bits for tensors coded as ratios (Adam's exp_avg_sq),\n"
-         "                         1..4 (default: bits)\n"
+         "  -o ratio_bits=N        bits for second moments' deltas (Adam's exp_avg_sq, by\n"
+         "                         name), coded as ratios, each element within a factor 2;\n"
+         "                         1..4 (default 1)\n"
          "  -o lossless            store every checkpoint exactly (lossless float coding)\n"
          "  -o keyframe_interval=N every N-th version of a checkpoint is a keyframe (default 20)\n"
          "  -o keyframe_bits=N     keyframes' float tensors rounded to N mantissa bits, each\n"

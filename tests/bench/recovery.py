@@ -471,6 +471,12 @@ def settings_matrix(quick):
     for mb in (6, 12):
         rows.append(Setting("grouped", 3, "midrange", "tensor", relative="on", keyframe_bits=12,
                             intra="on", grid="auto", min_tensor=256, moment_bits=mb))
+    # Adam's v with fewer bits (ratio_bits), on those defaults: escapes are coded since
+    # 2026-11-27, which made 1 and 2 bits cheaper than 3.
+    for rb in (1, 2):
+        rows.append(Setting("grouped", 3, "midrange", "tensor", relative="on", keyframe_bits=12,
+                            ratio_bits=rb, intra="on", grid="auto", min_tensor=256,
+                            moment_bits=6))
     for bits in (3, 4):
         rows.append(Setting("grouped", bits, "mean", "tensor", optimizer="exact"))
     return rows

@@ -45,6 +45,8 @@ from digits_lib import adamw_digits  # noqa: E402
 RANKS, STEPS = 4, 6
 TEMP_STEPS = (4, 5, 6)  # written under a random temporary directory name, then renamed
 UNSYNCED = (6,)  # ...without fsync: renamed while the shards are still being stored
+# Second moments with the bits of weights, in shards (unnamed) and torch.save files (named) alike.
+SAME_BITS = ("moment_bits=0", "ratio_bits=3")
 
 
 def train_states(steps=STEPS, classes=12):
@@ -246,9 +248,10 @@ def main():
         intra = set()  # (rank, fqn) coded as values (intra) in some delta
         ctl = os.path.join(os.path.dirname(os.path.abspath(binary)), "ckptctl")
         # A shard's archives carry no tensor names (DCP keeps them in .metadata), so
-        # -o moment_bits does not reach its Adam v; the torch.save files beside it, which it is
-        # compared with, get the same bits by moment_bits=0 (keyframe_bits).
-        with mounted(binary, store, mnt, "moment_bits=0"):
+        # -o moment_bits and -o ratio_bits do not reach its Adam v; the torch.save files beside
+        # it, which it is compared with, get the same bits by moment_bits=0 (keyframe_bits) and
+        # ratio_bits=3 (bits).
+        with mounted(binary, store, mnt, *SAME_BITS):
             for step, state in enumerate(train_states(), start=1):
                 write_step(mnt, step, state, temp=step in TEMP_STEPS, sync=step not in UNSYNCED)
                 write_step(plain, step, state)
@@ -298,7 +301,7 @@ def main():
         print(f"distcp: shards stored {dcp_bytes} bytes, the same tensors as torch.save files "
               f"{single_bytes} ({ratio:.3f} of the shards' size)")
         assert dcp_bytes <= 1.1 * single_bytes, "DCP shards compress >10% worse than torch.save"
-        with mounted(binary, store, mnt, "moment_bits=0"):
+        with mounted(binary, store, mnt, *SAME_BITS):
             for step in range(1, STEPS + 1):
                 again = read_step(f"{mnt}/step_{step}")
                 for key, v in reads[step - 1].items():

@@ -88,9 +88,9 @@ TEST_CASE("fuse options: coding, rep, scope and optimizer take each of their val
   CHECK(d.fuse_options.empty());
 }
 
-TEST_CASE("fuse options: ratio_bits 1..4 are taken, default none (bits), others refused",
-          "[fuse]") {
-  CHECK(parse_o("bits=3").content.ratio_bits == 0);
+TEST_CASE("fuse options: ratio_bits 1..4 are taken, default 1, others refused", "[fuse]") {
+  CHECK(parse_o("bits=3").content.ratio_bits == 1);
+  CHECK(parse_o("bits=4").content.ratio_bits == 1);
   for (int b = 1; b <= 4; ++b)
     CHECK(parse_o("ratio_bits=" + std::to_string(b)).content.ratio_bits == b);
   for (const char* bad : {"ratio_bits=0", "ratio_bits=5", "ratio_bits=", "ratio_bits"})
