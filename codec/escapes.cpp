@@ -44,6 +44,7 @@ std::size_t put_coded_escapes(dtype t, std::span<const std::uint32_t> indices,
 void get_coded_escapes(byte_reader& r, dtype t, std::size_t n, std::size_t count,
                        std::vector<std::uint32_t>& indices, std::vector<std::byte>& values) {
   const std::size_t esize = element_size(t);
+  if (count == 0) throw corrupt_error("block: coded escapes without escapes");
   const auto ngaps = r.get<std::uint32_t>();
   if (ngaps < count || ngaps > kMaxGapBytes * count) throw corrupt_error("block: bad escape gaps");
   thread_local std::vector<std::uint8_t> gaps, planes;
@@ -58,7 +59,10 @@ void get_coded_escapes(byte_reader& r, dtype t, std::size_t n, std::size_t count
       if (pos == ngaps || shift > 28) throw corrupt_error("block: bad escape gaps");
       const std::uint8_t b = gaps[pos++];
       g |= std::uint64_t(b & 0x7f) << shift;
-      if (!(b & 0x80)) break;
+      if (!(b & 0x80)) {
+        if (b == 0 && shift) throw corrupt_error("block: bad escape gaps");  // overlong
+        break;
+      }
     }
     next += g;
     if (next >= n) throw corrupt_error("block: escape index out of range");

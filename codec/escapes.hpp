@@ -23,9 +23,10 @@ std::size_t put_coded_escapes(dtype t, std::span<const std::uint32_t> indices,
                               std::span<const std::byte> values, entropy_policy policy,
                               std::vector<std::byte>& out);
 
-// Reads what put_coded_escapes wrote for `count` escapes of a block of n elements: indices
-// ascending and below n, values count elements of t. Anything that does not add up exactly
-// (a gap stream too long or short, an index past n, a cut stream) throws corrupt_error.
+// Reads what put_coded_escapes wrote for `count` (at least 1) escapes of a block of n elements:
+// indices ascending and below n, values count elements of t. Anything that does not add up
+// exactly (no escapes, a gap stream too long or short, a gap over 5 bytes or not in its shortest
+// form, an index past n, a cut stream) throws corrupt_error.
 void get_coded_escapes(byte_reader& r, dtype t, std::size_t n, std::size_t count,
                        std::vector<std::uint32_t>& indices, std::vector<std::byte>& values);
 

@@ -494,9 +494,14 @@ struct content_store::impl {
                                               std::vector<std::byte>& enc);
   // Streams one tensor into `out` a slab at a time; `recon_sink` sees each slab's
   // reconstruction (offset in the tensor, bytes).
+  // Checkpoint scope's tables, shared by every slab of their kind: differences, ratios, and
+  // second moments' ratios (ratio_bits; the ratio table itself where its bits are the same).
+  using shared_tables_t = std::array<codec::quant_table, 3>;
+  static std::size_t shared_slot(codec::delta_kind kind, bool second_moment,
+                                 const content_options& opt) noexcept;
   tensor_result encode_tensor(
       const format::source& src, const format::tensor_info& t, const tensor_job& j,
-      std::uint64_t base_id, const std::array<codec::quant_table, 2>* shared_tables,
+      std::uint64_t base_id, const shared_tables_t* shared_tables,
       const codec::lossy_params& params, const slab_source& slabs, content_object_writer& out,
       const std::function<void(std::uint64_t, std::span<const std::byte>)>& recon_sink);
   // Bytes [offset, offset + out.size()) of the reconstruction of tensor t of version v: from the

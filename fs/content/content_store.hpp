@@ -45,7 +45,7 @@ struct content_options {
   // estimate is noisy (benchmarks.md, "Fewer bits for Adam's v"). Other ratio-coded tensors
   // (weights that happen to be nonnegative, as a LayerNorm's scale; unnamed DCP items) keep
   // `bits`: one factor, at 1 bit, would move them one way only. With the paper's checkpoint
-  // scope one ratio table serves every ratio-coded tensor, and it has ratio_bits.
+  // scope the second moments share a ratio table of their own where ratio_bits differs.
   int ratio_bits = 0;
   // Lossy keyframes: the float tensors a lossy lineage codes are rounded to this many mantissa
   // bits (fp32's scale; fp16/bf16 keep min(this, their own)) in keyframes and in frames without

@@ -119,10 +119,16 @@ void content_store::impl::read_recon_slab(std::uint64_t base, std::size_t tensor
   std::memcpy(out.data(), whole->data.data() + offset, out.size());
 }
 
+std::size_t content_store::impl::shared_slot(codec::delta_kind kind, bool second_moment,
+                                             const content_options& opt) noexcept {
+  if (kind != codec::delta_kind::ratio) return std::size_t(kind);
+  return second_moment && opt.bits_for(kind, true) != opt.bits_for(kind, false) ? 2 : 1;
+}
+
 content_store::impl::tensor_result content_store::impl::encode_tensor(
     const format::source& src, const format::tensor_info& t, const tensor_job& j,
-    std::uint64_t base_id, const std::array<codec::quant_table, 2>* shared_tables,
-    const codec::lossy_params& params, const slab_source& slabs, content_object_writer& out,
+    std::uint64_t base_id, const shared_tables_t* shared_tables, const codec::lossy_params& params,
+    const slab_source& slabs, content_object_writer& out,
     const std::function<void(std::uint64_t, std::span<const std::byte>)>& recon_sink) {
   tensor_result res;
   tensor_frame& f = res.frame;
@@ -191,14 +197,14 @@ content_store::impl::tensor_result content_store::impl::encode_tensor(
       // whose parts move differently (DeepSpeed's flat partitions hold every layer).
       const codec::quant_table table =
           shared_tables && !j.values
-              ? (*shared_tables)[int(kind)]
+              ? (*shared_tables)[shared_slot(kind, j.second_moment, opt)]
               : table_for(opt, codec::gather_stats(std::span(&in, 1), range, kind), kind, j.type,
                           j.second_moment);
       res.any_ratio |= table.kind == codec::delta_kind::ratio;
       res.intra_slabs += table.kind == codec::delta_kind::intra;
       res.grid_slabs += table.grid != 0;
       const std::span<std::byte> out_recon(slab.recon.data(), n);
-      codec::lossy_params p = params_for(params, table.kind, j.second_moment || shared_tables);
+      codec::lossy_params p = params_for(params, table.kind, j.second_moment);
       p.round_bits = j.keep_bits;
       if (!f.error) f.error.emplace();
       codec::encode_delta_into(in, table, p, out_recon, slab.enc, codec::default_block_bytes,
@@ -665,12 +671,13 @@ content_ref content_store::impl::put(std::string_view path, const format::source
           m.job_for(i, t, base_meta.get(), base_by_name, previous.get(), &previous_by_name));
       tensor_bytes += t.length;
     }
-    // Checkpoint scope: one table per delta kind, shared by the tensors of that kind; one
-    // statistics pass over every slab of every delta first.
-    std::optional<std::array<codec::quant_table, 2>> shared_tables;
+    // Checkpoint scope: one table per delta kind, shared by the tensors of that kind (second
+    // moments' ratios apart when ratio_bits differs); one statistics pass over every slab of
+    // every delta first.
+    std::optional<shared_tables_t> shared_tables;
     if (m.opt.scope == codec::bucket_scope::checkpoint && base_meta) {
       const bool range = m.opt.rep == codec::representative::midrange;
-      std::array<codec::delta_stats, 2> all;
+      std::array<codec::delta_stats, 3> all;
       for (const auto& j : jobs) {
         if (!j.base_tensor) continue;
         const auto& t = layout.tensors[j.tensor];
@@ -682,11 +689,13 @@ content_ref content_store::impl::put(std::string_view path, const format::source
           m.read_recon_slab(base_id, *j.base_tensor, s, base, whole);
           const codec::delta_input in{j.type, cur, base};
           const auto kind = codec::choose_kind(in, m.opt.relative);
-          all[int(kind)].merge(codec::gather_stats(std::span(&in, 1), range, kind));
+          all[shared_slot(kind, j.second_moment, m.opt)].merge(
+              codec::gather_stats(std::span(&in, 1), range, kind));
         }
       }
-      shared_tables = {table_for(m.opt, all[0], codec::delta_kind::difference, std::nullopt, true),
-                       table_for(m.opt, all[1], codec::delta_kind::ratio, std::nullopt, true)};
+      shared_tables = {table_for(m.opt, all[0], codec::delta_kind::difference, std::nullopt, false),
+                       table_for(m.opt, all[1], codec::delta_kind::ratio, std::nullopt, false),
+                       table_for(m.opt, all[2], codec::delta_kind::ratio, std::nullopt, true)};
     }
     const codec::lossy_params params = m.coding_params_of(meta);
     // A large checkpoint's staged bytes become its head image: each delta tensor's payload is

@@ -81,7 +81,9 @@ struct coding_params {
   std::string coder;  // "grouped" / "paper"
   bool exact_optimizer = false;
   bool relative = false;  // nonnegative tensors coded as ratios (absent before: false)
-  int ratio_bits = 0;     // bits of ratio-coded deltas when not `bits` (absent: 0, the same)
+  // The mount's ratio_bits (second moments' ratio deltas; before 2026-11-27 every ratio delta)
+  // when not `bits` (absent: 0, the same). Informational: each block names its own bits.
+  int ratio_bits = 0;
   int keyframe_bits = 0;  // mantissa bits of lossy keyframes' float tensors (absent: 0, exact)
   std::string grid;       // difference tables: "auto", "off" or the step (absent: "", the buckets)
 };

@@ -365,6 +365,7 @@ class Setting:
         self.relative, self.intra, self.grid = relative, intra, grid
         self.min_tensor = min_tensor  # bytes; 0: the mount's default
         self.moment_bits = moment_bits  # 0: the mount's default
+        # 0: `bits`, as the name says (passed explicitly: the mount's own default is 1)
         self.keyframe_bits, self.ratio_bits = keyframe_bits, ratio_bits
         self.optimizer, self.keyframe_interval = optimizer, keyframe_interval
         self.lossless, self.defaults, self.perturb = lossless or perturb > 0, defaults, perturb
@@ -378,8 +379,7 @@ class Setting:
                 f"scope={self.scope}", f"optimizer={self.optimizer}",
                 f"relative={self.relative}", f"keyframe_interval={self.keyframe_interval}",
                 f"keyframe_bits={self.keyframe_bits}", f"intra={self.intra}",
-                f"grid={self.grid or 'off'}"] + (
-                    [f"ratio_bits={self.ratio_bits}"] if self.ratio_bits else []) + (
+                f"grid={self.grid or 'off'}", f"ratio_bits={self.ratio_bits or self.bits}"] + (
                     [f"min_tensor={self.min_tensor}"] if self.min_tensor else []) + (
                     [f"moment_bits={self.moment_bits}"] if self.moment_bits else [])
 

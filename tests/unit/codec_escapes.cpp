@@ -183,7 +183,11 @@ TEST_CASE("escapes: sections that do not add up are refused as damage", "[escape
   refuses(handmade({0, 0, 0x80}, 3), 3, 10);  // the last gap cut inside its LEB128
   refuses(handmade({0, 0, 7}, 3), 3, 9);      // index 9 of 9 elements
   refuses(handmade({0x80, 0x80, 0x80, 0x80, 0x80, 0}, 1), 1, 10);  // a gap of six bytes
-  refuses(handmade(std::vector<std::uint8_t>(16, 0), 3), 3, 10);   // over 5 bytes an escape
+  // ... also where the gap bytes would allow it (two escapes, ten bytes)
+  refuses(handmade({0x81, 0x80, 0x80, 0x80, 0x80, 0x01, 0, 0, 0, 0}, 2), 2, 10);
+  refuses(handmade({0x80, 0x00, 0}, 2), 2, 10);                   // gap 0 written in two bytes
+  refuses(handmade({}, 0), 0, 10);                                // version 4 without escapes
+  refuses(handmade(std::vector<std::uint8_t>(16, 0), 3), 3, 10);  // over 5 bytes an escape
   {
     std::vector<std::byte> bytes;
     put_coded_escapes(t, s.indices, s.values, entropy_policy::best, bytes);
