@@ -4,7 +4,8 @@
 // ascending indices as LEB128 bytes and the values as the byte planes of lossless float blocks
 // (planes.hpp), each an entropy stream. Escaped elements are rare and scattered (a second moment
 // the table cannot bring within a factor 2 of its value), and on a rounded chain carry few
-// mantissa bits: coded, an escape costs about a third of the plain list's 4 + element size bytes.
+// mantissa bits: coded, an escape cost a quarter of the plain list's 4 + element size bytes on the
+// transformer's v (docs/benchmarks.md, "Coded escapes and one bit for Adam's v").
 #include <cstddef>
 #include <cstdint>
 #include <span>

@@ -418,7 +418,7 @@ struct content_store::impl {
   // meta.coding.keyframe_bits: set when one of its frames was rounded, else 0.
   void note_rounding(version_meta& meta) const;
   // `p` for a slab coded as `kind`: second moments' ratio deltas may have their own bits
-  // (ratio_bits; `second_moment` also where one shared table serves every ratio slab).
+  // (ratio_bits), as their tables do (table_for, shared_slot).
   codec::lossy_params params_for(codec::lossy_params p, codec::delta_kind kind,
                                  bool second_moment) const;
   static std::unordered_map<std::string, std::size_t> tensors_by_name(const cache_item& meta);
