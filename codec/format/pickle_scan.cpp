@@ -12,53 +12,37 @@
 namespace ckpt::format {
 namespace {
 
-enum class kind : std::uint8_t {
-  none,
-  boolean,
-  integer,
-  floating,
-  string,
-  bytes,
-  global,
-  tuple,
-  list,
-  dict,
-  set,
-  object,
-  storage,
-  tensor,
-  opaque
-};
-
-// One value. Containers hold indices into the arena, so shared and even self-referencing values
-// (legal in pickle) cost nothing special and are freed with the arena.
-struct node {
-  kind k = kind::opaque;
-  bool big = false;                  // an integer that does not fit in int64
-  std::int64_t i = 0;                // integer, boolean; storage index for storage and tensor
-  std::int64_t offset = 0;           // tensor: storage offset in elements
-  std::string s;                     // string; global: module + '\n' + name
-  std::vector<std::uint32_t> items;  // tuple/list/set/object children; dict: key, value, ...
-  std::vector<std::int64_t> dims;    // tensor: size
-  bool contiguous = false;           // tensor: C-contiguous strides
-};
+using kind = pickle_graph::kind;
+using node = pickle_graph::node;
 
 class machine {
  public:
   machine(std::span<const std::byte> in, const pickle_limits& lim) : in_(in), lim_(lim) {}
 
   pickle_scan run() {
+    execute();
+    name_tensors(stack_.back());
+    return std::move(result_);
+  }
+
+  pickle_graph graph() {
+    execute();
+    pickle_graph g;
+    g.root = stack_.back();
+    g.nodes = std::move(nodes_);
+    return g;
+  }
+
+ private:
+  void execute() {
     for (;;) {
       const auto op = std::to_integer<unsigned char>(take(1)[0]);
       if (op == '.') break;  // STOP
       step(op);
     }
     if (stack_.size() != 1 || !marks_.empty()) throw corrupt_error("pickle: unbalanced at STOP");
-    name_tensors(stack_.back());
-    return std::move(result_);
   }
 
- private:
   // ---- input ------------------------------------------------------------------------------
   std::span<const std::byte> take(std::size_t n) {
     if (n > in_.size() - pos_) throw corrupt_error("pickle: truncated");
@@ -231,6 +215,16 @@ class machine {
     charge(a.size());
     const auto o = make(kind::object);
     nodes_[o].items = a;
+    if (nodes_[callee].k == kind::global) nodes_[o].s = nodes_[callee].s;
+    return o;
+  }
+
+  // An inert object of class `cls` (kept by name when it is a global) over `args`.
+  std::uint32_t new_object(std::uint32_t cls, std::uint32_t args) {
+    std::vector<std::uint32_t> a =
+        nodes_[args].k == kind::tuple ? nodes_[args].items : std::vector{args};
+    const auto o = container(kind::object, std::move(a));
+    if (nodes_[cls].k == kind::global) nodes_[o].s = nodes_[cls].s;
     return o;
   }
 
@@ -535,30 +529,34 @@ class machine {
         push(call(callee, args));
         break;
       }
-      case 0x81: {  // NEWOBJ
+      case 0x81: {  // NEWOBJ: the class's own __new__, never a torch rebuild function
         const auto args = pop();
-        pop();  // class
-        push(call(make(kind::opaque), args));
+        push(new_object(pop(), args));
         break;
       }
       case 0x92: {  // NEWOBJ_EX
         pop();      // kwargs
         const auto args = pop();
-        pop();  // class
-        push(call(make(kind::opaque), args));
+        push(new_object(pop(), args));
         break;
       }
       case 'i': {  // INST: module and name lines, then arguments since the mark
-        take_line();
-        take_line();
-        push(container(kind::object, pop_mark()));
+        std::string cls(take_line());
+        cls += '\n';
+        cls += take_line();
+        const auto o = container(kind::object, pop_mark());
+        nodes_[o].s = std::move(cls);
+        push(o);
         break;
       }
       case 'o': {  // OBJ: class and arguments since the mark
         auto items = pop_mark();
         if (items.empty()) throw corrupt_error("pickle: OBJ without class");
+        const auto cls = items.front();
         items.erase(items.begin());
-        push(container(kind::object, std::move(items)));
+        const auto o = container(kind::object, std::move(items));
+        if (nodes_[cls].k == kind::global) nodes_[o].s = nodes_[cls].s;
+        push(o);
         break;
       }
       case 'b': {  // BUILD
@@ -702,6 +700,21 @@ class machine {
 pickle_scan scan_torch_pickle(std::span<const std::byte> pickle, const pickle_limits& limits) {
   if (pickle.size() > limits.max_bytes) throw corrupt_error("pickle: larger than the scan limit");
   return machine(pickle, limits).run();
+}
+
+pickle_graph load_pickle_graph(std::span<const std::byte> pickle, const pickle_limits& limits) {
+  if (pickle.size() > limits.max_bytes) throw corrupt_error("pickle: larger than the scan limit");
+  return machine(pickle, limits).graph();
+}
+
+const pickle_graph::node* pickle_graph::get(std::uint32_t dict, std::string_view key) const {
+  const auto& d = at(dict);
+  if (d.k != kind::dict) return nullptr;
+  for (std::size_t k = 0; k + 1 < d.items.size(); k += 2) {
+    const auto& key_node = at(d.items[k]);
+    if (key_node.k == kind::string && key_node.s == key) return &at(d.items[k + 1]);
+  }
+  return nullptr;
 }
 
 }  // namespace ckpt::format

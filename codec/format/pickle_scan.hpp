@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace ckpt::format {
@@ -38,5 +39,48 @@ struct pickle_scan {
 };
 
 pickle_scan scan_torch_pickle(std::span<const std::byte> pickle, const pickle_limits& limits = {});
+
+// The inert value graph the same machine builds, for pickles other than torch's data.pkl (DCP's
+// .metadata, dcp_metadata.hpp). Containers hold indices into `nodes`, so shared and
+// self-referencing values stay one node. An object (REDUCE, NEWOBJ, INST, OBJ) keeps the global
+// it was made from in `s` ("module\nname"; empty when that was not a global), then its arguments
+// and each BUILD's state in `items`, in that order. Same limits and errors as scan_torch_pickle.
+struct pickle_graph {
+  enum class kind : std::uint8_t {
+    none,
+    boolean,
+    integer,
+    floating,
+    string,
+    bytes,
+    global,
+    tuple,
+    list,
+    dict,
+    set,
+    object,
+    storage,
+    tensor,
+    opaque
+  };
+  struct node {
+    kind k = kind::opaque;
+    bool big = false;                  // an integer that does not fit in int64
+    std::int64_t i = 0;                // integer, boolean; storage index for storage and tensor
+    std::int64_t offset = 0;           // tensor: storage offset in elements
+    std::string s;                     // string; global, object: module + '\n' + name
+    std::vector<std::uint32_t> items;  // tuple/list/set/object children; dict: key, value, ...
+    std::vector<std::int64_t> dims;    // tensor: size
+    bool contiguous = false;           // tensor: C-contiguous strides
+  };
+  std::vector<node> nodes;
+  std::uint32_t root = 0;
+
+  const node& at(std::uint32_t n) const { return nodes.at(n); }
+  // The value under string key `key` of dict node `dict`; null if it is not a dict or lacks it.
+  const node* get(std::uint32_t dict, std::string_view key) const;
+};
+
+pickle_graph load_pickle_graph(std::span<const std::byte> pickle, const pickle_limits& limits = {});
 
 }  // namespace ckpt::format
