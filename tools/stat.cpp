@@ -92,9 +92,13 @@ void print_text(const std::string& arg, const nlohmann::json& info) {
     std::printf("tensors:  %zu\n", tensors.size());
     text_table t({"NAME", "DTYPE", "ELEMENTS", "MODE", "STORED", "ERROR"},
                  {false, false, true, false, true, true});
-    for (const auto& x : tensors)
-      t.add({jstr(x, "name", "?"), jstr(x, "dtype", "?"), std::to_string(ju64(x, "elements")),
-             jstr(x, "mode", "?"), human_bytes(jnum(x, "stored_bytes")), error_text(x)});
+    for (const auto& x : tensors) {
+      // A DCP shard's tensor: its position, then its name in the state dict when known.
+      std::string name = jstr(x, "name", "?");
+      if (const std::string q = jstr(x, "state_name", ""); !q.empty()) name += " = " + q;
+      t.add({name, jstr(x, "dtype", "?"), std::to_string(ju64(x, "elements")), jstr(x, "mode", "?"),
+             human_bytes(jnum(x, "stored_bytes")), error_text(x)});
+    }
     std::fputs(t.render().c_str(), stdout);
   }
 }

@@ -38,11 +38,13 @@ std::uint64_t count(const pickle_graph::node* n, const char* what) {
 
 }  // namespace
 
-std::vector<dcp_storage_item> read_dcp_metadata(std::span<const std::byte> pickle,
-                                                const pickle_limits& limits) {
+std::optional<std::vector<dcp_storage_item>> read_dcp_metadata(std::span<const std::byte> pickle,
+                                                               const pickle_limits& limits) {
   const pickle_graph g = load_pickle_graph(pickle, limits);
+  const auto& root = g.at(g.root);
+  if (root.k != kind::object || !root.s.ends_with("\nMetadata")) return std::nullopt;
   std::uint32_t state = 0;
-  if (!state_of(g, g.at(g.root), state)) throw corrupt_error("dcp metadata: not an object");
+  if (!state_of(g, root, state)) throw corrupt_error("dcp metadata: a Metadata without state");
   const auto* storage = g.get(state, "storage_data");
   if (!storage || storage->k != kind::dict)
     throw corrupt_error("dcp metadata: no storage_data dict");

@@ -5,6 +5,7 @@
 // carry no tensor names; this is where they are. Read without executing anything
 // (load_pickle_graph).
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -22,9 +23,10 @@ struct dcp_storage_item {
 
 // Every item of storage_data with a plain byte range, in pickle order. Items stored through
 // stream transforms (a non-empty transform_descriptors, torch 2.8+) are left out: their bytes
-// are not an archive. Throws corrupt_error when the pickle is malformed, over `limits`, or not a
-// DCP Metadata (no storage_data dict of MetadataIndex -> _StorageInfo states).
-std::vector<dcp_storage_item> read_dcp_metadata(std::span<const std::byte> pickle,
-                                                const pickle_limits& limits = {});
+// are not an archive. nullopt when the pickle is not of a class named Metadata (another
+// program's .metadata). Throws corrupt_error when the pickle is malformed or over `limits`, or a
+// Metadata lacks a storage_data dict of MetadataIndex -> _StorageInfo states.
+std::optional<std::vector<dcp_storage_item>> read_dcp_metadata(std::span<const std::byte> pickle,
+                                                               const pickle_limits& limits = {});
 
 }  // namespace ckpt::format

@@ -56,6 +56,12 @@ struct tensor_info {
   std::uint64_t offset = 0;          // absolute byte offset of the payload in the file
   std::uint64_t length = 0;          // bytes = element count * element size
   bool compress = false;             // candidate for lossy compression (float type, big enough)
+  // Its fully qualified name in the state dict where `name` is only a position (a DCP shard's
+  // "item<k>/...", named by the .metadata beside an earlier step: fs/content/dcp_names.cpp);
+  // empty otherwise. Recognisers never set it.
+  std::string state_name;
+  // The name that says what the tensor is (Adam's exp_avg_sq, ...): state_name, else name.
+  const std::string& role() const noexcept { return state_name.empty() ? name : state_name; }
   std::uint64_t elements() const noexcept { return length / element_size(type); }
 };
 

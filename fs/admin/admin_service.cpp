@@ -414,6 +414,7 @@ json admin_service::handle(const json& req, const progress_fn& progress_in) {
              {"elements", t.elements},
              {"mode", t.mode},
              {"stored_bytes", t.stored_bytes}};
+      if (!t.state_name.empty()) x["state_name"] = t.state_name;
       put_error(x, t.rel_error);
       tensors.push_back(std::move(x));
     }

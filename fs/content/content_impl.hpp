@@ -14,6 +14,7 @@
 //   content_object.cpp    the object of one version: streamed data area, metadata trailer
 //   encode_slots.cpp      the write path's working memory: a fixed number of slab sets
 //   base_prefetch.cpp     read-ahead of a delta tensor's next base slab, while a slab is coded
+//   dcp_names.cpp         DCP shards' state-dict names, from the .metadata beside them
 //   content_store.cpp     construction and the small public helpers
 #include <algorithm>
 #include <array>
@@ -39,6 +40,7 @@
 
 #include "cache/lru_cache.hpp"
 #include "codec/error.hpp"
+#include "codec/format/dcp_metadata.hpp"
 #include "codec/tensor_codec.hpp"
 #include "codec/xxh3.hpp"
 #include "fs/content/base_prefetch.hpp"
@@ -197,6 +199,10 @@ struct version_rec {
   // could have been kept all its bits; -1: unknown (recorded before it was). What rotation's
   // estimate of a rewrite's cost goes by (chain_rewrite.cpp).
   int rounded_bits = -1;
+  // A DCP shard: the items the .metadata beside it names in it, by offset (dcp_names.cpp). In
+  // memory only: the names its tensors take reach the versions coded against it, whose
+  // metadata records them (tensor_info::state_name).
+  std::shared_ptr<const std::vector<format::dcp_storage_item>> dcp_items;
 };
 // rounded_bits of a version's metadata (see version_rec).
 int rounded_bits_of(const version_meta& meta);
@@ -236,6 +242,10 @@ struct content_store::impl {
   std::multiset<std::uint64_t> active_epochs;
   std::vector<std::pair<std::uint64_t, std::vector<std::uint64_t>>> deferred;  // tag, objects
   std::set<std::uint64_t> removing;  // handed out for removal, not removed yet (gc keeps them)
+  // .metadata items for shard paths with no version yet (a shard closed without fsync, still
+  // being stored): taken by the version recorded at that path. Bounded (dcp_names.cpp).
+  std::map<std::string, std::shared_ptr<const std::vector<format::dcp_storage_item>>>
+      pending_dcp_items;
 
   class read_guard {
    public:
@@ -443,6 +453,23 @@ struct content_store::impl {
                              base_pin& pin, std::vector<std::uint64_t> donors,
                              std::shared_ptr<staged_file> head);
   // One compressed tensor of a put: what to code it against.
+  // ---- dcp_names.cpp ----
+  // A stored file at `path` named .metadata or .metadata.tmp: if it is DCP's Metadata pickle,
+  // its items go to the newest version of each shard it names (or wait for it). Never throws:
+  // the file is stored already, and a shard without names is only coded as before.
+  void note_dcp_metadata(std::string_view path, const format::source& src) noexcept;
+  // The state-dict names the tensors of a version hold (from its .metadata's items, else as
+  // recorded in its metadata), for naming the shard coded against it.
+  struct shard_names {
+    std::shared_ptr<const cache_item> meta;
+    std::unordered_map<std::string, std::size_t> by_name;
+    std::unordered_map<std::string, std::string> names;  // tensor name -> state-dict name
+  };
+  shard_names shard_names_of(std::uint64_t version);
+  // Sets t.state_name to the name of the version's tensor at t's position, when it has one
+  // and the same dtype and shape.
+  void name_shard_tensor(format::tensor_info& t, const shard_names& n) const;
+
   struct tensor_job {
     std::size_t tensor;
     codec::dtype type;

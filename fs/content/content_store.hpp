@@ -195,6 +195,7 @@ struct version_info {
 // What `ckptctl stat` shows beyond version_info: how each tensor is stored.
 struct tensor_detail {
   std::string name;
+  std::string state_name;  // a DCP shard's tensor: its name in the state dict, when known
   std::string dtype;
   std::uint64_t elements = 0;
   // "delta" / "ratio" / "intra" / "ratio+intra" (a tensor of several slabs, some of each) /

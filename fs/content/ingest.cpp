@@ -468,11 +468,14 @@ content_store::impl::tensor_job content_store::impl::job_for(
     const std::unordered_map<std::string, std::size_t>& base_by_name, const cache_item* previous,
     const std::unordered_map<std::string, std::size_t>* previous_by_name) const {
   tensor_job j{index, *format::codec_dtype(t.type), base_tensor_for(t, base_meta, base_by_name)};
-  j.second_moment = is_second_moment(t.name);
+  // By what the tensor is: a DCP shard's tensor by its state-dict name (dcp_names.cpp).
+  const std::string& role = t.role();
+  if (opt.exact_optimizer && is_optimizer_state(role)) j.base_tensor.reset();
+  j.second_moment = is_second_moment(role);
   const int kb = opt.keyframe_bits;
   // Second moments keep fewer bits on a lossy chain (content_options::moment_bits).
   const int keep = kb && opt.moment_bits && j.second_moment ? std::min(kb, opt.moment_bits) : kb;
-  if (!kb || opt.lossless || (opt.exact_optimizer && is_optimizer_state(t.name)) ||
+  if (!kb || opt.lossless || (opt.exact_optimizer && is_optimizer_state(role)) ||
       kb >= codec::mantissa_bits(j.type))
     return j;
   if (!j.base_tensor) {
@@ -662,6 +665,11 @@ content_ref content_store::impl::put(std::string_view path, const format::source
     const std::shared_ptr<const cache_item> previous = m.previous_meta(bc);
     std::unordered_map<std::string, std::size_t> previous_by_name;
     if (previous) previous_by_name = tensors_by_name(*previous);
+    if (layout.format == format::file_format::distcp) {
+      const shard_names names = m.shard_names_of(base_id ? base_id : bc.previous);
+      for (auto& t : layout.tensors)
+        if (t.compress) m.name_shard_tensor(t, names);
+    }
     std::vector<tensor_job> jobs;
     std::uint64_t tensor_bytes = 0;
     for (std::size_t i = 0; i < layout.tensors.size(); ++i) {
@@ -736,8 +744,11 @@ content_ref content_store::impl::put(std::string_view path, const format::source
                   make_head ? staged.get() : nullptr);
     meta.layout = std::move(layout);
   }
-  return m.record_version(path, std::move(meta), out, id, lineage_id, bc, pin, std::move(donors),
-                          make_head ? std::move(staged) : nullptr);
+  const content_ref ref =
+      m.record_version(path, std::move(meta), out, id, lineage_id, bc, pin, std::move(donors),
+                       make_head ? std::move(staged) : nullptr);
+  if (!checkpoint) m.note_dcp_metadata(path, src);
+  return ref;
 }
 
 content_ref content_store::impl::record_version(std::string_view path, version_meta meta,
@@ -790,6 +801,12 @@ content_ref content_store::impl::record_version(std::string_view path, version_m
       old_head = l.head;
       l.head = id;
       l.since_keyframe = r.since_keyframe;
+    }
+    if (lineage_id) {
+      if (const auto p = m.pending_dcp_items.find(r.path); p != m.pending_dcp_items.end()) {
+        r.dcp_items = std::move(p->second);
+        m.pending_dcp_items.erase(p);
+      }
     }
     m.versions.emplace(id, std::move(r));
     for (const std::uint64_t d : donors) ++m.versions.at(d).dependents;

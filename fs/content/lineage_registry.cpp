@@ -342,7 +342,7 @@ version_detail content_store::detail(const content_ref& ref) {
     // Lossless frames with an error: a lossy keyframe's rounded tensors, and a rekeyed delta's
     // (it reads as the delta did, so the delta's error still holds).
     const bool lossy = delta || f.error;
-    d.tensors.push_back({t.name, std::string(format::name(t.type)), t.elements(),
+    d.tensors.push_back({t.name, t.state_name, std::string(format::name(t.type)), t.elements(),
                          !delta          ? (f.intra_slabs ? "intra"
                                             : f.rounded   ? "rounded"
                                                           : "lossless")
@@ -355,7 +355,7 @@ version_detail content_store::detail(const content_ref& ref) {
                          : f.error ? f.error->relative()
                                    : -1.0});
     if (!lossy || !f.error) continue;
-    auto& c = classes[tensor_class(t.name)];
+    auto& c = classes[tensor_class(t.role())];
     ++c.first;
     c.second.merge(*f.error);
   }

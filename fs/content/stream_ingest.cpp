@@ -181,7 +181,10 @@ void content_store::impl::run_stream(stream& s) {
     if (previous) previous_by_name = tensors_by_name(*previous);
     const codec::lossy_params params = coding_params_of(s.meta_);
     const slab_source slabs{nullptr, [&staged](std::uint64_t end) { return staged.await(end); }};
+    shard_names names;
+    if (shard) names = shard_names_of(s.bc_.base ? s.bc_.base : s.bc_.previous);
     for (; t; t = next()) {
+      if (shard && t->compress) name_shard_tensor(*t, names);
       const std::size_t index = s.found_.size();
       s.found_.push_back(*t);
       s.results_.emplace_back();
@@ -259,11 +262,13 @@ std::optional<content_ref> content_store::impl::finish_stream(stream& s, std::st
     why = "the finished archive holds other records than the stream read";
     return std::nullopt;
   }
-  for (std::size_t i = 0; i < layout.tensors.size(); ++i)
+  for (std::size_t i = 0; i < layout.tensors.size(); ++i) {
     if (!same_tensor(layout.tensors[i], s.found_[i])) {
       why = "tensor " + layout.tensors[i].name + " is not where the stream read it";
       return std::nullopt;
     }
+    layout.tensors[i].state_name = s.found_[i].state_name;  // what the stream coded it as
+  }
 
   // The lineage was chosen by the signature of the predicted record order. If the archive came
   // in another order, a keyframe's work is redone if it changed nothing in the buffer; a delta's

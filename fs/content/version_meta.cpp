@@ -24,7 +24,7 @@ using nlohmann::json;
 
 json layout_to_json(const format::layout& l) {
   json tensors = json::array();
-  for (const auto& t : l.tensors)
+  for (const auto& t : l.tensors) {
     tensors.push_back({{"n", t.name},
                        {"a", t.aliases},
                        {"y", int(t.type)},
@@ -32,6 +32,8 @@ json layout_to_json(const format::layout& l) {
                        {"o", t.offset},
                        {"l", t.length},
                        {"c", t.compress}});
+    if (!t.state_name.empty()) tensors.back()["q"] = t.state_name;  // older daemons ignore it
+  }
   json members = json::array();
   for (const auto& m : l.members)
     members.push_back({{"n", m.name}, {"o", m.data_offset}, {"l", m.data_length}, {"c", m.crc}});
@@ -55,6 +57,7 @@ format::layout layout_from_json(const json& j) {
     ti.offset = t.at("o").get<std::uint64_t>();
     ti.length = t.at("l").get<std::uint64_t>();
     ti.compress = t.at("c").get<bool>();
+    ti.state_name = t.value("q", std::string());
     l.tensors.push_back(std::move(ti));
   }
   for (const auto& m : j.at("m"))

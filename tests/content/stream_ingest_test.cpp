@@ -480,3 +480,141 @@ TEST_CASE("a streamed DCP shard's base: its rank's head, never another rank's or
     CHECK(s.content.info(again).base == first.version);
   }
 }
+
+namespace {
+
+// DCP's .metadata for a shard (pickled as CPython pickles torch's dataclasses: NEWOBJ, then
+// BUILD with the field dict): each (fqn, offset, length) of `file`.
+bytes dcp_metadata(
+    const std::string& file,
+    const std::vector<std::tuple<std::string, std::uint64_t, std::uint64_t>>& items) {
+  using namespace ckpt::format::test;
+  const std::string meta = "torch.distributed.checkpoint.metadata";
+  pickle_writer p;
+  p.proto(2).global(meta, "Metadata").op(')').op('\x81').op('}').op('(');
+  p.str("state_dict_metadata").op('}').str("storage_data").op('}').op('(');
+  for (const auto& [fqn, off, len] : items) {
+    p.global(meta, "MetadataIndex").op(')').op('\x81').op('}').op('(');
+    p.str("fqn").str(fqn).op('u').op('b');
+    p.global("torch.distributed.checkpoint.filesystem", "_StorageInfo").op(')').op('\x81');
+    p.op('}').op('(').str("relative_path").str(file).str("offset").integer(std::int32_t(off));
+    p.str("length").integer(std::int32_t(len)).op('u').op('b');
+  }
+  p.op('u').op('u').op('b').stop();
+  return p.out;
+}
+
+// A model whose first tensor is a second moment (nonnegative, so its deltas are ratios).
+struct adam_like_model : model {
+  bytes next_shard() {
+    std::vector<std::vector<float>> t;
+    for (std::size_t k = 0; k < layers.size(); ++k) {
+      layers[k].step(rng);
+      if (k == 0)
+        for (auto& x : layers[k].values) x = std::abs(x) + 1e-4f;
+      t.push_back(layers[k].values);
+    }
+    return shard(t);
+  }
+};
+
+std::string fqn_of(std::size_t layer) {
+  return layer == 0 ? "optim.state.layer0.exp_avg_sq" : "model.layer" + std::to_string(layer);
+}
+
+// The .metadata DCP would write beside `file` (a shard of adam_like_model): the fqn of each
+// archive's tensor, its range `shift` bytes off when a test wants it to lie.
+bytes metadata_for(const bytes& file, std::int64_t shift = 0) {
+  const auto layout = format::recognise(format::memory_source(file));
+  std::vector<std::tuple<std::string, std::uint64_t, std::uint64_t>> items;
+  // Largest first: layers 0 and 1 (200k floats), then 2..11, in the shard's order.
+  std::size_t layer = 0;
+  for (const auto& t : layout.tensors)
+    if (t.compress)
+      items.emplace_back(fqn_of(layer++), std::uint64_t(std::int64_t(t.offset) + shift), t.length);
+  return dcp_metadata("__0_0.distcp", items);
+}
+
+}  // namespace
+
+TEST_CASE("a DCP shard's tensors take their names from the .metadata beside its base",
+          "[content][stream][dcp]") {
+  temp_dir d;
+  fs::content_options opt = options(d);
+  opt.ratio_bits = 1;  // second moments by name: what the names change in the coding
+  adam_like_model m;
+  const bytes step1 = m.next_shard(), step2 = m.next_shard(), step3 = m.next_shard();
+  const auto names_of = [](fs::content_store& c, const fs::content_ref& r) {
+    std::vector<std::string> out;
+    for (const auto& t : c.detail(r).tensors) out.push_back(t.state_name);
+    return out;
+  };
+  std::vector<std::string> expected;
+  for (std::size_t k = 0; k < 12; ++k) expected.push_back(fqn_of(k));
+
+  SECTION("named: the second moment at 1 bit, the names kept along the lineage and a restart") {
+    fs::content_ref r2, r3;
+    std::uint64_t v_bytes = 0;
+    std::string v_name;
+    const auto stored_of = [](const fs::version_detail& d, const std::string& name) {
+      for (const auto& t : d.tensors)
+        if (t.name == name) return t.stored_bytes;
+      return std::uint64_t(0);
+    };
+    {
+      opened s(d.path, opt);
+      const auto r1 = plain_put(s.content, d, "dcp/step_1/__0_0.distcp", step1);
+      CHECK(names_of(s.content, r1) == std::vector<std::string>(12));  // nothing to name it by
+      s.content.put("dcp/step_1/.metadata.tmp", format::memory_source(metadata_for(step1)));
+      r2 = stream_in(s.content, "dcp/step_2/__0_0.distcp", step2, fresh_buffer(d));
+      REQUIRE(s.content.info(r2).kind == "delta");
+      CHECK(names_of(s.content, r2) == expected);
+      const auto detail = s.content.detail(r2);
+      for (const auto& t : detail.tensors)
+        if (t.state_name == fqn_of(0)) v_name = t.name;
+      v_bytes = stored_of(detail, v_name);
+      bool has_v_class = false;
+      for (const auto& c : detail.fidelity) has_v_class |= c.name == "exp_avg_sq";
+      CHECK(has_v_class);
+      // No .metadata for step 2: step 3 takes the names step 2 recorded.
+      r3 = plain_put(s.content, d, "dcp/step_3/__0_0.distcp", step3);
+      CHECK(names_of(s.content, r3) == expected);
+      s.content.wait_heads();
+    }
+    opened again(d.path, opt, {r2, r3});
+    const auto r4 =
+        stream_in(again.content, "dcp/step_4/__0_0.distcp", m.next_shard(), fresh_buffer(d));
+    CHECK(again.content.info(r4).base == r3.version);
+    CHECK(names_of(again.content, r4) == expected);
+
+    // The same step 2 without names codes the second moment at `bits`: more bytes.
+    temp_dir d2;
+    fs::content_options opt2 = options(d2);
+    opt2.ratio_bits = 1;
+    opened plain(d2.path, opt2);
+    plain_put(plain.content, d2, "dcp/step_1/__0_0.distcp", step1);
+    const auto u2 = plain_put(plain.content, d2, "dcp/step_2/__0_0.distcp", step2);
+    REQUIRE(plain.content.info(u2).kind == "delta");
+    CHECK(names_of(plain.content, u2) == std::vector<std::string>(12));
+    CHECK(v_bytes * 2 < stored_of(plain.content.detail(u2), v_name));
+  }
+
+  SECTION("a .metadata whose ranges do not hold the tensors names none of them") {
+    opened s(d.path, opt);
+    plain_put(s.content, d, "dcp/step_1/__0_0.distcp", step1);
+    s.content.put("dcp/step_1/.metadata", format::memory_source(metadata_for(step1, 64)));
+    const auto r2 = plain_put(s.content, d, "dcp/step_2/__0_0.distcp", step2);
+    CHECK(names_of(s.content, r2) == std::vector<std::string>(12));
+  }
+
+  SECTION("a .metadata of another directory, or not DCP's, names nothing and stores as a file") {
+    opened s(d.path, opt);
+    plain_put(s.content, d, "dcp/step_1/__0_0.distcp", step1);
+    s.content.put("elsewhere/.metadata", format::memory_source(metadata_for(step1)));
+    const bytes junk = format::test::bytes_of("\x80\x04not a pickle at all");
+    const auto j = s.content.put("dcp/step_1/.metadata", format::memory_source(junk));
+    CHECK(read_all(s.content, j) == junk);
+    const auto r2 = plain_put(s.content, d, "dcp/step_2/__0_0.distcp", step2);
+    CHECK(names_of(s.content, r2) == std::vector<std::string>(12));
+  }
+}

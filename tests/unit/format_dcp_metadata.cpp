@@ -76,7 +76,9 @@ const std::vector<std::byte>& cpython_metadata() {
 }  // namespace
 
 TEST_CASE("dcp metadata of a CPython pickle names each item's file and range", "[format][dcp]") {
-  const auto items = read_dcp_metadata(cpython_metadata());
+  const auto read = read_dcp_metadata(cpython_metadata());
+  REQUIRE(read);
+  const auto& items = *read;
   REQUIRE(items.size() == 2);  // the transformed item is left out
   CHECK(items[0].fqn == "rank0.state");
   CHECK(items[0].relative_path == "__0_0.distcp");
@@ -101,11 +103,17 @@ TEST_CASE("dcp metadata refuses every cut of the pickle", "[format][dcp]") {
   }
 }
 
-TEST_CASE("dcp metadata refuses pickles that are not a Metadata", "[format][dcp]") {
-  SECTION("a plain dict, as torch 1.13-era tests wrote") {
+TEST_CASE("dcp metadata passes over other pickles and refuses a broken Metadata", "[format][dcp]") {
+  SECTION("a plain dict (another program's .metadata) is not DCP's") {
     pickle_writer p;
     p.proto(4).op('}').op('(').str("x").integer(1).op('u').stop();
-    CHECK_THROWS_AS(read_dcp_metadata(p.out), ckpt::corrupt_error);
+    CHECK_FALSE(read_dcp_metadata(p.out));
+  }
+  SECTION("an object of another class is not DCP's") {
+    pickle_writer p;
+    p.proto(4).global("m", "Manifest").op(')').op('\x81').op('}').op('(');
+    p.str("storage_data").op('N').op('u').op('b').stop();
+    CHECK_FALSE(read_dcp_metadata(p.out));
   }
   SECTION("an object without storage_data") {
     pickle_writer p;
@@ -146,7 +154,9 @@ TEST_CASE("dcp metadata refuses pickles that are not a Metadata", "[format][dcp]
     p.str("relative_path").str("__0_0.distcp").str("offset").integer(5);
     p.str("length").integer(10).op('u').op('b');
     p.op('u').op('u').op('b').stop();
-    const auto items = read_dcp_metadata(p.out);
+    const auto read = read_dcp_metadata(p.out);
+    REQUIRE(read);
+    const auto& items = *read;
     REQUIRE(items.size() == 1);
     CHECK(items[0].fqn == "w");
     CHECK(items[0].offset == 5);
