@@ -43,7 +43,8 @@ struct content_options {
   // Bits for the ratio-coded deltas of second moments (is_second_moment, by name: Adam's
   // exp_avg_sq), 1..4; 0: `bits`. Adam's step divides by their square root, and their own
   // estimate is noisy (benchmarks.md, "Fewer bits for Adam's v"). Other ratio-coded tensors
-  // (weights that happen to be nonnegative, as a LayerNorm's scale; unnamed DCP items) keep
+  // (weights that happen to be nonnegative, as a LayerNorm's scale; DCP items no .metadata
+  // named, dcp_names.cpp) keep
   // `bits`: one factor, at 1 bit, would move them one way only. With the paper's checkpoint
   // scope the second moments share a ratio table of their own where ratio_bits differs.
   int ratio_bits = 0;
