@@ -57,6 +57,9 @@ namespace ckpt::fs {
 class content_object_writer;
 
 inline constexpr std::size_t kExactBlock = codec::default_block_bytes;
+// A checkpoint whose exact bytes (zip records, pickles, small tensors) total at most this many
+// keeps them in its metadata (version_meta::exact_inline).
+inline constexpr std::uint64_t kInlineExactMax = std::uint64_t(4) << 20;
 inline constexpr std::size_t kExactChunk =
     16 * kExactBlock;  // read this much of a region at a time
 

@@ -544,11 +544,12 @@ void content_store::impl::write_exact_regions(const format::source& src,
                                               content_object_writer& out,
                                               std::vector<std::byte>& enc) const {
   // Maximal runs of segments that are not compressed tensors.
-  std::uint64_t run_start = 0, run_len = 0;
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> runs;  // offset, length
+  std::uint64_t run_start = 0, run_len = 0, total = 0;
   for (const auto& s : layout.segments) {
     const bool lossy = s.tensor && layout.tensors[*s.tensor].compress;
     if (lossy) {
-      if (run_len) meta.exact.push_back(write_exact_region(src, run_start, run_len, out, enc));
+      if (run_len) runs.emplace_back(run_start, run_len);
       run_start = s.offset + s.length;
       run_len = 0;
     } else {
@@ -556,7 +557,27 @@ void content_store::impl::write_exact_regions(const format::source& src,
       run_len += s.length;
     }
   }
-  if (run_len) meta.exact.push_back(write_exact_region(src, run_start, run_len, out, enc));
+  if (run_len) runs.emplace_back(run_start, run_len);
+  for (const auto& [off, len] : runs) total += len;
+  // Few enough bytes: into the metadata, compressed with it as one stream (version_meta's
+  // exact_inline). Else block by block into the data area, each read alone.
+  if (total <= kInlineExactMax) {
+    meta.exact_inline = true;
+    meta.inline_exact.resize(std::size_t(total));
+    std::uint64_t at = 0;
+    for (const auto& [off, len] : runs) {
+      src.read(off, std::span(meta.inline_exact).subspan(std::size_t(at), std::size_t(len)));
+      exact_region r;
+      r.offset = off;
+      r.length = len;
+      r.data_at = at;
+      meta.exact.push_back(std::move(r));
+      at += len;
+    }
+    return;
+  }
+  for (const auto& [off, len] : runs)
+    meta.exact.push_back(write_exact_region(src, off, len, out, enc));
 }
 
 void content_store::impl::member_crcs(version_meta& meta, const format::layout& layout,

@@ -335,6 +335,12 @@ version_detail content_store::detail(const content_ref& ref) {
   d.coding = meta.coding;
   if (!d.coding.bits && meta.bits) d.coding.bits = meta.bits;  // written before coding_params
   for (const auto& r : meta.exact) d.exact_stored_bytes += r.encoded_bytes;
+  if (meta.exact_inline) {
+    // In the metadata, compressed with it: what the object holds beyond the tensors' frames.
+    std::uint64_t frames = 0;
+    for (const auto& f : meta.tensors) frames += f.encoded_bytes;
+    d.exact_stored_bytes = d.info.stored_bytes > frames ? d.info.stored_bytes - frames : 0;
+  }
   std::map<std::string, std::pair<std::uint64_t, codec::error_sums>> classes;
   for (const auto& f : meta.tensors) {
     const auto& t = meta.layout.tensors.at(f.tensor);

@@ -85,7 +85,7 @@ std::shared_ptr<const cache_item> content_store::impl::meta_of(std::uint64_t v) 
     item->obj_id = r.obj.id;
     item->base = r.base;
     return std::pair{std::shared_ptr<const cache_item>(item),
-                     std::uint64_t(h.meta_bytes * 4 + 256)};
+                     std::uint64_t(h.meta_bytes * 4 + 256 + item->meta->inline_exact.size())};
   });
 }
 
@@ -143,6 +143,14 @@ void content_store::impl::read_exact(std::uint64_t v, const version_meta& meta,
     const exact_region& r = *std::prev(it);
     const std::size_t ri = std::size_t(std::prev(it) - regions.begin());
     const std::uint64_t in_region = offset - r.offset;
+    if (meta.exact_inline) {  // in the metadata (decode_meta checked that it tiles the bytes)
+      const std::size_t n = std::size_t(std::min<std::uint64_t>(out.size(), r.length - in_region));
+      std::memcpy(out.data(), meta.inline_exact.data() + r.data_at + in_region, n);
+      out = out.subspan(n);
+      offset += n;
+      if (it != regions.end() && it->offset <= offset) ++it;
+      continue;
+    }
     const std::size_t block = std::size_t(in_region / r.block_bytes);
     const std::uint64_t in_block = in_region % r.block_bytes;
     const auto b = exact_block(v, ri, block);

@@ -60,7 +60,13 @@ std::uint64_t content_store::rekey(std::uint64_t v) {
   const encode_slots::lease slot = m.slots.acquire();
   encode_slots::slabs& slab = slot.get();
   content_object_writer out(m.objects, m.opt.object_format);
+  meta.exact_inline = om.exact_inline;
+  meta.inline_exact = om.inline_exact;
   for (exact_region x : om.exact) {
+    if (om.exact_inline) {  // in the metadata, which goes with it
+      meta.exact.push_back(std::move(x));
+      continue;
+    }
     const std::uint64_t at = out.data_size();
     m.copy_encoded(*old, x.data_at, x.encoded_bytes, out, slab, nullptr);
     x.data_at = at;
@@ -217,9 +223,10 @@ std::string content_store::verify(std::uint64_t v, bool deep,
     // unless the version is only a donor itself (no name: its own donors were released and it
     // is never read whole), when only its own regions are checked.
     std::map<std::uint64_t, std::shared_ptr<const cache_item>> donor_meta;
+    // Inline regions are checked with the metadata (its checksum, decode_meta's tiling).
     std::vector<exact_region> regions;
     for (const auto& x : meta.exact)
-      if (!x.src || !r.donors_released) regions.push_back(x);
+      if (!meta.exact_inline && (!x.src || !r.donors_released)) regions.push_back(x);
     bool released_meanwhile = false;
     for (const auto& x : regions) {
       if (!x.src) continue;

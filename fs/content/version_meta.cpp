@@ -77,6 +77,10 @@ std::vector<std::byte> encode_meta(const version_meta& m) {
   json exact = json::array();
   bool shared = false;
   for (const auto& r : m.exact) {
+    if (m.exact_inline) {
+      exact.push_back({{"o", r.offset}, {"l", r.length}, {"at", r.data_at}});
+      continue;
+    }
     json x{{"o", r.offset},       {"l", r.length}, {"at", r.data_at},
            {"bb", r.block_bytes}, {"b", r.blocks}, {"e", r.encoded_bytes}};
     if (r.src) {
@@ -107,9 +111,12 @@ std::vector<std::byte> encode_meta(const version_meta& m) {
   json j{{"size", m.size},
          {"kind", int(m.kind)},
          {"layout", layout_to_json(m.layout)},
-         // Regions in other versions' objects go under another key, so that a daemon
-         // from before shared regions refuses the version (EIO) instead of misreading it.
-         {shared ? "exact_shared" : "exact", exact},
+         // Regions in other versions' objects, or held inline, go under other keys, so that
+         // a daemon from before them refuses the version (EIO) instead of misreading it.
+         {m.exact_inline ? "exact_inline"
+          : shared       ? "exact_shared"
+                         : "exact",
+          exact},
          {"tensors", tensors},
          {"crcs", m.member_crcs},
          {"bits", m.bits},
@@ -125,6 +132,10 @@ std::vector<std::byte> encode_meta(const version_meta& m) {
            {"rb", m.coding.ratio_bits},
            {"kb", m.coding.keyframe_bits}}}};
   if (!m.coding.grid.empty()) j["cp"]["gr"] = m.coding.grid;
+  if (m.exact_inline) {
+    const auto* p = reinterpret_cast<const std::uint8_t*>(m.inline_exact.data());
+    j["xb"] = json::binary(std::vector<std::uint8_t>(p, p + m.inline_exact.size()));
+  }
   const auto bytes = json::to_cbor(j);
   return {reinterpret_cast<const std::byte*>(bytes.data()),
           reinterpret_cast<const std::byte*>(bytes.data() + bytes.size())};
@@ -140,14 +151,37 @@ version_meta decode_meta(std::span<const std::byte> cbor) {
     m.kind = version_kind(j.at("kind").get<int>());
     m.layout = layout_from_json(j.at("layout"));
     const auto shared = j.find("exact_shared");
-    for (const auto& r : shared != j.end() ? *shared : j.at("exact"))
-      m.exact.push_back({r.at("o").get<std::uint64_t>(), r.at("l").get<std::uint64_t>(),
-                         r.at("at").get<std::uint64_t>(), r.at("bb").get<std::uint32_t>(),
-                         r.at("b").get<std::vector<std::uint64_t>>(),
-                         r.at("e").get<std::uint64_t>(), r.value("s", std::uint64_t(0))});
+    const auto inline_regions = j.find("exact_inline");
+    if (inline_regions != j.end()) {
+      m.exact_inline = true;
+      const auto& xb = j.at("xb").get_binary();
+      m.inline_exact.assign(reinterpret_cast<const std::byte*>(xb.data()),
+                            reinterpret_cast<const std::byte*>(xb.data() + xb.size()));
+      std::uint64_t at = 0;
+      for (const auto& r : *inline_regions) {
+        exact_region x;
+        x.offset = r.at("o").get<std::uint64_t>();
+        x.length = r.at("l").get<std::uint64_t>();
+        x.data_at = r.at("at").get<std::uint64_t>();
+        // Back to back, in order, covering the inline bytes exactly.
+        if (x.data_at != at || x.length > m.inline_exact.size() - at)
+          throw corrupt_error("content: inline exact regions do not tile their bytes");
+        at += x.length;
+        m.exact.push_back(std::move(x));
+      }
+      if (at != m.inline_exact.size())
+        throw corrupt_error("content: inline exact bytes beyond their regions");
+    } else {
+      for (const auto& r : shared != j.end() ? *shared : j.at("exact"))
+        m.exact.push_back({r.at("o").get<std::uint64_t>(), r.at("l").get<std::uint64_t>(),
+                           r.at("at").get<std::uint64_t>(), r.at("bb").get<std::uint32_t>(),
+                           r.at("b").get<std::vector<std::uint64_t>>(),
+                           r.at("e").get<std::uint64_t>(), r.value("s", std::uint64_t(0))});
+    }
     for (std::size_t i = 0; i < m.exact.size(); ++i) {
       const auto& r = m.exact[i];
-      if (r.block_bytes == 0 || r.blocks.size() != (r.length + r.block_bytes - 1) / r.block_bytes)
+      if (!m.exact_inline &&
+          (r.block_bytes == 0 || r.blocks.size() != (r.length + r.block_bytes - 1) / r.block_bytes))
         throw corrupt_error("content: exact region block index does not cover it");
       if (i && r.offset < m.exact[i - 1].offset + m.exact[i - 1].length)
         throw corrupt_error("content: exact regions overlap");

@@ -96,6 +96,13 @@ struct version_meta {
   version_kind kind = version_kind::exact;
   format::layout layout;  // opaque layout for exact files
   std::vector<exact_region> exact;
+  // A checkpoint's exact bytes held in the metadata itself (docs/format.md, "exact_inline"):
+  // the regions' bytes back to back, in region order (each region's data_at is its place
+  // here; no blocks). Compressed with the metadata, whose zip and pickle names they repeat,
+  // instead of region by region: a DCP shard's hundreds of small archive headers cost a few
+  // bytes each. Empty with exact_inline false: the regions are blocks in the data area.
+  bool exact_inline = false;
+  std::vector<std::byte> inline_exact;
   std::vector<tensor_frame> tensors;
   std::vector<std::pair<std::size_t, std::uint32_t>>
       member_crcs;  // served CRC per rewritten member

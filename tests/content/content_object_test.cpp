@@ -132,3 +132,61 @@ TEST_CASE("metadata frames: round trip, and damaged or oversized frames are refu
   twice.insert(twice.end(), z.begin(), z.end());
   REQUIRE_THROWS_AS(fs::inflate_metadata(twice, "t"), ckpt::corrupt_error);
 }
+
+namespace {
+// The metadata of version r's object, as a reader finds it.
+fs::content_header header_of(opened& s, const temp_dir& d, const fs::content_ref& r) {
+  const auto obj = s.content.info(r).object;
+  char name[32];
+  std::snprintf(name, sizeof name, "%016llx.obj", static_cast<unsigned long long>(obj));
+  const std::uint64_t size = bfs::file_size(d.path / "objects" / name) - 64;  // object framing
+  return fs::read_content_header(s.objects, store::object_ref{obj, size});
+}
+}  // namespace
+
+TEST_CASE("a checkpoint's exact bytes go into its metadata, beyond 4 MiB into blocks",
+          "[content][format]") {
+  temp_dir d;
+  opened s(d.path, {});
+  std::mt19937_64 rng(5);
+  const auto small_tensors = [&](int n) {
+    // Tensors under 4 KiB stay exact; one large one is coded.
+    std::vector<std::pair<std::string, std::vector<float>>> ts;
+    ts.emplace_back("big", drifting_weights(100'000, rng).values);
+    for (int i = 0; i < n; ++i)
+      ts.emplace_back("small." + std::to_string(i), drifting_weights(800, rng).values);
+    return safetensors(ts);
+  };
+  SECTION("a few KiB of header and small tensors: inline, read and verified from there") {
+    const bytes file = small_tensors(20);
+    const auto r = s.content.put("a.safetensors", format::memory_source(file));
+    const auto h = header_of(s, d, r);
+    REQUIRE(h.meta->exact_inline);
+    CHECK(h.meta->inline_exact.size() > 20 * 3200);
+    CHECK(h.meta->exact.size() >= 2);  // the header and small tensors before and after "big"
+    s.content.drop_caches();
+    CHECK(read_all(s.content, r) == file);
+    CHECK(s.content.verify(r.version, true, {}).empty());
+    // A delta's too, and a prune's rewrite of it into a keyframe keeps them.
+    const bytes next = small_tensors(20);
+    const auto r2 = s.content.put("a.safetensors", format::memory_source(next));
+    REQUIRE(s.content.info(r2).kind == "delta");
+    CHECK(header_of(s, d, r2).meta->exact_inline);
+    const auto before = read_all(s.content, r2);
+    s.content.rekey(r2.version);
+    CHECK(header_of(s, d, r2).meta->exact_inline);
+    s.content.drop_caches();
+    CHECK(read_all(s.content, r2) == before);
+    CHECK(s.content.verify(r2.version, true, {}).empty());
+  }
+  SECTION("more than 4 MiB of them: blocks in the data area, as before") {
+    const bytes file = small_tensors(1400);  // 1400 x 3200 bytes
+    const auto r = s.content.put("b.safetensors", format::memory_source(file));
+    const auto h = header_of(s, d, r);
+    CHECK_FALSE(h.meta->exact_inline);
+    CHECK(h.meta->inline_exact.empty());
+    s.content.drop_caches();
+    CHECK(read_all(s.content, r) == file);
+    CHECK(s.content.verify(r.version, true, {}).empty());
+  }
+}

@@ -156,3 +156,57 @@ TEST_CASE(
     REQUIRE_THROWS_AS(from_json(x), corrupt_error);
   }
 }
+
+namespace {
+
+// sample() with its exact bytes (all but the tensor) held inline.
+version_meta inline_sample() {
+  version_meta m = sample();
+  m.exact_inline = true;
+  m.inline_exact.resize(2048);
+  for (std::size_t i = 0; i < m.inline_exact.size(); ++i) m.inline_exact[i] = std::byte(i * 7);
+  exact_region a, b;
+  a.offset = 0;
+  a.length = 1024;
+  a.data_at = 0;
+  b.offset = 3072;
+  b.length = 1024;
+  b.data_at = 1024;
+  m.exact = {a, b};
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("version_meta: inline exact bytes round-trip under a key older daemons refuse",
+          "[version_meta]") {
+  const json j = as_json(inline_sample());
+  CHECK_FALSE(j.contains("exact"));  // a daemon from before inline bytes: EIO, not misreading
+  CHECK(j.contains("exact_inline"));
+  const version_meta m = from_json(j);
+  REQUIRE(m.exact_inline);
+  CHECK(m.inline_exact == inline_sample().inline_exact);
+  REQUIRE(m.exact.size() == 2);
+  CHECK(m.exact[1].offset == 3072);
+  CHECK(m.exact[1].data_at == 1024);
+  CHECK(m.exact[1].blocks.empty());
+  const version_meta blocks = from_json(as_json(sample()));
+  CHECK_FALSE(blocks.exact_inline);
+}
+
+TEST_CASE("version_meta: inline exact regions that do not tile their bytes are refused",
+          "[version_meta]") {
+  const json good = as_json(inline_sample());
+  auto refused = [&](auto edit) {
+    json j = good;
+    edit(j);
+    REQUIRE_THROWS_AS(from_json(j), corrupt_error);
+  };
+  refused([](json& j) { j["exact_inline"][1]["at"] = 1000; });  // not back to back
+  refused([](json& j) { j["exact_inline"][1]["l"] = 2000; });   // past the bytes
+  refused([](json& j) { j["exact_inline"][1]["o"] = 500; });    // overlaps the first
+  refused([](json& j) { j["exact_inline"][1]["o"] = 4000; });   // past the file
+  refused([](json& j) { j.erase("xb"); });                      // no bytes
+  refused([](json& j) { j["xb"] = json::binary({1, 2, 3}); });  // fewer bytes
+  refused([](json& j) { j["exact_inline"].erase(1); });         // bytes beyond the regions
+}
