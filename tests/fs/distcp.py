@@ -22,7 +22,8 @@ Checks:
   - from step 2 on, `ckptctl stat` gives each coded tensor of a shard the name the .metadata of
     the step before gave it, so that Adam's v gets ratio_bits as in a torch.save file: at the
     defaults, the shards' coded tensors take within 10% of the same tensors' bytes in one
-    torch.save per rank (1.2x unnamed), the whole shards within 30% (an archive per tensor);
+    torch.save per rank (1.2x unnamed), the whole delta shards within 12% (an archive per
+    tensor, whose records the metadata holds compressed), the whole run within 20%;
   - hostile shards are stored without error: one cut in the middle of an archive, one with
     garbage between two archives, and a .metadata whose items lie about offsets; their bytes outside
     float payloads read back exact, and every intact archive still loads;
@@ -346,10 +347,11 @@ def main():
         # moment_bits), and the deltas on it round v to those: a few per cent.
         assert sum(dcp_coded[1:]) <= 1.1 * sum(single_coded[1:]), \
             "DCP shards' coded tensors take >10% more than the same tensors' in torch.save files"
-        # The whole files: a shard holds one torch.save archive per tensor, each with its zip
-        # records and pickle (about 4.5 KiB a shard a step here, 15 archives), where a file
-        # holds one. A regression guard, not a target: at real sizes that is nothing.
-        assert sum(dcp_bytes) <= 1.3 * sum(single_bytes), "DCP shards' fixed costs grew"
+        # The whole shards: one torch.save archive per tensor, each with its zip records and
+        # pickle, where a file holds one; in the version's metadata, compressed together, they
+        # cost little (1.19x before, 1.12x since). Over the run the first keyframe's v adds.
+        assert sum(dcp_bytes[1:]) <= 1.12 * sum(single_bytes[1:]), "DCP shards' fixed costs grew"
+        assert sum(dcp_bytes) <= 1.2 * sum(single_bytes), "DCP shards take >20% more than files"
         with mounted(binary, store, mnt):
             for step in range(1, STEPS + 1):
                 again = read_step(f"{mnt}/step_{step}")
