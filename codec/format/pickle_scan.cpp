@@ -215,16 +215,25 @@ class machine {
     charge(a.size());
     const auto o = make(kind::object);
     nodes_[o].items = a;
-    if (nodes_[callee].k == kind::global) nodes_[o].s = nodes_[callee].s;
+    nodes_[o].cls = callee;
     return o;
   }
 
-  // An inert object of class `cls` (kept by name when it is a global) over `args`.
+  // GLOBAL's and INST's module and name lines, capped as STACK_GLOBAL's strings are.
+  std::uint32_t global_from_lines() {
+    std::string s(take_line());
+    s += '\n';
+    s += take_line();
+    if (s.size() > 4097) throw corrupt_error("pickle: GLOBAL name too long");
+    return make_str(kind::global, s);
+  }
+
+  // An inert object of class `cls` over `args`.
   std::uint32_t new_object(std::uint32_t cls, std::uint32_t args) {
     std::vector<std::uint32_t> a =
         nodes_[args].k == kind::tuple ? nodes_[args].items : std::vector{args};
     const auto o = container(kind::object, std::move(a));
-    if (nodes_[cls].k == kind::global) nodes_[o].s = nodes_[cls].s;
+    nodes_[o].cls = cls;
     return o;
   }
 
@@ -505,14 +514,10 @@ class machine {
       case 0x84:
         take(4);
         push(make(kind::opaque));
-        break;     // EXT4
-      case 'c': {  // GLOBAL
-        std::string s(take_line());
-        s += '\n';
-        s += take_line();
-        push(make_str(kind::global, s));
+        break;   // EXT4
+      case 'c':  // GLOBAL
+        push(global_from_lines());
         break;
-      }
       case 0x93: {  // STACK_GLOBAL
         const auto n = pop();
         const auto m = pop();
@@ -541,11 +546,9 @@ class machine {
         break;
       }
       case 'i': {  // INST: module and name lines, then arguments since the mark
-        std::string cls(take_line());
-        cls += '\n';
-        cls += take_line();
+        const auto cls = global_from_lines();
         const auto o = container(kind::object, pop_mark());
-        nodes_[o].s = std::move(cls);
+        nodes_[o].cls = cls;
         push(o);
         break;
       }
@@ -555,7 +558,7 @@ class machine {
         const auto cls = items.front();
         items.erase(items.begin());
         const auto o = container(kind::object, std::move(items));
-        if (nodes_[cls].k == kind::global) nodes_[o].s = nodes_[cls].s;
+        nodes_[o].cls = cls;
         push(o);
         break;
       }

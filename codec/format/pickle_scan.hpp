@@ -42,9 +42,10 @@ pickle_scan scan_torch_pickle(std::span<const std::byte> pickle, const pickle_li
 
 // The inert value graph the same machine builds, for pickles other than torch's data.pkl (DCP's
 // .metadata, dcp_metadata.hpp). Containers hold indices into `nodes`, so shared and
-// self-referencing values stay one node. An object (REDUCE, NEWOBJ, INST, OBJ) keeps the global
-// it was made from in `s` ("module\nname"; empty when that was not a global), then its arguments
-// and each BUILD's state in `items`, in that order. Same limits and errors as scan_torch_pickle.
+// self-referencing values stay one node. An object (REDUCE, NEWOBJ, INST, OBJ) keeps the node it
+// was made from in `cls` (class_name: "module\nname" when that was a global), then its
+// arguments and each BUILD's state in `items`, in that order. Same limits and errors as
+// scan_torch_pickle.
 struct pickle_graph {
   enum class kind : std::uint8_t {
     none,
@@ -63,12 +64,14 @@ struct pickle_graph {
     tensor,
     opaque
   };
+  static constexpr std::uint32_t no_class = 0xffffffffu;
   struct node {
     kind k = kind::opaque;
     bool big = false;                  // an integer that does not fit in int64
     std::int64_t i = 0;                // integer, boolean; storage index for storage and tensor
     std::int64_t offset = 0;           // tensor: storage offset in elements
-    std::string s;                     // string; global, object: module + '\n' + name
+    std::string s;                     // string; global: module + '\n' + name
+    std::uint32_t cls = no_class;      // object: the node of its class or callable
     std::vector<std::uint32_t> items;  // tuple/list/set/object children; dict: key, value, ...
     std::vector<std::int64_t> dims;    // tensor: size
     bool contiguous = false;           // tensor: C-contiguous strides
@@ -76,6 +79,12 @@ struct pickle_graph {
   std::vector<node> nodes;
   std::uint32_t root = 0;
 
+  // An object's class as "module\nname"; empty when it was not made from a global.
+  std::string_view class_name(const node& obj) const {
+    return obj.cls < nodes.size() && nodes[obj.cls].k == kind::global
+               ? std::string_view(nodes[obj.cls].s)
+               : std::string_view();
+  }
   const node& at(std::uint32_t n) const { return nodes.at(n); }
   // The value under string key `key` of dict node `dict`; null if it is not a dict or lacks it.
   const node* get(std::uint32_t dict, std::string_view key) const;

@@ -246,9 +246,15 @@ struct content_store::impl {
   std::vector<std::pair<std::uint64_t, std::vector<std::uint64_t>>> deferred;  // tag, objects
   std::set<std::uint64_t> removing;  // handed out for removal, not removed yet (gc keeps them)
   // .metadata items for shard paths with no version yet (a shard closed without fsync, still
-  // being stored): taken by the version recorded at that path. Bounded (dcp_names.cpp).
-  std::map<std::string, std::shared_ptr<const std::vector<format::dcp_storage_item>>>
-      pending_dcp_items;
+  // being stored): taken by the version recorded at that path. Bounded in entries and bytes,
+  // the oldest going first (dcp_names.cpp).
+  struct pending_items {
+    std::uint64_t seq = 0;  // arrival order
+    std::uint64_t bytes = 0;
+    std::shared_ptr<const std::vector<format::dcp_storage_item>> items;
+  };
+  std::map<std::string, pending_items> pending_dcp_items;
+  std::uint64_t pending_dcp_seq = 0, pending_dcp_bytes = 0;
 
   class read_guard {
    public:
@@ -455,7 +461,6 @@ struct content_store::impl {
                              std::uint64_t id, std::uint64_t lineage_id, const base_choice& bc,
                              base_pin& pin, std::vector<std::uint64_t> donors,
                              std::shared_ptr<staged_file> head);
-  // One compressed tensor of a put: what to code it against.
   // ---- dcp_names.cpp ----
   // A stored file at `path` named .metadata or .metadata.tmp: if it is DCP's Metadata pickle,
   // its items go to the newest version of each shard it names (or wait for it). Never throws:
@@ -470,9 +475,11 @@ struct content_store::impl {
   };
   shard_names shard_names_of(std::uint64_t version);
   // Sets t.state_name to the name of the version's tensor at t's position, when it has one
-  // and the same dtype and shape.
-  void name_shard_tensor(format::tensor_info& t, const shard_names& n) const;
+  // and the same dtype and shape. Call in file order: from the first compressible tensor the
+  // version does not hold so, `n` names nothing more (a changed model's positions).
+  void name_shard_tensor(format::tensor_info& t, shard_names& n) const;
 
+  // One compressed tensor of a put: what to code it against.
   struct tensor_job {
     std::size_t tensor;
     codec::dtype type;

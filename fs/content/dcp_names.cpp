@@ -15,7 +15,15 @@ namespace ckpt::fs {
 namespace {
 
 constexpr std::uint64_t kMaxMetadataBytes = std::uint64_t(64) << 20;
-constexpr std::size_t kMaxPending = 4096;  // shard paths waiting for their version
+// Items waiting for their shard's version: at most this many paths and bytes.
+constexpr std::size_t kMaxPending = 4096;
+constexpr std::uint64_t kMaxPendingBytes = std::uint64_t(64) << 20;
+
+std::uint64_t bytes_of(const std::vector<format::dcp_storage_item>& items) {
+  std::uint64_t n = 0;
+  for (const auto& i : items) n += sizeof i + i.fqn.size() + i.relative_path.size();
+  return n;
+}
 
 }  // namespace
 
@@ -50,15 +58,32 @@ void content_store::impl::note_dcp_metadata(std::string_view path,
         continue;
       }
       // A shard still being stored (closed without fsync): its version takes them when it is
-      // recorded (record_version).
-      if (pending_dcp_items.size() >= kMaxPending)
-        pending_dcp_items.erase(pending_dcp_items.begin());
-      pending_dcp_items[file_path] = std::move(shared);
+      // recorded (record_version). The oldest waiting go first.
+      const std::uint64_t bytes = bytes_of(*shared);
+      if (bytes > kMaxPendingBytes) continue;
+      if (const auto old = pending_dcp_items.find(file_path); old != pending_dcp_items.end()) {
+        pending_dcp_bytes -= old->second.bytes;
+        pending_dcp_items.erase(old);
+      }
+      while (!pending_dcp_items.empty() && (pending_dcp_items.size() >= kMaxPending ||
+                                            pending_dcp_bytes + bytes > kMaxPendingBytes)) {
+        auto oldest = pending_dcp_items.begin();
+        for (auto it = pending_dcp_items.begin(); it != pending_dcp_items.end(); ++it)
+          if (it->second.seq < oldest->second.seq) oldest = it;
+        pending_dcp_bytes -= oldest->second.bytes;
+        pending_dcp_items.erase(oldest);
+      }
+      pending_dcp_bytes += bytes;
+      pending_dcp_items[file_path] = {++pending_dcp_seq, bytes, std::move(shared)};
     }
   } catch (const std::exception& e) {
-    if (log)
-      log("DCP metadata " + std::string(path) + " not read (" + e.what() +
-          "): its shards' tensors keep positional names");
+    try {
+      if (log)
+        log("DCP metadata " + std::string(path) + " not read (" + e.what() +
+            "): its shards' tensors keep positional names");
+    } catch (...) {
+      // Nowhere to say it: the file is stored, its shards keep positional names.
+    }
   }
 }
 
@@ -93,8 +118,14 @@ content_store::impl::shard_names content_store::impl::shard_names_of(std::uint64
   return n;
 }
 
-void content_store::impl::name_shard_tensor(format::tensor_info& t, const shard_names& n) const {
-  if (n.names.empty() || !shard_tensor_in(t, *n.meta, n.by_name)) return;
+void content_store::impl::name_shard_tensor(format::tensor_info& t, shard_names& n) const {
+  if (n.names.empty()) return;
+  // From the first tensor the version does not hold at its position on, positions name other
+  // tensors (a changed model): nothing more is named.
+  if (!shard_tensor_in(t, *n.meta, n.by_name)) {
+    n.names.clear();
+    return;
+  }
   if (const auto it = n.names.find(t.name); it != n.names.end()) t.state_name = it->second;
 }
 

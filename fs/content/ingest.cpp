@@ -687,7 +687,7 @@ content_ref content_store::impl::put(std::string_view path, const format::source
     std::unordered_map<std::string, std::size_t> previous_by_name;
     if (previous) previous_by_name = tensors_by_name(*previous);
     if (layout.format == format::file_format::distcp) {
-      const shard_names names = m.shard_names_of(base_id ? base_id : bc.previous);
+      shard_names names = m.shard_names_of(base_id ? base_id : bc.previous);
       for (auto& t : layout.tensors)
         if (t.compress) m.name_shard_tensor(t, names);
     }
@@ -825,7 +825,8 @@ content_ref content_store::impl::record_version(std::string_view path, version_m
     }
     if (lineage_id) {
       if (const auto p = m.pending_dcp_items.find(r.path); p != m.pending_dcp_items.end()) {
-        r.dcp_items = std::move(p->second);
+        r.dcp_items = std::move(p->second.items);
+        m.pending_dcp_bytes -= p->second.bytes;
         m.pending_dcp_items.erase(p);
       }
     }

@@ -84,8 +84,13 @@ std::shared_ptr<const cache_item> content_store::impl::meta_of(std::uint64_t v) 
     item->data_bytes = h.data_bytes;
     item->obj_id = r.obj.id;
     item->base = r.base;
-    return std::pair{std::shared_ptr<const cache_item>(item),
-                     std::uint64_t(h.meta_bytes * 4 + 256 + item->meta->inline_exact.size())};
+    return std::pair{
+        std::shared_ptr<const cache_item>(item),
+        // meta_bytes counts the inline exact bytes, which are held once.
+        std::uint64_t((h.meta_bytes -
+                       std::min<std::uint64_t>(h.meta_bytes, item->meta->inline_exact.size())) *
+                          4 +
+                      256 + item->meta->inline_exact.size())};
   });
 }
 

@@ -92,7 +92,7 @@ TEST_CASE("dcp metadata of a CPython pickle names each item's file and range", "
 TEST_CASE("dcp metadata keeps the class of objects made by NEWOBJ", "[format][dcp]") {
   const auto g = load_pickle_graph(cpython_metadata());
   CHECK(g.at(g.root).k == pickle_graph::kind::object);
-  CHECK(g.at(g.root).s == "torch.distributed.checkpoint.metadata\nMetadata");
+  CHECK(g.class_name(g.at(g.root)) == "torch.distributed.checkpoint.metadata\nMetadata");
 }
 
 TEST_CASE("dcp metadata refuses every cut of the pickle", "[format][dcp]") {
@@ -161,4 +161,47 @@ TEST_CASE("dcp metadata passes over other pickles and refuses a broken Metadata"
     CHECK(items[0].fqn == "w");
     CHECK(items[0].offset == 5);
   }
+}
+
+TEST_CASE("dcp metadata bounds what memo reuse multiplies", "[format][dcp]") {
+  // One key and one value object, named by 10,000 entries through the memo, the key's fqn 4000
+  // bytes long: 40 MB of names from a pickle of 60 KB. Refused, not built.
+  const std::string long_fqn(4000, 'w');
+  pickle_writer p;
+  p.proto(4).global("m", "Metadata").op(')').op('\x81').op('}').op('(').str("storage_data");
+  p.op('}').op('(');
+  p.global("m", "MetadataIndex").op(')').op('\x81').op('}').op('(').str("fqn").str(long_fqn);
+  p.op('u').op('b').binput(1);
+  p.global("f", "_StorageInfo").op(')').op('\x81').op('}').op('(');
+  p.str("relative_path").str("__0_0.distcp").str("offset").integer(5);
+  p.str("length").integer(10).op('u').op('b').binput(2);
+  for (int i = 1; i < 10'000; ++i) p.binget(1).binget(2);
+  p.op('u').op('u').op('b').stop();
+  REQUIRE(p.out.size() < 100'000);
+  CHECK_THROWS_AS(read_dcp_metadata(p.out), ckpt::corrupt_error);
+  // The same with 100 entries is read: 100 items of the one name.
+  pickle_writer q;
+  q.proto(4).global("m", "Metadata").op(')').op('\x81').op('}').op('(').str("storage_data");
+  q.op('}').op('(');
+  q.global("m", "MetadataIndex").op(')').op('\x81').op('}').op('(').str("fqn").str("w");
+  q.op('u').op('b').binput(1);
+  q.global("f", "_StorageInfo").op(')').op('\x81').op('}').op('(');
+  q.str("relative_path").str("__0_0.distcp").str("offset").integer(5);
+  q.str("length").integer(10).op('u').op('b').binput(2);
+  for (int i = 1; i < 100; ++i) q.binget(1).binget(2);
+  q.op('u').op('u').op('b').stop();
+  const auto items = read_dcp_metadata(q.out);
+  REQUIRE(items);
+  CHECK(items->size() == 100);
+}
+
+TEST_CASE("a GLOBAL name past 4 KiB is refused, as STACK_GLOBAL's", "[format][pickle]") {
+  pickle_writer p;
+  p.proto(2).global("m", std::string(5000, 'n')).op(')').op('R').stop();
+  CHECK_THROWS_AS(load_pickle_graph(p.out), ckpt::corrupt_error);
+  CHECK_THROWS_AS(scan_torch_pickle(p.out), ckpt::corrupt_error);
+  pickle_writer q;
+  q.proto(2).global("m", std::string(4000, 'n')).op(')').op('R').stop();
+  const auto g = load_pickle_graph(q.out);
+  CHECK(g.class_name(g.at(g.root)).size() == 4002);
 }
