@@ -70,6 +70,21 @@ std::vector<std::byte> as_bytes(const std::string& s) {
 }
 }  // namespace
 
+namespace {
+// The payload size of object `obj` in the store at `d`.
+std::uint64_t object_size(const temp_dir& d, std::uint64_t obj) {
+  char name[32];
+  std::snprintf(name, sizeof name, "%016llx.obj", static_cast<unsigned long long>(obj));
+  return bfs::file_size(d.path / "objects" / name) - 64;  // object framing
+}
+
+// The metadata of version r's object, as a reader finds it.
+fs::content_header header_of(opened& s, const temp_dir& d, const fs::content_ref& r) {
+  const auto obj = s.content.info(r).object;
+  return fs::read_content_header(s.objects, store::object_ref{obj, object_size(d, obj)});
+}
+}  // namespace
+
 TEST_CASE("format 3 stores the metadata compressed, and the store writes it by default",
           "[content][format]") {
   temp_dir d;
@@ -88,14 +103,10 @@ TEST_CASE("format 3 stores the metadata compressed, and the store writes it by d
   s.objects.read(obj, 4, std::as_writable_bytes(std::span(&f, 1)));
   REQUIRE(f == 3u);
   // The trailer's metadata length is the frame's; the CBOR it inflates to is several times more.
-  char name[32];
-  std::snprintf(name, sizeof name, "%016llx.obj", static_cast<unsigned long long>(obj));
-  const std::uint64_t size = bfs::file_size(d.path / "objects" / name) - 64;  // object framing
   std::uint64_t stored = 0;
-  s.objects.read(obj, size - fs::content_trailer_size,
+  s.objects.read(obj, object_size(d, obj) - fs::content_trailer_size,
                  std::as_writable_bytes(std::span(&stored, 1)));
-  store::object_ref ref{obj, size};
-  const auto h = fs::read_content_header(s.objects, ref);
+  const auto h = header_of(s, d, r);
   CHECK(h.meta_bytes > 2 * stored);
   CHECK(h.meta->layout.tensors.size() == 40);
   s.content.drop_caches();
@@ -132,17 +143,6 @@ TEST_CASE("metadata frames: round trip, and damaged or oversized frames are refu
   twice.insert(twice.end(), z.begin(), z.end());
   REQUIRE_THROWS_AS(fs::inflate_metadata(twice, "t"), ckpt::corrupt_error);
 }
-
-namespace {
-// The metadata of version r's object, as a reader finds it.
-fs::content_header header_of(opened& s, const temp_dir& d, const fs::content_ref& r) {
-  const auto obj = s.content.info(r).object;
-  char name[32];
-  std::snprintf(name, sizeof name, "%016llx.obj", static_cast<unsigned long long>(obj));
-  const std::uint64_t size = bfs::file_size(d.path / "objects" / name) - 64;  // object framing
-  return fs::read_content_header(s.objects, store::object_ref{obj, size});
-}
-}  // namespace
 
 TEST_CASE("a checkpoint's exact bytes go into its metadata, beyond 4 MiB into blocks",
           "[content][format]") {

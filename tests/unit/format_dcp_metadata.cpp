@@ -103,6 +103,30 @@ TEST_CASE("dcp metadata refuses every cut of the pickle", "[format][dcp]") {
   }
 }
 
+namespace {
+
+// A Metadata of one storage_data entry (as CPython pickles dataclasses: NEWOBJ, BUILD): fqn ->
+// _StorageInfo with `fields` (name, value; a field left out is not written), the entry named
+// `repeat` times through the memo.
+std::vector<std::byte> one_item(const std::string& fqn,
+                                const std::vector<std::pair<std::string, std::int32_t>>& fields,
+                                int repeat = 1) {
+  pickle_writer p;
+  p.proto(4).global("m", "Metadata").op(')').op('\x81').op('}').op('(').str("storage_data");
+  p.op('}').op('(');
+  p.global("m", "MetadataIndex").op(')').op('\x81').op('}').op('(').str("fqn").str(fqn);
+  p.op('u').op('b').binput(1);
+  p.global("f", "_StorageInfo").op(')').op('\x81').op('}').op('(');
+  p.str("relative_path").str("__0_0.distcp");
+  for (const auto& [name, value] : fields) p.str(name).integer(value);
+  p.op('u').op('b').binput(2);
+  for (int i = 1; i < repeat; ++i) p.binget(1).binget(2);
+  p.op('u').op('u').op('b').stop();
+  return p.out;
+}
+
+}  // namespace
+
 TEST_CASE("dcp metadata passes over other pickles and refuses a broken Metadata", "[format][dcp]") {
   SECTION("a plain dict (another program's .metadata) is not DCP's") {
     pickle_writer p;
@@ -122,39 +146,14 @@ TEST_CASE("dcp metadata passes over other pickles and refuses a broken Metadata"
     CHECK_THROWS_AS(read_dcp_metadata(p.out), ckpt::corrupt_error);
   }
   SECTION("storage_data whose value lacks an offset") {
-    pickle_writer p;
-    p.proto(4).global("m", "Metadata").op(')').op('\x81').op('}').op('(').str("storage_data");
-    p.op('}').op('(');
-    p.global("m", "MetadataIndex").op(')').op('\x81').op('}').op('(').str("fqn").str("w");
-    p.op('u').op('b');
-    p.global("f", "_StorageInfo").op(')').op('\x81').op('}').op('(');
-    p.str("relative_path").str("__0_0.distcp").str("length").integer(10).op('u').op('b');
-    p.op('u').op('u').op('b').stop();
-    CHECK_THROWS_AS(read_dcp_metadata(p.out), ckpt::corrupt_error);
+    CHECK_THROWS_AS(read_dcp_metadata(one_item("w", {{"length", 10}})), ckpt::corrupt_error);
   }
   SECTION("a negative length") {
-    pickle_writer p;
-    p.proto(4).global("m", "Metadata").op(')').op('\x81').op('}').op('(').str("storage_data");
-    p.op('}').op('(');
-    p.global("m", "MetadataIndex").op(')').op('\x81').op('}').op('(').str("fqn").str("w");
-    p.op('u').op('b');
-    p.global("f", "_StorageInfo").op(')').op('\x81').op('}').op('(');
-    p.str("relative_path").str("__0_0.distcp").str("offset").integer(0);
-    p.str("length").integer(-1).op('u').op('b');
-    p.op('u').op('u').op('b').stop();
-    CHECK_THROWS_AS(read_dcp_metadata(p.out), ckpt::corrupt_error);
+    CHECK_THROWS_AS(read_dcp_metadata(one_item("w", {{"offset", 0}, {"length", -1}})),
+                    ckpt::corrupt_error);
   }
   SECTION("the same with a valid length is read") {
-    pickle_writer p;
-    p.proto(4).global("m", "Metadata").op(')').op('\x81').op('}').op('(').str("storage_data");
-    p.op('}').op('(');
-    p.global("m", "MetadataIndex").op(')').op('\x81').op('}').op('(').str("fqn").str("w");
-    p.op('u').op('b');
-    p.global("f", "_StorageInfo").op(')').op('\x81').op('}').op('(');
-    p.str("relative_path").str("__0_0.distcp").str("offset").integer(5);
-    p.str("length").integer(10).op('u').op('b');
-    p.op('u').op('u').op('b').stop();
-    const auto read = read_dcp_metadata(p.out);
+    const auto read = read_dcp_metadata(one_item("w", {{"offset", 5}, {"length", 10}}));
     REQUIRE(read);
     const auto& items = *read;
     REQUIRE(items.size() == 1);
@@ -166,31 +165,11 @@ TEST_CASE("dcp metadata passes over other pickles and refuses a broken Metadata"
 TEST_CASE("dcp metadata bounds what memo reuse multiplies", "[format][dcp]") {
   // One key and one value object, named by 10,000 entries through the memo, the key's fqn 4000
   // bytes long: 40 MB of names from a pickle of 60 KB. Refused, not built.
-  const std::string long_fqn(4000, 'w');
-  pickle_writer p;
-  p.proto(4).global("m", "Metadata").op(')').op('\x81').op('}').op('(').str("storage_data");
-  p.op('}').op('(');
-  p.global("m", "MetadataIndex").op(')').op('\x81').op('}').op('(').str("fqn").str(long_fqn);
-  p.op('u').op('b').binput(1);
-  p.global("f", "_StorageInfo").op(')').op('\x81').op('}').op('(');
-  p.str("relative_path").str("__0_0.distcp").str("offset").integer(5);
-  p.str("length").integer(10).op('u').op('b').binput(2);
-  for (int i = 1; i < 10'000; ++i) p.binget(1).binget(2);
-  p.op('u').op('u').op('b').stop();
-  REQUIRE(p.out.size() < 100'000);
-  CHECK_THROWS_AS(read_dcp_metadata(p.out), ckpt::corrupt_error);
+  const auto big = one_item(std::string(4000, 'w'), {{"offset", 5}, {"length", 10}}, 10'000);
+  REQUIRE(big.size() < 100'000);
+  CHECK_THROWS_AS(read_dcp_metadata(big), ckpt::corrupt_error);
   // The same with 100 entries is read: 100 items of the one name.
-  pickle_writer q;
-  q.proto(4).global("m", "Metadata").op(')').op('\x81').op('}').op('(').str("storage_data");
-  q.op('}').op('(');
-  q.global("m", "MetadataIndex").op(')').op('\x81').op('}').op('(').str("fqn").str("w");
-  q.op('u').op('b').binput(1);
-  q.global("f", "_StorageInfo").op(')').op('\x81').op('}').op('(');
-  q.str("relative_path").str("__0_0.distcp").str("offset").integer(5);
-  q.str("length").integer(10).op('u').op('b').binput(2);
-  for (int i = 1; i < 100; ++i) q.binget(1).binget(2);
-  q.op('u').op('u').op('b').stop();
-  const auto items = read_dcp_metadata(q.out);
+  const auto items = read_dcp_metadata(one_item("w", {{"offset", 5}, {"length", 10}}, 100));
   REQUIRE(items);
   CHECK(items->size() == 100);
 }
