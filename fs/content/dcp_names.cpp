@@ -1,5 +1,5 @@
-// DCP shards' state-dict names (docs/filesystem.md, "DCP shards' names"). A shard's archives hold each
-// tensor without its name (torch.save(tensor)): the store names them by position
+// DCP shards' state-dict names (docs/filesystem.md, "DCP shards' names"). A shard's archives hold
+// each tensor without its name (torch.save(tensor)): the store names them by position
 // ("item<k>/data/0"), and DCP writes the names to the .metadata beside the shards once all of
 // them are written. When that file is stored its items go to the shards' versions (in memory);
 // the next step's shard, coded against such a version, gives each tensor at the same position
