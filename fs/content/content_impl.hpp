@@ -254,7 +254,11 @@ struct content_store::impl {
     std::shared_ptr<const std::vector<format::dcp_storage_item>> items;
   };
   std::map<std::string, pending_items> pending_dcp_items;
+  std::map<std::uint64_t, std::string> pending_dcp_order;  // seq -> path: the oldest first
   std::uint64_t pending_dcp_seq = 0, pending_dcp_bytes = 0;
+  // Takes path's pending items out (null if none).
+  std::shared_ptr<const std::vector<format::dcp_storage_item>> take_pending_dcp(
+      const std::string& path);
 
   class read_guard {
    public:

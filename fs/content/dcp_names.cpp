@@ -45,14 +45,18 @@ void content_store::impl::note_dcp_metadata(std::string_view path,
     if (!items) return;  // another program's .metadata
     for (auto& item : *items)
       by_file[std::string(dir) + item.relative_path].push_back(std::move(item));
+    std::vector<std::pair<std::string, std::shared_ptr<const items_t>>> files;
+    for (auto& [file_path, file_items] : by_file) {
+      std::sort(file_items.begin(), file_items.end(),
+                [](const auto& a, const auto& b) { return a.offset < b.offset; });
+      files.emplace_back(file_path, std::make_shared<const items_t>(std::move(file_items)));
+    }
     std::lock_guard lock(mu);
     std::map<std::string, std::uint64_t> newest;
     for (const auto& [id, r] : versions)
       if (r.lineage && by_file.count(r.path)) newest[r.path] = id;  // ids ascend
-    for (auto& [file_path, items] : by_file) {
-      std::sort(items.begin(), items.end(),
-                [](const auto& a, const auto& b) { return a.offset < b.offset; });
-      auto shared = std::make_shared<const items_t>(std::move(items));
+    for (auto& [file_path, shared] : files) {
+      take_pending_dcp(file_path);  // superseded by these
       if (const auto v = newest.find(file_path); v != newest.end()) {
         versions.at(v->second).dcp_items = std::move(shared);
         continue;
@@ -61,20 +65,15 @@ void content_store::impl::note_dcp_metadata(std::string_view path,
       // recorded (record_version). The oldest waiting go first.
       const std::uint64_t bytes = bytes_of(*shared);
       if (bytes > kMaxPendingBytes) continue;
-      if (const auto old = pending_dcp_items.find(file_path); old != pending_dcp_items.end()) {
-        pending_dcp_bytes -= old->second.bytes;
-        pending_dcp_items.erase(old);
-      }
-      while (!pending_dcp_items.empty() && (pending_dcp_items.size() >= kMaxPending ||
+      while (!pending_dcp_order.empty() && (pending_dcp_items.size() >= kMaxPending ||
                                             pending_dcp_bytes + bytes > kMaxPendingBytes)) {
-        auto oldest = pending_dcp_items.begin();
-        for (auto it = pending_dcp_items.begin(); it != pending_dcp_items.end(); ++it)
-          if (it->second.seq < oldest->second.seq) oldest = it;
-        pending_dcp_bytes -= oldest->second.bytes;
-        pending_dcp_items.erase(oldest);
+        const std::string oldest = pending_dcp_order.begin()->second;
+        pending_dcp_order.erase(pending_dcp_order.begin());
+        take_pending_dcp(oldest);
       }
       pending_dcp_bytes += bytes;
-      pending_dcp_items[file_path] = {++pending_dcp_seq, bytes, std::move(shared)};
+      pending_dcp_order.emplace(++pending_dcp_seq, file_path);
+      pending_dcp_items[file_path] = {pending_dcp_seq, bytes, std::move(shared)};
     }
   } catch (const std::exception& e) {
     try {
@@ -85,6 +84,17 @@ void content_store::impl::note_dcp_metadata(std::string_view path,
       // Nowhere to say it: the file is stored, its shards keep positional names.
     }
   }
+}
+
+std::shared_ptr<const std::vector<format::dcp_storage_item>> content_store::impl::take_pending_dcp(
+    const std::string& path) {
+  const auto p = pending_dcp_items.find(path);
+  if (p == pending_dcp_items.end()) return nullptr;
+  auto items = std::move(p->second.items);
+  pending_dcp_bytes -= p->second.bytes;
+  pending_dcp_order.erase(p->second.seq);
+  pending_dcp_items.erase(p);
+  return items;
 }
 
 content_store::impl::shard_names content_store::impl::shard_names_of(std::uint64_t version) {

@@ -823,13 +823,7 @@ content_ref content_store::impl::record_version(std::string_view path, version_m
       l.head = id;
       l.since_keyframe = r.since_keyframe;
     }
-    if (lineage_id) {
-      if (const auto p = m.pending_dcp_items.find(r.path); p != m.pending_dcp_items.end()) {
-        r.dcp_items = std::move(p->second.items);
-        m.pending_dcp_bytes -= p->second.bytes;
-        m.pending_dcp_items.erase(p);
-      }
-    }
+    if (lineage_id) r.dcp_items = m.take_pending_dcp(r.path);
     m.versions.emplace(id, std::move(r));
     for (const std::uint64_t d : donors) ++m.versions.at(d).dependents;
     // A superseded head that nothing else needs goes only after this record is durable.

@@ -484,17 +484,16 @@ TEST_CASE("a streamed DCP shard's base: its rank's head, never another rank's or
 
 namespace {
 
-// DCP's .metadata for a shard (pickled as CPython pickles torch's dataclasses: NEWOBJ, then
-// BUILD with the field dict): each (fqn, offset, length) of `file`.
-bytes dcp_metadata(
-    const std::string& file,
-    const std::vector<std::tuple<std::string, std::uint64_t, std::uint64_t>>& items) {
+// DCP's .metadata (pickled as CPython pickles torch's dataclasses: NEWOBJ, then BUILD with the
+// field dict): each (file, fqn, offset, length).
+using dcp_item = std::tuple<std::string, std::string, std::uint64_t, std::uint64_t>;
+bytes dcp_metadata(const std::vector<dcp_item>& items) {
   using namespace ckpt::format::test;
   const std::string meta = "torch.distributed.checkpoint.metadata";
   pickle_writer p;
   p.proto(2).global(meta, "Metadata").op(')').op('\x81').op('}').op('(');
   p.str("state_dict_metadata").op('}').str("storage_data").op('}').op('(');
-  for (const auto& [fqn, off, len] : items) {
+  for (const auto& [file, fqn, off, len] : items) {
     p.global(meta, "MetadataIndex").op(')').op('\x81').op('}').op('(');
     p.str("fqn").str(fqn).op('u').op('b');
     p.global("torch.distributed.checkpoint.filesystem", "_StorageInfo").op(')').op('\x81');
@@ -523,17 +522,23 @@ std::string fqn_of(std::size_t layer) {
   return layer == 0 ? "optim.state.layer0.exp_avg_sq" : "model.layer" + std::to_string(layer);
 }
 
-// The .metadata DCP would write beside `file` (a shard of adam_like_model): the fqn of each
-// archive's tensor, its range `shift` bytes off when a test wants it to lie.
-bytes metadata_for(const bytes& file, std::int64_t shift = 0) {
+// The items DCP would write for `file` (a shard of adam_like_model) stored as `name`: the fqn of
+// each archive's tensor, its range `shift` bytes off when a test wants it to lie.
+std::vector<dcp_item> items_for(const bytes& file, std::int64_t shift = 0,
+                                const std::string& name = "__0_0.distcp") {
   const auto layout = format::recognise(format::memory_source(file));
-  std::vector<std::tuple<std::string, std::uint64_t, std::uint64_t>> items;
+  std::vector<dcp_item> items;
   // Largest first: layers 0 and 1 (200k floats), then 2..11, in the shard's order.
   std::size_t layer = 0;
   for (const auto& t : layout.tensors)
     if (t.compress)
-      items.emplace_back(fqn_of(layer++), std::uint64_t(std::int64_t(t.offset) + shift), t.length);
-  return dcp_metadata("__0_0.distcp", items);
+      items.emplace_back(name, fqn_of(layer++), std::uint64_t(std::int64_t(t.offset) + shift),
+                         t.length);
+  return items;
+}
+
+bytes metadata_for(const bytes& file, std::int64_t shift = 0) {
+  return dcp_metadata(items_for(file, shift));
 }
 
 }  // namespace
@@ -608,6 +613,25 @@ TEST_CASE("a DCP shard's tensors take their names from the .metadata beside its 
     const auto r2 = plain_put(s.content, d, "dcp/step_2/__0_0.distcp", step2);
     REQUIRE(s.content.info(r2).kind == "delta");
     CHECK(names_of(s.content, r2) == expected);
+  }
+
+  SECTION("items waiting for their shards: at most 4096 files, the oldest dropped first") {
+    opened s(d.path, opt);
+    // One .metadata naming 4097 shard files none of which is stored yet. Files are taken in
+    // path order, so __0_0 waits longest and is dropped for the last.
+    std::vector<dcp_item> items = items_for(step1, 0, "__0_0.distcp");
+    for (int r = 1; r <= 4095; ++r)
+      items.emplace_back("__" + std::to_string(r) + "_0.distcp", "x", 0, 1);
+    const auto last = items_for(step1, 0, "__9999_0.distcp");
+    items.insert(items.end(), last.begin(), last.end());
+    s.content.put("dcp/step_1/.metadata.tmp", format::memory_source(dcp_metadata(items)));
+    for (const std::string rank : {"0", "9999"})
+      plain_put(s.content, d, "dcp/step_1/__" + rank + "_0.distcp", step1);
+    const auto dropped = plain_put(s.content, d, "dcp/step_2/__0_0.distcp", step2);
+    const auto kept = plain_put(s.content, d, "dcp/step_2/__9999_0.distcp", step2);
+    REQUIRE(s.content.info(kept).kind == "delta");
+    CHECK(names_of(s.content, dropped) == std::vector<std::string>(12));
+    CHECK(names_of(s.content, kept) == expected);
   }
 
   SECTION("optimizer=exact keeps what the names say is optimizer state exact") {

@@ -162,16 +162,39 @@ TEST_CASE("dcp metadata passes over other pickles and refuses a broken Metadata"
   }
 }
 
+// `n` distinct MetadataIndex keys sharing one memoised fqn string, all naming one memoised
+// _StorageInfo value: 4000-byte names from a few bytes each.
+std::vector<std::byte> shared_name_items(int n) {
+  pickle_writer p;
+  p.proto(4).global("m", "Metadata").op(')').op('\x81').op('}').op('(').str("storage_data");
+  p.op('}').op('(');
+  p.global("m", "MetadataIndex").binput(3);
+  p.op(')').op('\x81').op('}').op('(').str("fqn").str(std::string(4000, 'w')).binput(1);
+  p.op('u').op('b');
+  p.global("f", "_StorageInfo").op(')').op('\x81').op('}').op('(');
+  p.str("relative_path").str("__0_0.distcp").str("offset").integer(5);
+  p.str("length").integer(10).op('u').op('b').binput(2);
+  for (int i = 1; i < n; ++i) {
+    p.binget(3).op(')').op('\x81').op('}').op('(').str("fqn").binget(1).op('u').op('b');
+    p.binget(2);
+  }
+  p.op('u').op('u').op('b').stop();
+  return p.out;
+}
+
 TEST_CASE("dcp metadata bounds what memo reuse multiplies", "[format][dcp]") {
-  // One key and one value object, named by 10,000 entries through the memo, the key's fqn 4000
-  // bytes long: 40 MB of names from a pickle of 60 KB. Refused, not built.
-  const auto big = one_item(std::string(4000, 'w'), {{"offset", 5}, {"length", 10}}, 10'000);
-  REQUIRE(big.size() < 100'000);
+  // 10,000 entries of one 4000-byte name: 40 MB of names from a pickle of 200 KB. Refused.
+  const auto big = shared_name_items(10'000);
+  REQUIRE(big.size() < 300'000);
   CHECK_THROWS_AS(read_dcp_metadata(big), ckpt::corrupt_error);
-  // The same with 100 entries is read: 100 items of the one name.
-  const auto items = read_dcp_metadata(one_item("w", {{"offset", 5}, {"length", 10}}, 100));
+  // 100 of them are read.
+  const auto items = read_dcp_metadata(shared_name_items(100));
   REQUIRE(items);
   CHECK(items->size() == 100);
+  // One key object named by many entries is one dict entry, as in Python.
+  const auto same_key = read_dcp_metadata(one_item("w", {{"offset", 5}, {"length", 10}}, 100));
+  REQUIRE(same_key);
+  CHECK(same_key->size() == 1);
 }
 
 TEST_CASE("a GLOBAL name past 4 KiB is refused, as STACK_GLOBAL's", "[format][pickle]") {
