@@ -15,7 +15,12 @@ files (the torch.save files of the model and the optimizer against the shards; v
 stored bytes, which leave out head images), the ratio, and the shards' size over the files'.
 Run it with two builds to see what a change does to one layout against the other.
 
+--by-class STEP,...: for those steps, where each layout's stored bytes go (`ckptctl stat`):
+weights, exp_avg, exp_avg_sq, and everything but the tensors' frames ("fixed"); a shard's
+tensors by the state-dict names stat gives them ("?" before a .metadata named them).
+
 Usage: dcp_lm.py CKPTFS_BINARY [--ranks 2] [--opts o=v,...] [--cache SNAPSHOTS.pt] [--json F]
+                 [--by-class STEP,...]
 (as root; Debian's /usr/bin/python3). --cache: the reference run's snapshots, trained and
 saved there when missing (about 300 MB).
 """
@@ -24,6 +29,7 @@ import io
 import json
 import os
 import pickle
+import subprocess
 import sys
 import tempfile
 
@@ -107,6 +113,27 @@ def read_dcp_step(d):
     return out
 
 
+def stat(ctl, path):
+    out = subprocess.run([ctl, "stat", "--json", path], check=True, capture_output=True)
+    return json.loads(out.stdout)
+
+
+def by_class(ctl, paths, positional):
+    """{class: stored bytes} over the versions at `paths`."""
+    out = {}
+    for path in paths:
+        s = stat(ctl, path)
+        frames = 0
+        for t in s["tensors"]:
+            name = t.get("state_name", "?") if positional else t["name"]
+            last = name.rsplit(".", 1)[-1]
+            c = last if last in ("exp_avg", "exp_avg_sq") else ("?" if name == "?" else "weights")
+            out[c] = out.get(c, 0) + t["stored_bytes"]
+            frames += t["stored_bytes"]
+        out["fixed"] = out.get("fixed", 0) + s["stored_bytes"] - frames
+    return out
+
+
 def snapshots(cache):
     if cache and os.path.exists(cache):
         return torch.load(cache)
@@ -124,7 +151,9 @@ def main():
     p.add_argument("--opts", default="")
     p.add_argument("--cache")
     p.add_argument("--json")
+    p.add_argument("--by-class", default="")
     args = p.parse_args()
+    ctl = os.path.join(os.path.dirname(os.path.abspath(args.binary)), "ckptctl")
     require_fuse()
     torch.set_num_threads(1)
     snaps = snapshots(args.cache)
@@ -149,6 +178,14 @@ def main():
                     i = info(path)
                     res["dcp"]["stored"] += i["stored_bytes"]
                     res["dcp_kinds"][i["kind"]] = res["dcp_kinds"].get(i["kind"], 0) + 1
+            res["by_class"] = {}
+            for step in (int(s) for s in args.by_class.split(",") if s):
+                files = by_class(ctl, [os.path.join(mnt, "run", f"checkpoint-{step}", n)
+                                       for n in TENSOR_FILES], False)
+                shards = by_class(ctl, [os.path.join(mnt, "dcp", f"step_{step}", f"__{r}_0.distcp")
+                                        for r in range(args.ranks)], True)
+                res["by_class"][step] = {"files": files, "dcp": shards}
+                print(f"step {step}: files {files}; shards {shards}")
             # The last step reads back as DCP reads it, every tensor with its shape.
             last = max(snaps)
             back = read_dcp_step(os.path.join(mnt, "dcp", f"step_{last}"))
