@@ -74,6 +74,13 @@ bool is_second_moment(std::string_view name) noexcept {
   return last == "exp_avg_sq" || last == "max_exp_avg_sq" || last == "square_avg";
 }
 
+bool is_first_moment(std::string_view name) noexcept {
+  const auto last_dot = name.rfind('.');
+  const std::string_view last =
+      last_dot == std::string_view::npos ? name : name.substr(last_dot + 1);
+  return last == "exp_avg" || last == "momentum_buffer";
+}
+
 std::string tensor_class(std::string_view name) {
   const auto last_dot = name.rfind('.');
   const std::string_view last =

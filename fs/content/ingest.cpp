@@ -480,13 +480,17 @@ content_store::impl::tensor_job content_store::impl::job_for(
     return j;
   if (!j.base_tensor) {
     j.keep_bits = keep;  // a lossy keyframe: the frame without a base is rounded
-    // ... or coded as values, where the head before it coded every slab of it so.
+    // ... or coded as values, where the head before it coded every slab of it so, or, with no
+    // such head (a lineage's first version, a tensor new to it), where its name says it is a
+    // first moment: the deltas after it would code it as values again.
+    std::optional<bool> hinted;
     if (previous && previous_by_name) {
       if (const auto p = base_tensor_for(t, previous, *previous_by_name)) {
         const tensor_frame* f = frame_of(*previous, *p);
-        j.values = f && f->intra_slabs == slab_count(t.length);
+        hinted = f && f->intra_slabs == slab_count(t.length);
       }
     }
+    j.values = hinted ? *hinted : opt.intra && is_first_moment(role);
     return j;
   }
   // A delta on a base that has at most kb mantissa bits (a rounded frame of a version written

@@ -30,7 +30,8 @@ side that goes first alternating). Per size:
     one before it and the load's oldest), the logical total counts all of them;
   - every load is checked against what was saved: same tensor names, dtypes and shapes, integer
     tensors (step counters) exact, float tensors (a strided sample of up to 65536 elements each)
-    within 0.2 of the tensor's range (TOLERANCE: garbage, not codec error); a load that fails
+    within 0.2 of the tensor's range (TOLERANCE: garbage, not codec error; exp_avg, coded as
+    its values in keyframes, within 0.5 and a relative L2 error under 0.95); a load that fails
     stops the benchmark. Reported: the largest error as a share of the range, and as a multiple
     of the largest change since the previous version.
 
@@ -84,7 +85,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "fs"))
 sys.path.insert(0, HERE)
-from ckptfs_testlib import mounted, peak_rss, reset_peak_rss  # noqa: E402
+from ckptfs_testlib import is_first_moment, mounted, peak_rss, reset_peak_rss  # noqa: E402
 from fs_cold_load import cpu_seconds  # noqa: E402
 from fs_speed import drop_caches, prefault  # noqa: E402
 from scale_lib import flat_tensors, read_dcp, write_dcp  # noqa: E402
@@ -108,6 +109,10 @@ SAMPLE = 65536  # elements per tensor kept to check loads against
 # largest error is set by the top power-of-two bucket of the delta, not by bits; rep=mean: 8%),
 # so 1e-2 failed. Stale versions are caught by the step counters, which must be exact.
 TOLERANCE = 0.2
+# exp_avg as a lossy keyframe codes it, as its values (docs/codec.md, "Intra slabs", item 4):
+# each element within |u|, so up to half the range; zeros would be too, so its relative L2
+# error must also stay below that of zeros (1).
+FIRST_MOMENT_TOLERANCE, FIRST_MOMENT_L2 = 0.5, 0.95
 BARRIER_TIMEOUT = 3600.0
 
 
@@ -215,9 +220,16 @@ def check(loaded, ref, label, prev=None):
             continue
         err = (sample.double() - e["sample"].double()).abs().max().item()
         rel = err / e["range"] if e["range"] > 0 else (0.0 if err == 0 else math.inf)
-        if not rel <= TOLERANCE:
+        tolerance = FIRST_MOMENT_TOLERANCE if is_first_moment(name) else TOLERANCE
+        if not rel <= tolerance:
             raise VerifyError(f"{label}: {name} max abs error {err:.3g} is {rel:.3g} of its "
-                              f"range (tolerance {TOLERANCE})")
+                              f"range (tolerance {tolerance})")
+        if is_first_moment(name):
+            l2 = ((sample.double() - e["sample"].double()).norm() /
+                  max(e["sample"].double().norm().item(), 1e-30)).item()
+            if not l2 <= FIRST_MOMENT_L2:
+                raise VerifyError(f"{label}: {name} relative L2 error {l2:.3g} (at most "
+                                  f"{FIRST_MOMENT_L2}: zeros read 1)")
         if rel > worst:
             worst, worst_name = rel, name
         if prev is not None and err > 0:

@@ -893,12 +893,12 @@ TEST_CASE("a tensor of several slabs codes each its own way: values, differences
 }
 
 TEST_CASE("a keyframe codes as values what its previous head coded as values", "[content]") {
-  // keyframe_interval=3: versions 0 and 3 are keyframes. Version 3's first moment was coded as
-  // values by version 2, so the keyframe codes it so too (mode intra, a fraction of version 0's
-  // bytes, within |u|, read back the same after a reopen); the weights stay rounded.
+  // keyframe_interval=3: versions 0 and 3 are keyframes. "m" (a name that says nothing) is new
+  // at every version: version 2 coded it as values, so the keyframe codes it so too (mode intra,
+  // a fraction of version 0's bytes, within |u|, read back the same after a reopen); the weights
+  // stay rounded.
   temp_dir d;
   fs::content_options opt;
-  opt.exact_optimizer = false;
   opt.keyframe_interval = 3;
   opt.keyframe_bits = 12;
   std::mt19937_64 rng(31);
@@ -914,12 +914,12 @@ TEST_CASE("a keyframe codes as values what its previous head coded as values", "
     for (int ver = 0; ver < 5; ++ver) {
       for (auto& x : a) x += step(rng);
       for (auto& x : m) x = 0.2f * x + (coin(rng) ? 1.0f : -1.0f) * mag(rng);
-      files.push_back(safetensors({{"w", a}, {"exp_avg", m}}));
+      files.push_back(safetensors({{"w", a}, {"m", m}}));
       refs.push_back(s.content.put("opt.safetensors", format::memory_source(files.back())));
     }
     const auto k0 = s.content.detail(refs[0]), k3 = s.content.detail(refs[3]);
     REQUIRE(s.content.info(refs[3]).kind == "keyframe");
-    CHECK(k0.tensors[1].mode == "rounded");  // no head before it: nothing to follow
+    CHECK(k0.tensors[1].mode == "rounded");  // no head before it, no name: nothing to follow
     CHECK(k3.tensors[0].mode == "rounded");
     CHECK(k3.tensors[1].mode == "intra");
     CHECK(k3.tensors[1].stored_bytes * 4 < k0.tensors[1].stored_bytes);
@@ -948,6 +948,83 @@ TEST_CASE("a keyframe codes as values what its previous head coded as values", "
     const auto got = floats_at(out, files[v].size() - 4 * m.size(), m.size());
     const auto u = floats_at(files[v], files[v].size() - 4 * m.size(), m.size());
     CHECK(beyond_value(got, u) == 0);
+  }
+}
+
+TEST_CASE("a lineage's first keyframe codes a first moment as values by its name", "[content]") {
+  // No head before version 0: the names decide. exp_avg (Adam's m) and momentum_buffer (SGD's)
+  // are coded as values (mode intra, within |u|, under 4 bits per element where rounding to 12
+  // bits costs over 12), "m" and the weights are rounded. A head that coded exp_avg as a
+  // difference (a slowly moving one, saved often) outweighs the name at the next keyframe. With
+  // intra=off or exact keyframes the name changes nothing.
+  std::mt19937_64 rng(32);
+  std::normal_distribution<float> w(0.0f, 0.05f), step(0.0f, 1e-3f);
+  std::exponential_distribution<float> mag(1000.0f);
+  std::bernoulli_distribution coin(0.5);
+  const std::size_t n = 40000;
+  std::vector<float> a(n), m(n);
+  for (auto& x : a) x = w(rng);
+  for (auto& x : m) x = (coin(rng) ? 1.0f : -1.0f) * mag(rng);
+  auto file = [&] {
+    return safetensors({{"w", a}, {"state.0.exp_avg", m}, {"state.1.momentum_buffer", m},
+                        {"m", m}});
+  };
+  auto mode_of = [](const auto& det, std::string_view name) {
+    for (const auto& t : det.tensors)
+      if (t.name == name) return t;
+    FAIL("no tensor " << name);
+    return det.tensors.front();
+  };
+  SECTION("defaults of the mount: lossy keyframes, intra on") {
+    temp_dir d;
+    fs::content_options opt;
+    opt.keyframe_interval = 3;
+    opt.keyframe_bits = 12;
+    opened s(d.path, opt);
+    const bytes f0 = file();
+    const auto r0 = s.content.put("opt.safetensors", format::memory_source(f0));
+    const auto k0 = s.content.detail(r0);
+    CHECK(mode_of(k0, "w").mode == "rounded");
+    CHECK(mode_of(k0, "m").mode == "rounded");
+    for (const char* name : {"state.0.exp_avg", "state.1.momentum_buffer"}) {
+      INFO(name);
+      const auto t = mode_of(k0, name);
+      CHECK(t.mode == "intra");
+      CHECK(t.stored_bytes * 8 < 4 * n);
+      CHECK(t.rel_error > 0.1);  // lossy, as a delta's m is
+    }
+    CHECK(mode_of(k0, "m").stored_bytes * 8 > 12 * n);
+    const bytes out = read_all(s.content, r0);
+    for (std::size_t from_end : {3, 2}) {  // exp_avg, momentum_buffer: laid out in order
+      const auto u = floats_at(f0, f0.size() - 4 * n * from_end, n);
+      CHECK(beyond_value(floats_at(out, f0.size() - 4 * n * from_end, n), u) == 0);
+    }
+    // exp_avg moving slowly now (a save every step): the deltas code it as a difference, and
+    // the keyframe at version 3 follows them, not the name.
+    std::vector<fs::content_ref> refs{r0};
+    for (int ver = 1; ver < 4; ++ver) {
+      for (auto& x : a) x += step(rng);
+      for (auto& x : m) x *= 1.001f;
+      refs.push_back(s.content.put("opt.safetensors", format::memory_source(file())));
+    }
+    REQUIRE(s.content.info(refs[3]).kind == "keyframe");
+    CHECK(mode_of(s.content.detail(refs[2]), "state.0.exp_avg").mode != "intra");
+    CHECK(mode_of(s.content.detail(refs[3]), "state.0.exp_avg").mode == "rounded");
+  }
+  SECTION("intra=off and exact keyframes: the name changes nothing") {
+    for (bool exact : {false, true}) {
+      INFO((exact ? "keyframe_bits=0" : "intra=off"));
+      temp_dir d;
+      fs::content_options opt;
+      opt.keyframe_bits = exact ? 0 : 12;
+      opt.intra = exact;
+      opt.exact_optimizer = false;
+      opened s(d.path, opt);
+      const auto k0 =
+          s.content.detail(s.content.put("opt.safetensors", format::memory_source(file())));
+      CHECK(mode_of(k0, "state.0.exp_avg").mode == (exact ? "lossless" : "rounded"));
+      CHECK(mode_of(k0, "state.1.momentum_buffer").mode == (exact ? "lossless" : "rounded"));
+    }
   }
 }
 

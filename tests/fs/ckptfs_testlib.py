@@ -258,6 +258,21 @@ def tensor_modes(ckptctl, path):
     return {t["name"]: t["mode"] for t in json.loads(out.stdout)["tensors"]}
 
 
+def is_first_moment(name):
+    """Adam's exp_avg or SGD's momentum_buffer by the key's last component: what a lossy keyframe
+    with no head before it codes as its values (docs/codec.md, "Intra slabs", item 4)."""
+    return name.split(".")[-1] in ("exp_avg", "momentum_buffer")
+
+
+def keyframe_read_ok(got, want, name):
+    """A keyframe's float tensor as read back at the mount's defaults, where no `ckptctl stat`
+    mode says more: a first moment within |u| (coded as values, or rounded, which is within that
+    too), every other tensor rounded to its chain's bits (keyframe_within)."""
+    if is_first_moment(name):
+        return beyond_value(got, want) == 0
+    return keyframe_within(got, want, chain_bits(name))
+
+
 def beyond_value(got, u):
     """How many elements read back further from their value than zero is: the bound of a
     tensor coded as its values (intra) in a keyframe."""
