@@ -966,8 +966,8 @@ TEST_CASE("a lineage's first keyframe codes a first moment as values by its name
   for (auto& x : a) x = w(rng);
   for (auto& x : m) x = (coin(rng) ? 1.0f : -1.0f) * mag(rng);
   auto file = [&] {
-    return safetensors({{"w", a}, {"state.0.exp_avg", m}, {"state.1.momentum_buffer", m},
-                        {"m", m}});
+    return safetensors(
+        {{"w", a}, {"state.0.exp_avg", m}, {"state.1.momentum_buffer", m}, {"m", m}});
   };
   auto mode_of = [](const auto& det, std::string_view name) {
     for (const auto& t : det.tensors)
