@@ -78,7 +78,7 @@ bool is_first_moment(std::string_view name) noexcept {
   const auto last_dot = name.rfind('.');
   const std::string_view last =
       last_dot == std::string_view::npos ? name : name.substr(last_dot + 1);
-  return last == "exp_avg" || last == "momentum_buffer";
+  return last == "exp_avg";
 }
 
 std::string tensor_class(std::string_view name) {

@@ -259,9 +259,9 @@ def tensor_modes(ckptctl, path):
 
 
 def is_first_moment(name):
-    """Adam's exp_avg or SGD's momentum_buffer by the key's last component: what a lossy keyframe
-    with no head before it codes as its values (docs/codec.md, "Intra slabs", item 4)."""
-    return name.split(".")[-1] in ("exp_avg", "momentum_buffer")
+    """Adam's exp_avg by the key's last component: what a lossy keyframe with no head before it
+    codes as its values (docs/codec.md, "Intra slabs", item 4)."""
+    return name.split(".")[-1] == "exp_avg"
 
 
 def keyframe_read_ok(got, want, name):
