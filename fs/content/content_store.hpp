@@ -58,8 +58,9 @@ struct content_options {
   // Second-moment state (is_second_moment: Adam's exp_avg_sq) on a lossy chain
   // (keyframe_bits > 0) keeps this many mantissa bits instead: keyframes round it so, and deltas
   // on a rounded chain round what they reconstruct so. Adam divides by its square root, and its
-  // deltas already carry several per cent of error (ratio coding), so bits beyond ~6 (each
-  // element within 2^-7 = 0.8%) buy nothing but keyframe bytes. 0: keyframe_bits.
+  // deltas already carry several per cent of error (ratio coding; at one ratio bit each element
+  // within a factor 2), so bits beyond a few (2: each element within 2^-3) buy nothing but
+  // keyframe bytes. 0: keyframe_bits. (The mount's default: fs/fuse/options.hpp.)
   int moment_bits = 0;
   int bits_for(codec::delta_kind k, bool second_moment) const noexcept {
     return k == codec::delta_kind::ratio && second_moment && ratio_bits ? ratio_bits : bits;

@@ -320,7 +320,7 @@ std::string usage_text(std::string_view program) {
          "                         (default 12); 0 or 23: exact keyframes\n"
          "  -o moment_bits=N       the same for second moments (Adam's exp_avg_sq): each\n"
          "                         within 2^-(N+1) in keyframes and in the deltas on them\n"
-         "                         (default 6; 0: keyframe_bits)\n"
+         "                         (default 2; 0: keyframe_bits)\n"
          "  -o coding=MODE         grouped (default): symbol groups, best entropy coder per "
          "block;\n"
          "                         paper: LC-Checkpoint's one Huffman code word per element\n"

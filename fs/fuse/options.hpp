@@ -41,9 +41,11 @@ inline constexpr int kDefaultKeyframeBits = 12;
 // costs, small tensors and second moments").
 inline constexpr std::uint64_t kDefaultMinTensor = 256;
 // The mount's moment_bits (content_options::moment_bits): Adam's v in keyframes and on their
-// chains within 2^-7 of its value, against the several per cent its ratio deltas carry; the
-// language-model benchmark 4% smaller, v's error unchanged (docs/benchmarks.md, the same section).
-inline constexpr int kDefaultMomentBits = 6;
+// chains within 2^-3 of its value, where its one-bit ratio deltas leave each element within a
+// factor 2 (21% relative L2 error); the language-model benchmark 18.0x -> 19.2x, the Adam MLP
+// 17.4x -> 19.2x every 10 iterations, the accuracy of both unchanged (docs/benchmarks.md,
+// "Adam's m in a lineage's first keyframe, and two bits for v's keyframes"; 6 until 2026-11-28).
+inline constexpr int kDefaultMomentBits = 2;
 // The mount's ratio_bits (content_options::ratio_bits): Adam's v deltas with one factor, its
 // escapes coded (block version 4). v's error 7% -> 21% (each element still within a factor 2),
 // below the noise of Adam's own estimate at beta2 = 0.95; the language-model benchmark 25%

@@ -201,7 +201,7 @@ KEYFRAME_BITS = 12  # the mount's default -o keyframe_bits (fs/fuse/options.hpp)
 # The mount's default -o min_tensor (kDefaultMinTensor): float tensors of fewer bytes are exact.
 MIN_TENSOR = 256
 # The mount's default -o moment_bits (kDefaultMomentBits): second moments' mantissa bits on a chain.
-MOMENT_BITS = 6
+MOMENT_BITS = 2
 SECOND_MOMENTS = ("exp_avg_sq", "max_exp_avg_sq", "square_avg")  # fs::is_second_moment
 
 

@@ -12,7 +12,7 @@ Checks, for every version of every style (kind and base asked from the daemon wi
 `ckptctl stat --json`):
   - integer tensors and small tensors (< 256 bytes, stored exact) are exact; keyframes' float
     tensors within 2^-13 of their value (the default -o keyframe_bits=12, docs/codec.md),
-    Adam's exp_avg_sq within 2^-7 (-o moment_bits=6), and every float32 of a chain with that
+    Adam's exp_avg_sq within 2^-3 (-o moment_bits=2), and every float32 of a chain with that
     many mantissa bits;
   - in a delta, every float element satisfies |u_read - u| <= |u - u_base_read| where
     u_base_read is what the version it was coded against read back as (the closed-loop bound);

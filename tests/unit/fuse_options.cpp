@@ -129,8 +129,8 @@ TEST_CASE("fuse options: grid auto, off or a step, and only with bits >= 2", "[f
     CHECK_THROWS_AS(parse_o(bad), usage_error);
 }
 
-TEST_CASE("fuse options: moment_bits 0..23, default 6", "[fuse]") {
-  CHECK(parse_o("bits=3").content.moment_bits == 6);
+TEST_CASE("fuse options: moment_bits 0..23, default 2", "[fuse]") {
+  CHECK(parse_o("bits=3").content.moment_bits == 2);
   CHECK(ckpt::fs::content_options{}.moment_bits == 0);  // the library's own: keyframe_bits
   CHECK(parse_o("moment_bits=0").content.moment_bits == 0);
   CHECK(parse_o("moment_bits=12").content.moment_bits == 12);
