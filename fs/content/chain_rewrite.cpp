@@ -16,6 +16,9 @@ namespace {
 // so the usual estimate is the keyframe itself. A version recorded before its bits were
 // (rounded_bits -1) is taken as unrounded, and such a keyframe as rounded to what the mount
 // rounds to now (what that store's keyframes were rounded to, unless the option changed since).
+// Elements the keyframe held as values but the named version does not (it codes them as
+// differences, so the rewrite codes them exactly) add their exact cost, counted as fp32 of
+// the named version's bits with a sign and about 4 bits of exponent.
 std::uint64_t rewrite_cost(const version_rec& named, const version_rec& key, int keyframe_bits) {
   constexpr int all = codec::mantissa_bits(codec::dtype::f32);
   const int named_bits = named.rounded_bits > 0 ? named.rounded_bits : all;
@@ -23,10 +26,16 @@ std::uint64_t rewrite_cost(const version_rec& named, const version_rec& key, int
                        : key.rounded_bits == 0 ? all
                        : keyframe_bits > 0     ? std::min(keyframe_bits, all)
                                                : all;
-  if (named_bits <= key_bits) return key.obj.size;
+  const std::uint64_t recoded = key.values_elements > 0 && named.values_elements >= 0 &&
+                                        named.values_elements < key.values_elements
+                                    ? std::uint64_t(key.values_elements - named.values_elements) *
+                                          std::uint64_t(named_bits + 5) / 8
+                                    : 0;
+  const std::uint64_t base = key.obj.size + recoded;
+  if (named_bits <= key_bits) return std::min(std::max(named.size, key.obj.size), base);
   return std::max(
       key.obj.size,
-      std::min(named.size, key.obj.size + named.size * std::uint64_t(named_bits - key_bits) / 32));
+      std::min(named.size, base + named.size * std::uint64_t(named_bits - key_bits) / 32));
 }
 
 }  // namespace

@@ -202,6 +202,12 @@ struct version_rec {
   // could have been kept all its bits; -1: unknown (recorded before it was). What rotation's
   // estimate of a rewrite's cost goes by (chain_rewrite.cpp).
   int rounded_bits = -1;
+  // Float elements the version holds in frames coded as values (a keyframe's intra frames, a
+  // delta's frames intra in every slab; values_elements_of): a rekey copies those and codes
+  // every other frame exactly, so a rewrite costs more than its keyframe by what it codes exactly
+  // that the keyframe held as values (a lineage's first keyframe codes Adam's m as values by its
+  // name, while a run saved every step codes m as differences). -1: unknown (recorded before).
+  std::int64_t values_elements = -1;
   // A DCP shard: the items the .metadata beside it names in it, by offset (dcp_names.cpp). In
   // memory only: the names its tensors take reach the versions coded against it, whose
   // metadata records them (tensor_info::state_name).
@@ -209,6 +215,8 @@ struct version_rec {
 };
 // rounded_bits of a version's metadata (see version_rec).
 int rounded_bits_of(const version_meta& meta);
+// values_elements of a version's metadata (see version_rec).
+std::int64_t values_elements_of(const version_meta& meta);
 
 struct lineage_rec {
   std::uint64_t id = 0;

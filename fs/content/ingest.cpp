@@ -453,6 +453,19 @@ int rounded_bits_of(const version_meta& meta) {
   return kb;
 }
 
+std::int64_t values_elements_of(const version_meta& meta) {
+  std::int64_t n = 0;
+  for (const auto& f : meta.tensors) {
+    const std::uint64_t length = meta.layout.tensors.at(f.tensor).length;
+    const bool values = f.mode == tensor_mode::delta
+                            ? length > 0 && f.intra_slabs == slab_count(length)
+                            : f.intra_slabs > 0;  // a keyframe's frame: values, all or nothing
+    const std::size_t es = codec::element_size(f.type);
+    if (values && es) n += std::int64_t(length / es);
+  }
+  return n;
+}
+
 std::shared_ptr<const cache_item> content_store::impl::previous_meta(const base_choice& c) {
   // Only lossy keyframes (keyframe_bits): keyframe_bits=0 promises exact ones.
   if (!c.previous || opt.lossless || !opt.intra || !opt.keyframe_bits) return nullptr;
@@ -490,7 +503,13 @@ content_store::impl::tensor_job content_store::impl::job_for(
         hinted = f && f->intra_slabs == slab_count(t.length);
       }
     }
-    j.values = hinted ? *hinted : opt.intra && is_first_moment(role);
+    // Not with the paper's whole-checkpoint tables (scope=checkpoint): its deltas never code
+    // values, so the keyframe would be the only lossy m of the chain. Not with
+    // keyframe_interval=1: no delta ever says what the tensor is, and every version would
+    // follow the first.
+    j.values = hinted ? *hinted
+                      : opt.intra && opt.scope == codec::bucket_scope::tensor &&
+                            opt.keyframe_interval != 1 && is_first_moment(role);
     return j;
   }
   // A delta on a base that has at most kb mantissa bits (a rounded frame of a version written
@@ -799,6 +818,7 @@ content_ref content_store::impl::record_version(std::string_view path, version_m
   r.refs = 1;
   r.donors = donors;
   r.rounded_bits = rounded_bits_of(meta);
+  r.values_elements = values_elements_of(meta);
   {
     std::lock_guard lock(m.mu);
     // The donors are pinned by the staged file's reader (of the version it was opened over, which

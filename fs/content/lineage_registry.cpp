@@ -52,6 +52,7 @@ json content_store::impl::version_json(const version_rec& r) {
   if (!r.donors.empty()) j["d"] = r.donors;
   if (r.donors_released) j["dr"] = true;
   if (r.rounded_bits >= 0) j["rb"] = r.rounded_bits;
+  if (r.values_elements >= 0) j["ve"] = r.values_elements;
   return j;
 }
 
@@ -75,6 +76,7 @@ void content_store::impl::apply_version(const json& j) {
   r.donors = j.value("d", std::vector<std::uint64_t>{});
   r.donors_released = j.value("dr", false);
   r.rounded_bits = j.value("rb", -1);
+  r.values_elements = j.value("ve", std::int64_t(-1));
   // Stores from before the feature record: their donors need it in the next snapshot too.
   if (!r.donors.empty() || r.donors_released) shared_extents = true;
   next_version = std::max(next_version, r.id + 1);

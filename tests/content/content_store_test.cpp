@@ -713,6 +713,56 @@ TEST_CASE("rotation: a rewrite's estimate follows the mantissa bits of its chain
   }
 }
 
+TEST_CASE("rotation: a rewrite's estimate counts what its keyframe held as values and it will not",
+          "[content][heads]") {
+  // A lineage's first keyframe codes exp_avg as values by its name. Saved often, exp_avg moves
+  // little and the deltas code it as a difference, so rewriting one as a keyframe codes it
+  // exactly: the estimate must count that (it once was the keyframe's size alone, under half of
+  // what the rewrite wrote). Saved rarely, exp_avg is new each time and the deltas code it as
+  // values too: the rewrite copies it and the estimate stays the keyframe's size. Both survive
+  // a reopen.
+  for (const bool often : {true, false}) {
+    INFO((often ? "exp_avg moving little" : "exp_avg new at every version"));
+    temp_dir d;
+    fs::content_options opt;
+    opt.keyframe_bits = 12;
+    std::mt19937_64 rng(41);
+    std::normal_distribution<float> n(0.0f, 1.0f);
+    std::vector<float> w(100000), m(100000);
+    for (auto& x : w) x = n(rng);
+    for (auto& x : m) x = 1e-3f * n(rng);
+    auto put = [&](fs::content_store& c) {
+      for (auto& x : w) x += 0.01f * n(rng);
+      for (auto& x : m) x = often ? x + 1e-5f * n(rng) : 1e-3f * n(rng);
+      return c.put("opt.safetensors",
+                   format::memory_source(safetensors({{"w", w}, {"state.0.exp_avg", m}})));
+    };
+    std::vector<fs::content_ref> refs;
+    {
+      opened s(d.path, opt);
+      for (int i = 0; i < 4; ++i) refs.push_back(put(s.content));
+      REQUIRE(s.content.detail(refs[0]).tensors.at(1).mode == "intra");
+      const bool m_values = s.content.detail(refs[2]).tensors.at(1).mode == "intra";
+      REQUIRE(m_values == !often);
+      s.journal.sync();
+    }
+    opened s(d.path, opt, refs);  // the estimate from what the journal recorded
+    const auto key = s.content.info(refs[0]);
+    s.content.unref(refs[0]);
+    s.content.unref(refs[1]);
+    const auto todo = s.content.chains_to_rewrite(1e-9);
+    REQUIRE(todo.size() == 1);
+    REQUIRE(todo[0].version == refs[2].version);
+    const std::uint64_t est = todo[0].keyframe_bytes;
+    if (!often) CHECK(double(est) == Approx(double(key.stored_bytes)).margin(1024));
+    if (often) CHECK(est > key.stored_bytes + m.size());  // m at 12 bits: about 2 bytes each
+    REQUIRE(s.content.rekey(refs[2].version) > 0);
+    const std::uint64_t wrote = s.content.info(refs[2]).stored_bytes;
+    CHECK(double(wrote) <= 1.15 * double(est));
+    CHECK(double(wrote) >= 0.7 * double(est));
+  }
+}
+
 TEST_CASE("a tensor its base does not predict (Adam's m) is coded as values with intra=on",
           "[content]") {
   // Stores fed the same versions, intra on (the default), on keeping every bucket, and off: the
@@ -955,8 +1005,8 @@ TEST_CASE("a lineage's first keyframe codes a first moment as values by its name
   // No head before version 0: the names decide. exp_avg (Adam's m) is coded as values (mode intra,
   // within |u|, under 4 bits per element where rounding to 12 bits costs over 12), "m" and the
   // weights are rounded. A head that coded exp_avg as a difference (a slowly moving one, saved
-  // often) outweighs the name at the next keyframe. With intra=off or exact keyframes the name
-  // changes nothing.
+  // often) outweighs the name at the next keyframe. With intra=off, exact keyframes, the paper's
+  // whole-checkpoint tables or keyframe_interval=1 the name changes nothing.
   std::mt19937_64 rng(32);
   std::normal_distribution<float> w(0.0f, 0.05f), step(0.0f, 1e-3f);
   std::exponential_distribution<float> mag(1000.0f);
@@ -1007,19 +1057,24 @@ TEST_CASE("a lineage's first keyframe codes a first moment as values by its name
     CHECK(mode_of(s.content.detail(refs[2]), "state.0.exp_avg").mode != "intra");
     CHECK(mode_of(s.content.detail(refs[3]), "state.0.exp_avg").mode == "rounded");
   }
-  SECTION("intra=off and exact keyframes: the name changes nothing") {
-    for (bool exact : {false, true}) {
-      INFO((exact ? "keyframe_bits=0" : "intra=off"));
+  SECTION("where the name changes nothing") {
+    // intra=off; exact keyframes; the paper's whole-checkpoint tables, whose deltas never code
+    // values; keyframe_interval=1, where no delta ever says what the tensor is.
+    for (const char* what : {"intra=off", "keyframe_bits=0", "scope=checkpoint", "interval 1"}) {
+      INFO(what);
+      const std::string_view w = what;
       temp_dir d;
       fs::content_options opt;
-      opt.keyframe_bits = exact ? 0 : 12;
-      opt.intra = exact;
-      opt.exact_optimizer = false;
+      opt.keyframe_bits = w == "keyframe_bits=0" ? 0 : 12;
+      opt.intra = w != "intra=off";
+      if (w == "scope=checkpoint") opt.scope = codec::bucket_scope::checkpoint;
+      if (w == "interval 1") opt.keyframe_interval = 1;
       opened s(d.path, opt);
       const auto k0 =
           s.content.detail(s.content.put("opt.safetensors", format::memory_source(file())));
-      CHECK(mode_of(k0, "state.0.exp_avg").mode == (exact ? "lossless" : "rounded"));
-      CHECK(mode_of(k0, "state.1.momentum_buffer").mode == (exact ? "lossless" : "rounded"));
+      const char* want = w == "keyframe_bits=0" ? "lossless" : "rounded";
+      CHECK(mode_of(k0, "state.0.exp_avg").mode == want);
+      CHECK(mode_of(k0, "state.1.momentum_buffer").mode == want);
     }
   }
 }
