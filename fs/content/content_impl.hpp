@@ -501,8 +501,9 @@ struct content_store::impl {
     // reconstruct (codec::lossy_params::round_bits).
     int keep_bits = 0;
     // A keyframe's tensor coded lossily as its values (codec::delta_kind::intra, decoded without
-    // a base), as the previous head coded it: Adam's first moment, which no later version is
-    // coded against, costs a keyframe what it costs a delta instead of 12 mantissa bits.
+    // a base), as the previous head coded it or, with no head to follow, as a first moment by
+    // its name (is_first_moment): Adam's m, nearly new at every save, costs a keyframe what it
+    // costs a delta instead of 12 mantissa bits.
     bool values = false;
     // Adam's second moment by name (is_second_moment): its ratio deltas get ratio_bits.
     bool second_moment = false;

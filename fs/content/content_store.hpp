@@ -81,7 +81,8 @@ struct content_options {
   bool relative = true;
   // A difference slab whose base predicts it worse than zero does (codec::prefer_intra: Adam's
   // first moment, nearly new at every save) is coded as its values (codec::delta_kind::intra),
-  // per-tensor tables only.
+  // per-tensor tables only. Lossy keyframes follow the head before them, or, with none, code
+  // Adam's exp_avg so by its name (ingest.cpp, job_for).
   bool intra = true;
   // Buckets an intra slab keeps, 1 .. 2^bits - 1; 0: 2^bits - 3 (at least 1). Values span
   // fewer octaves than differences from an unrelated base, so fewer buckets reach the error a

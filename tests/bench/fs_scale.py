@@ -110,8 +110,8 @@ SAMPLE = 65536  # elements per tensor kept to check loads against
 # so 1e-2 failed. Stale versions are caught by the step counters, which must be exact.
 TOLERANCE = 0.2
 # exp_avg as a lossy keyframe codes it, as its values (docs/codec.md, "Intra slabs", item 4):
-# each element within |u|, so up to half the range; zeros would be too, so its relative L2
-# error must also stay below that of zeros (1).
+# each element within |u|, up to max |u|: about half the range for a zero-centred m like this
+# one's. Zeros would be too, so its relative L2 error must also stay below that of zeros (1).
 FIRST_MOMENT_TOLERANCE, FIRST_MOMENT_L2 = 0.5, 0.95
 BARRIER_TIMEOUT = 3600.0
 
@@ -677,7 +677,7 @@ def print_size(r, cfg):
     plain_err = max(s["newest"]["plain_max_rel_err"], s["oldest"]["plain_max_rel_err"])
     print(f"   check (sampled elements): max error of a mount load {s['newest']['max_rel_err']:.2g}"
           f" (newest), {s['oldest']['max_rel_err']:.2g} (oldest) of the tensor's range "
-          f"(tolerance {TOLERANCE}; plain {plain_err:.2g}); "
+          f"(tolerance {TOLERANCE}, exp_avg {FIRST_MOMENT_TOLERANCE}; plain {plain_err:.2g}); "
           f"newest: {s['newest']['max_err_vs_change']:.2f} of the tensor's largest change since "
           f"the previous version, exp_avg_sq elements off by > 2x: "
           f"{s['newest']['exp_avg_sq_off_2x']}", flush=True)

@@ -10,13 +10,12 @@ Checked after each save with `ckptctl stat` and torch.load:
     other float tensor rounded to 12 bits (mode rounded);
   - a keyframe after a head (saves 4 and 7): every tensor the head coded as values (mode intra:
     Adam's exp_avg once it is nearly new at every save) is coded so again, within |u| of what
-    was saved and in under 6 bits per element (rounding costs over 12); every other float tensor rounded
-    (within 2^-13); at least one such tensor occurs;
+    was saved and in under 6 bits per element (rounding costs over 12); every other float
+    tensor rounded (within 2^-13); at least one such tensor occurs;
   - only exp_avg tensors are ever coded as values, each within |u|;
   - after a remount, every version reads back byte for byte as before;
   - with -o intra=off, the keyframes (the first included) round every tensor; with
-    -o keyframe_bits=0 they keep every
-    tensor exact (intra deltas or not).
+    -o keyframe_bits=0 they keep every tensor exact (intra deltas or not).
 Usage: keyframe_values.py CKPTFS CKPTCTL   (as root; /usr/bin/python3; exit 77 without FUSE)
 """
 import hashlib

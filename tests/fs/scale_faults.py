@@ -4,7 +4,7 @@
 becomes its lineage's head image):
 
   scratch_unusable  -o scratch= names a regular file, then a read-only tmpfs. A checkpoint that
-                    fits in buffer= saves and reads back (keyframe within 2^-13, then a delta within the
+                    fits in buffer= saves and reads back (keyframe within 2^-13, exp_avg within |u|, then a delta within the
                     closed-loop bound): heads fall back to decoding the chain, and the daemon
                     says so in STORE.daemon.log. One that does not fit needs a staging file
                     there: its save fails with EIO (logged, naming the directory), not with an

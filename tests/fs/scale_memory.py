@@ -10,7 +10,8 @@ object and os.fsync, through `-o cache=256M,buffer=128M`. Checks:
   - version 1 is a keyframe, versions 2 and 3 are deltas, each on the version before
     (`ckptctl stat --json`: kind, base);
   - every version reads back (torch.load, right after its save): names, dtypes, shapes, the
-    step counters and small tensors exact, a keyframe within 2^-13, a delta within the codec's
+    step counters and small tensors exact, a keyframe within 2^-13 (its exp_avg, coded as
+    values, within |u|), a delta within the codec's
     closed-loop bound on a strided sample (scale_lib.check);
   - after unmount + remount every version reads as the same bytes (sha256 through the mount);
     the newest from its head image, the older ones decoded through their chains;
