@@ -660,6 +660,20 @@ TEST_CASE("rotation: hidden versions between a kept best checkpoint and newer on
   CHECK(s.content.versions().size() == 3);
 }
 
+// Drops the keyframe and the delta after it (refs[0], refs[1]) and returns rotation's estimate of
+// rewriting the delta above them (refs[2]) as a keyframe: the one chain it offers.
+namespace {
+std::uint64_t estimate_without_first_two(fs::content_store& c,
+                                         const std::vector<fs::content_ref>& refs) {
+  c.unref(refs[0]);
+  c.unref(refs[1]);
+  const auto todo = c.chains_to_rewrite(1e-9);
+  REQUIRE(todo.size() == 1);
+  REQUIRE(todo[0].version == refs[2].version);
+  return todo[0].keyframe_bytes;
+}
+}  // namespace
+
 TEST_CASE("rotation: a rewrite's estimate follows the mantissa bits of its chain",
           "[content][heads]") {
   // The keyframe written under one keyframe_bits, the deltas after a remount under another:
@@ -693,12 +707,7 @@ TEST_CASE("rotation: a rewrite's estimate follows the mantissa bits of its chain
     CHECK(delta_bits == (first_kb && first_kb <= later_kb ? later_kb : 0));
     const auto key = s.content.info(refs[0]);
     REQUIRE(key.kind == "keyframe");
-    s.content.unref(refs[0]);
-    s.content.unref(refs[1]);
-    const auto todo = s.content.chains_to_rewrite(1e-9);
-    REQUIRE(todo.size() == 1);
-    REQUIRE(todo[0].version == refs[2].version);
-    const std::uint64_t est = todo[0].keyframe_bytes;
+    const std::uint64_t est = estimate_without_first_two(s.content, refs);
     const std::uint64_t logical = s.content.info(refs[2]).logical_bytes;
     // (stored_bytes and the object's size differ by its framing: 1 KiB is plenty.)
     const std::uint64_t want =
@@ -748,12 +757,7 @@ TEST_CASE("rotation: a rewrite's estimate counts what its keyframe held as value
     }
     opened s(d.path, opt, refs);  // the estimate from what the journal recorded
     const auto key = s.content.info(refs[0]);
-    s.content.unref(refs[0]);
-    s.content.unref(refs[1]);
-    const auto todo = s.content.chains_to_rewrite(1e-9);
-    REQUIRE(todo.size() == 1);
-    REQUIRE(todo[0].version == refs[2].version);
-    const std::uint64_t est = todo[0].keyframe_bytes;
+    const std::uint64_t est = estimate_without_first_two(s.content, refs);
     if (!often) CHECK(double(est) == Approx(double(key.stored_bytes)).margin(1024));
     if (often) CHECK(est > key.stored_bytes + m.size());  // m at 12 bits: about 2 bytes each
     REQUIRE(s.content.rekey(refs[2].version) > 0);
