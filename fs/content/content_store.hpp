@@ -143,8 +143,8 @@ bool is_optimizer_state(std::string_view tensor_name) noexcept;
 bool is_second_moment(std::string_view tensor_name) noexcept;
 // True for Adam's (AdamW's) running mean of gradients by its key's last component, exp_avg:
 // nearly new at every save a few steps apart, so a lossy keyframe with no earlier head to say
-// otherwise codes it as its values. Not SGD's momentum_buffer: consecutive gradients of SGD
-// agree more, its base predicts it, and coding it as values cost LeNet-5 accuracy (measured).
+// otherwise codes it as its values. Not SGD's momentum_buffer: coding it so cost LeNet-5
+// accuracy (measured in the recovery benchmark; why was not).
 bool is_first_moment(std::string_view tensor_name) noexcept;
 // The class `ckptctl stat` reports fidelity by (class_fidelity): "exp_avg" or "exp_avg_sq" (the
 // last component), "optimizer (other)" for other optimizer state, else "weights".
