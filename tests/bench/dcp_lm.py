@@ -29,7 +29,6 @@ import io
 import json
 import os
 import pickle
-import subprocess
 import sys
 import tempfile
 
@@ -40,7 +39,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "fs"))
 import dcp_metadata  # noqa: E402
 import lm_run  # noqa: E402
-from ckptfs_testlib import info, mounted, require_fuse  # noqa: E402
+from ckptfs_testlib import info, mounted, require_fuse, stat_json  # noqa: E402
 
 TENSOR_FILES = ("pytorch_model.bin", "optimizer.pt")
 
@@ -113,21 +112,15 @@ def read_dcp_step(d):
     return out
 
 
-def stat(ctl, path):
-    out = subprocess.run([ctl, "stat", "--json", path], check=True, capture_output=True)
-    return json.loads(out.stdout)
-
-
 def by_class(ctl, paths, positional):
     """{class: stored bytes} over the versions at `paths`."""
     out = {}
     for path in paths:
-        s = stat(ctl, path)
+        s = stat_json(ctl, path)
         frames = 0
         for t in s["tensors"]:
             name = t.get("state_name", "?") if positional else t["name"]
-            last = name.rsplit(".", 1)[-1]
-            c = last if last in ("exp_avg", "exp_avg_sq") else ("?" if name == "?" else "weights")
+            c = "?" if name == "?" else lm_run.tensor_class(name)
             out[c] = out.get(c, 0) + t["stored_bytes"]
             frames += t["stored_bytes"]
         out["fixed"] = out.get("fixed", 0) + s["stored_bytes"] - frames

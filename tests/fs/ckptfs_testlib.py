@@ -251,11 +251,16 @@ def flat_tensors(obj, prefix=""):
 
 
 
+def stat_json(ckptctl, path):
+    """`ckptctl stat --json` of the version at `path`, parsed."""
+    out = subprocess.run([ckptctl, "stat", "--json", path], check=True, capture_output=True)
+    return json.loads(out.stdout)
+
+
 def tensor_modes(ckptctl, path):
     """name -> how the version at `path` coded each tensor (`ckptctl stat --json`): delta,
     ratio, intra, lossless or rounded."""
-    out = subprocess.run([ckptctl, "stat", "--json", path], check=True, capture_output=True)
-    return {t["name"]: t["mode"] for t in json.loads(out.stdout)["tensors"]}
+    return {t["name"]: t["mode"] for t in stat_json(ckptctl, path)["tensors"]}
 
 
 def is_first_moment(name):
