@@ -524,6 +524,16 @@ content_store::impl::tensor_job content_store::impl::job_for(
     const tensor_frame& bf = bm.tensors[at - 1];
     const int base_bits = bf.round_bits ? bf.round_bits : bm.coding.keyframe_bits;
     if (base_bits <= kb) j.keep_bits = std::max(keep, base_bits);
+    // A second moment whose base kept more bits than moment_bits starts its own frame here,
+    // rounded to moment_bits, instead of carrying those bits to the next keyframe: a DCP shard's
+    // first keyframe, stored before the .metadata that names its tensors (dcp_names.cpp), or a
+    // chain written with a larger moment_bits. A frame without a base, as in a keyframe: it
+    // costs a few bits a float once, where every ratio delta on the wider chain cost more (the
+    // language model as DCP shards: benchmarks.md, "v's bits at the first delta that names it").
+    if (j.second_moment && keep < base_bits) {
+      j.base_tensor.reset();
+      j.keep_bits = keep;
+    }
   }
   return j;
 }

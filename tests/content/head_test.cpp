@@ -622,8 +622,8 @@ TEST_CASE("is_second_moment names the running means of squared gradients", "[con
 }
 
 TEST_CASE(
-    "moment_bits set on a chain whose second moments have more bits: its deltas keep the "
-    "base's bits until the next keyframe",
+    "moment_bits set on a chain whose second moments have more bits: the first delta starts v's "
+    "own frame at moment_bits and the deltas after it keep them",
     "[content][heads]") {
   std::mt19937_64 rng(59);
   drifting_weights w(50'000, rng);
@@ -637,7 +637,7 @@ TEST_CASE(
   temp_dir d;
   fs::content_options opt;
   opt.keyframe_bits = 12;
-  opt.keyframe_interval = 3;
+  opt.keyframe_interval = 4;
   std::vector<fs::content_ref> refs;
   std::vector<float> prev;
   auto v_of = [&](const bytes& out) { return floats_at(out, out.size() - 4 * v.size(), v.size()); };
@@ -650,22 +650,34 @@ TEST_CASE(
   }
   opt.moment_bits = 6;
   opened s(d.path, opt, refs);
-  for (int k = 1; k < 4; ++k) {
+  std::uint64_t first_delta = 0, second_delta = 0;
+  for (int k = 1; k < 5; ++k) {
     const bytes sf = next();
     refs.push_back(s.content.put("run/o.safetensors", format::memory_source(sf)));
     const auto got = v_of(read_all(s.content, refs.back()));
-    CHECK(s.content.info(refs.back()).kind == (k < 3 ? "delta" : "keyframe"));
-    if (k < 3) {
-      // On a 12-bit base: rounded to 12 bits, not 6, and the closed loop holds exactly.
-      CHECK(has_bits(got, 12));
-      CHECK_FALSE(has_bits(got, 6));
-      std::size_t outside = 0;
-      for (std::size_t i = 0; i < v.size(); ++i)
-        outside += std::fabs(double(got[i]) - v[i]) > std::fabs(double(v[i]) - prev[i]);
-      CHECK(outside == 0);
-    } else {
-      CHECK(has_bits(got, 6));  // the next keyframe takes moment_bits
+    const auto info = s.content.info(refs.back());
+    CHECK(info.kind == (k < 4 ? "delta" : "keyframe"));
+    INFO("version " << k);
+    // Every version after the remount has 6 bits in v (and uses them).
+    CHECK(has_bits(got, 6));
+    CHECK_FALSE(has_bits(got, 4));
+    std::size_t outside = 0;
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      const double u = v[i], g = got[i];
+      if (k == 1 || k == 4) {
+        // A frame of its own, rounded: within 2^-7 of each value, whatever the base held.
+        outside += std::fabs(g - u) > std::ldexp(u, -7);
+      } else {
+        // On the 6-bit frame: the closed loop with rounding.
+        outside += std::fabs(g - u) > std::max(std::fabs(u - prev[i]), std::ldexp(u, -6));
+      }
     }
+    CHECK(outside == 0);
+    if (k == 1) first_delta = info.stored_bytes;
+    if (k == 2) second_delta = info.stored_bytes;
     prev = got;
   }
+  // The weights stay deltas in the version that re-keys v: it costs less than a keyframe would.
+  CHECK(first_delta < s.content.info(refs.back()).stored_bytes);
+  CHECK(second_delta < first_delta);
 }
