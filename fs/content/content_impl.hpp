@@ -507,6 +507,9 @@ struct content_store::impl {
     bool values = false;
     // Adam's second moment by name (is_second_moment): its ratio deltas get ratio_bits.
     bool second_moment = false;
+    // Adam's first moment by name (is_first_moment): its intra slabs keep one bucket fewer
+    // (content_options::intra_buckets).
+    bool first_moment = false;
     // The frame reads back other than the bytes written: its reconstruction goes to the head.
     bool rewrites() const noexcept { return base_tensor || keep_bits || values; }
   };

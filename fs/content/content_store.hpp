@@ -84,14 +84,18 @@ struct content_options {
   // per-tensor tables only. Lossy keyframes follow the head before them, or, with none, code
   // Adam's exp_avg so by its name (ingest.cpp, job_for).
   bool intra = true;
-  // Buckets an intra slab keeps, 1 .. 2^bits - 1; 0: 2^bits - 3 (at least 1). Values span
-  // fewer octaves than differences from an unrelated base, so fewer buckets reach the error a
-  // difference had (the language-model benchmark's Adam m: benchmarks.md, "Adam's first moment
-  // coded as values").
+  // Buckets an intra slab keeps, 1 .. 2^bits - 1; 0: 2^bits - 3 (at least 1), and one fewer
+  // for a first moment (is_first_moment: Adam's m). Values span fewer octaves than differences
+  // from an unrelated base, so fewer buckets reach the error a difference had (the
+  // language-model benchmark's Adam m: benchmarks.md, "Adam's first moment coded as values").
+  // Adam's m is nearly new at every save and comes back within a few dozen steps of a restore,
+  // so its one bucket fewer cost neither benchmark accuracy; SGD's momentum buffer with one
+  // fewer did (benchmarks.md, "Adam's m with one bucket fewer").
   int intra_buckets = 0;
-  int intra_buckets_for(int bits) const noexcept {
+  int intra_buckets_for(int bits, bool first_moment = false) const noexcept {
     const int most = (1 << bits) - 1;
-    return intra_buckets ? std::min(intra_buckets, most) : std::max(1, most - 2);
+    if (intra_buckets) return std::min(intra_buckets, most);
+    return std::max(1, most - (first_moment ? 3 : 2));
   }
   // Difference slabs on a uniform grid (codec::select_grid): > 0, step = this times the RMS of
   // the slab's change, each element to the nearest multiple; kAutoGrid: per fp32 slab the grid

@@ -33,15 +33,17 @@ namespace {
 // The table a slab coded as `kind` gets: for differences a uniform grid when the mount fixes its
 // step (the buckets where the step is not usable: every change zero or beyond fp32), the grid or
 // the buckets by estimate with grid=auto (content_options::grid_step), else the buckets, fewer
-// of them for intra slabs. `type`: the slab's dtype, or nullopt for a table shared by tensors.
-// `second_moment`: ratio tables have ratio_bits (content_options::ratio_bits).
+// of them for intra slabs (fewer still for a first moment: content_options::intra_buckets).
+// `type`: the slab's dtype, or nullopt for a table shared by tensors. `second_moment`: ratio
+// tables have ratio_bits (content_options::ratio_bits).
 codec::quant_table table_for(const content_options& opt, const codec::delta_stats& s,
                              codec::delta_kind kind, std::optional<codec::dtype> type,
-                             bool second_moment) {
+                             bool second_moment, bool first_moment) {
   const int bits = opt.bits_for(kind, second_moment);
   const auto buckets = [&] {
     return codec::select_buckets(
-        s, bits, opt.rep, kind, kind == codec::delta_kind::intra ? opt.intra_buckets_for(bits) : 0);
+        s, bits, opt.rep, kind,
+        kind == codec::delta_kind::intra ? opt.intra_buckets_for(bits, first_moment) : 0);
   };
   if (kind == codec::delta_kind::difference && opt.grid_step > 0 && bits >= 2) {
     auto g = codec::select_grid(s, bits, opt.grid_step);
@@ -199,7 +201,7 @@ content_store::impl::tensor_result content_store::impl::encode_tensor(
           shared_tables && !j.values
               ? (*shared_tables)[shared_slot(kind, j.second_moment, opt)]
               : table_for(opt, codec::gather_stats(std::span(&in, 1), range, kind), kind, j.type,
-                          j.second_moment);
+                          j.second_moment, j.first_moment);
       res.any_ratio |= table.kind == codec::delta_kind::ratio;
       res.intra_slabs += table.kind == codec::delta_kind::intra;
       res.grid_slabs += table.grid != 0;
@@ -485,6 +487,7 @@ content_store::impl::tensor_job content_store::impl::job_for(
   const std::string& role = t.role();
   if (opt.exact_optimizer && is_optimizer_state(role)) j.base_tensor.reset();
   j.second_moment = is_second_moment(role);
+  j.first_moment = is_first_moment(role);
   const int kb = opt.keyframe_bits;
   // Second moments keep fewer bits on a lossy chain (content_options::moment_bits).
   const int keep = kb && opt.moment_bits && j.second_moment ? std::min(kb, opt.moment_bits) : kb;
@@ -755,9 +758,10 @@ content_ref content_store::impl::put(std::string_view path, const format::source
               codec::gather_stats(std::span(&in, 1), range, kind));
         }
       }
-      shared_tables = {table_for(m.opt, all[0], codec::delta_kind::difference, std::nullopt, false),
-                       table_for(m.opt, all[1], codec::delta_kind::ratio, std::nullopt, false),
-                       table_for(m.opt, all[2], codec::delta_kind::ratio, std::nullopt, true)};
+      shared_tables = {
+          table_for(m.opt, all[0], codec::delta_kind::difference, std::nullopt, false, false),
+          table_for(m.opt, all[1], codec::delta_kind::ratio, std::nullopt, false, false),
+          table_for(m.opt, all[2], codec::delta_kind::ratio, std::nullopt, true, false)};
     }
     const codec::lossy_params params = m.coding_params_of(meta);
     // A large checkpoint's staged bytes become its head image: each delta tensor's payload is

@@ -488,7 +488,9 @@ def settings_matrix(quick):
     # Since v takes one bit in its deltas (up to a factor 2 off), its keyframes' 6 bits (within
     # 2^-7) are more than its chain keeps: 2 and 3 bits. And Adam's m as values with 4 buckets
     # instead of 5 (73% error at 5).
-    for mb, ib in ((2, 0), (3, 0), (6, 4), (2, 4)):
+    # (2, 5): the default before Adam's m kept one bucket fewer by default (intra_buckets 0 is
+    # 2^bits - 4 for exp_avg since 2026-11-28, 2^bits - 3 for the rest).
+    for mb, ib in ((2, 0), (3, 0), (6, 4), (2, 4), (2, 5)):
         rows.append(Setting("grouped", 3, "midrange", "tensor", relative="on", keyframe_bits=12,
                             ratio_bits=1, intra="on", grid="auto", min_tensor=256,
                             moment_bits=mb, intra_buckets=ib))

@@ -817,6 +817,46 @@ TEST_CASE("a tensor its base does not predict (Adam's m) is coded as values with
   }
 }
 
+TEST_CASE("a first moment's intra slabs keep one bucket fewer than other tensors' by default",
+          "[content]") {
+  // The same values under Adam's name (exp_avg) and SGD's (momentum_buffer), new at every
+  // version so that both are coded as values: by default Adam's m keeps 2^bits - 4 buckets and
+  // the momentum buffer 2^bits - 3; with intra_buckets set both keep that many.
+  temp_dir ddef, dfive;
+  fs::content_options opt;
+  opt.exact_optimizer = false;
+  opened def(ddef.path, opt);
+  opt.intra_buckets = 5;
+  opened five(dfive.path, opt);
+  std::mt19937_64 rng(17);
+  std::exponential_distribution<float> mag(1000.0f);
+  std::bernoulli_distribution coin(0.5);
+  std::vector<float> m(70000);
+  for (int ver = 0; ver < 3; ++ver) {
+    for (auto& x : m) x = 0.2f * x + (coin(rng) ? 1.0f : -1.0f) * mag(rng);
+    const bytes file = safetensors({{"state.0.exp_avg", m}, {"state.1.momentum_buffer", m}});
+    const auto rd = def.content.put("opt.safetensors", format::memory_source(file));
+    const auto rf = five.content.put("opt.safetensors", format::memory_source(file));
+    if (ver == 0) continue;
+    const auto dd = def.content.detail(rd), df = five.content.detail(rf);
+    REQUIRE(dd.tensors.size() == 2);
+    const auto& [adam, sgd] = std::tie(dd.tensors[0], dd.tensors[1]);
+    REQUIRE(adam.name.find("exp_avg") != std::string::npos);
+    CHECK(adam.mode == "intra");
+    CHECK(sgd.mode == "intra");
+    // Fewer buckets: fewer bytes, more error, still no element further than zero is.
+    CHECK(adam.stored_bytes < sgd.stored_bytes);
+    CHECK(adam.rel_error > sgd.rel_error);
+    const bytes out = read_all(def.content, rd);
+    CHECK(beyond_value(floats_at(out, file.size() - 8 * m.size(), m.size()), m) == 0);
+    // The momentum buffer is what the explicit 5 gives both.
+    for (const auto& t : df.tensors) {
+      CHECK(t.stored_bytes == sgd.stored_bytes);
+      CHECK(t.rel_error == Approx(sgd.rel_error).epsilon(1e-9));
+    }
+  }
+}
+
 TEST_CASE("weights' differences on a grid with grid=auto: fewer bytes at the buckets' error",
           "[content]") {
   // Weights taking Gaussian steps, fed to stores with grid off (the buckets), auto and a fixed

@@ -103,6 +103,11 @@ TEST_CASE("fuse options: intra on by default, intra_buckets within what bits has
   CHECK(parse_o("bits=3").content.intra_buckets == 0);
   CHECK(parse_o("bits=3").content.intra_buckets_for(3) == 5);
   CHECK(parse_o("bits=3").content.intra_buckets_for(1) == 1);
+  // Adam's m one fewer by default, as many as asked for when set.
+  CHECK(parse_o("bits=3").content.intra_buckets_for(3, true) == 4);
+  CHECK(parse_o("bits=3").content.intra_buckets_for(2, true) == 1);
+  CHECK(parse_o("bits=3").content.intra_buckets_for(1, true) == 1);
+  CHECK(parse_o("intra_buckets=6").content.intra_buckets_for(3, true) == 6);
   CHECK(parse_o("intra_buckets=7").content.intra_buckets == 7);
   CHECK(parse_o("bits=4,intra_buckets=15").content.intra_buckets_for(4) == 15);
   CHECK_THROWS_WITH(parse_o("intra_buckets=8"),
