@@ -37,7 +37,6 @@ Checks:
 Usage: distcp.py CKPTFS_BINARY    (as root; Debian's /usr/bin/python3)
 """
 import io
-import json
 import os
 import pickle
 import random
@@ -52,7 +51,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import dcp_metadata  # noqa: E402
 from ckptfs_testlib import (MIN_TENSOR, MOMENT_BITS, beyond_value, chain_bits,  # noqa: E402
                             closed_loop_bound, daemon_log, has_mantissa_bits, info,
-                            keyframe_within, mounted, require_fuse)
+                            keyframe_within, mounted, require_fuse, stat_json)
 from digits_lib import adamw_digits  # noqa: E402
 
 RANKS, STEPS = 4, 6
@@ -228,23 +227,18 @@ def shard_stat(ctl, step_dir, rank):
     (codec/format/distcp_archives.hpp), and by state_name when it knows it."""
     keys = sorted((off, k) for (r, k), (_, off, n) in load_metadata(step_dir).items()
                   if r == rank and not k.endswith("train_state"))
-    tensors = {t["name"]: t for t in stat(ctl, f"{step_dir}/__{rank}_0.distcp")["tensors"]}
+    tensors = {t["name"]: t for t in stat_json(ctl, f"{step_dir}/__{rank}_0.distcp")["tensors"]}
     return {(rank, k): (tensors[f"item{i}/data/0"]["mode"],
                         tensors[f"item{i}/data/0"].get("state_name"))
             for i, (_, k) in enumerate(keys)
             if f"item{i}/data/0" in tensors}  # stat lists the coded tensors, not small exact ones
 
 
-def stat(ctl, path):
-    out = subprocess.run([ctl, "stat", "--json", path], check=True, capture_output=True)
-    return json.loads(out.stdout)
-
-
 def coded_bytes(ctl, path):
     """Stored bytes of the version's coded tensors (not its zip framing, pickles, small ones):
     (Adam's v, every other tensor), v by the name stat gives (a shard's from its .metadata)."""
     v = other = 0
-    for t in stat(ctl, path)["tensors"]:
+    for t in stat_json(ctl, path)["tensors"]:
         if t.get("state_name", t["name"]).endswith("exp_avg_sq"):
             v += t["stored_bytes"]
         else:

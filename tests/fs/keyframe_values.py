@@ -19,9 +19,7 @@ Checked after each save with `ckptctl stat` and torch.load:
 Usage: keyframe_values.py CKPTFS CKPTCTL   (as root; /usr/bin/python3; exit 77 without FUSE)
 """
 import hashlib
-import json
 import os
-import subprocess
 import sys
 import tempfile
 
@@ -29,15 +27,10 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ckptfs_testlib import (beyond_value, chain_bits, flat_tensors, keyframe_within, mounted,  # noqa: E402
-                            require_fuse)
+                            require_fuse, stat_json)
 from digits_lib import adamw_digits  # noqa: E402
 
 SAVES = 7
-
-
-def stat(ctl, path):
-    out = subprocess.run([ctl, "stat", "--json", path], check=True, capture_output=True)
-    return json.loads(out.stdout)
 
 
 def run(binary, ctl, work, opts, intra, exact_keyframes=False):
@@ -52,7 +45,7 @@ def run(binary, ctl, work, opts, intra, exact_keyframes=False):
                 torch.save(state, f)
                 f.flush()
                 os.fsync(f.fileno())
-            info = stat(ctl, path)
+            info = stat_json(ctl, path)
             want, got = flat_tensors(state), flat_tensors(torch.load(path))
             kind = info["kind"]
             assert kind == ("keyframe" if k % 3 == 0 else "delta"), (k, kind)

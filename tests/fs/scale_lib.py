@@ -5,16 +5,16 @@ of what was saved and of what read back, and the codec's closed-loop check on th
 Run under Debian's /usr/bin/python3 (torch 1.13)."""
 import contextlib
 import io
-import json
 import os
 import shutil
-import subprocess
 import tempfile
 import time
 
 import torch
 
-from ckptfs_testlib import MIN_TENSOR, flat_tensors, keyframe_read_ok  # noqa: F401 (streaming.py imports flat_tensors from here)
+# streaming.py imports flat_tensors from here, the scale tests stat.
+from ckptfs_testlib import MIN_TENSOR, flat_tensors, keyframe_read_ok  # noqa: F401
+from ckptfs_testlib import stat_json as stat  # noqa: F401
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -187,11 +187,6 @@ def save(state, path):
         f.flush()
         os.fsync(f.fileno())
     return time.monotonic() - t0
-
-
-def stat(ckptctl, path):
-    r = subprocess.run([ckptctl, "stat", "--json", path], check=True, capture_output=True)
-    return json.loads(r.stdout)
 
 
 def rss(pid):

@@ -40,7 +40,8 @@ from sklearn.datasets import load_digits
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ckptfs_testlib import (MIN_TENSOR, beyond_value, closed_loop_bound, du,  # noqa: E402
-                            chain_bits, has_mantissa_bits, keyframe_within, mounted, sha256)
+                            chain_bits, has_mantissa_bits, keyframe_within, mounted, sha256,
+                            stat_json)
 from scale_lib import flat_tensors  # noqa: E402
 
 SMALL = MIN_TENSOR  # bytes: float tensors below this are stored exact (the mount's default)
@@ -72,11 +73,6 @@ def make_state(model, opt, step):
     return {"model": sd, "optimizer": opt.state_dict(), "step": step, "fc2_alias": sd["fc2.weight"]}
 
 
-def stat(ckptctl, path):
-    out = subprocess.run([ckptctl, "stat", "--json", path], check=True, capture_output=True)
-    return json.loads(out.stdout)
-
-
 class Checker:
     """Remembers what every version read back as, and checks each new one against its base."""
 
@@ -87,7 +83,7 @@ class Checker:
         self.modes = set()  # (tensor name, mode) of every version
 
     def check(self, label, path, written, read_back):
-        info = stat(self.ckptctl, path)
+        info = stat_json(self.ckptctl, path)
         self.kinds[info["version"]] = info["kind"]
         w, r = flat_tensors(written), flat_tensors(read_back)
         assert w.keys() == r.keys(), f"{label}: tensor names differ"
