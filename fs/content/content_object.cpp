@@ -42,22 +42,43 @@ void check_sum(std::span<const std::byte> stored, std::uint64_t sum, const std::
 // and 19 gave 9.9, 9.5, 9.5 and 8.4 KB.
 constexpr int meta_zstd_level = 9;
 
-std::vector<std::byte> compress_metadata(std::span<const std::byte> cbor) {
+namespace {
+struct cctx_free {
+  void operator()(ZSTD_CCtx* c) const noexcept { ZSTD_freeCCtx(c); }
+};
+struct dctx_free {
+  void operator()(ZSTD_DCtx* c) const noexcept { ZSTD_freeDCtx(c); }
+};
+}  // namespace
+
+std::vector<std::byte> compress_metadata(std::span<const std::byte> cbor,
+                                         std::span<const std::byte> dictionary) {
+  const std::unique_ptr<ZSTD_CCtx, cctx_free> c(ZSTD_createCCtx());
+  if (!c) throw io_error(ENOMEM, "content: metadata compression failed");
   std::vector<std::byte> out(ZSTD_compressBound(cbor.size()));
-  const std::size_t n =
-      ZSTD_compress(out.data(), out.size(), cbor.data(), cbor.size(), meta_zstd_level);
+  std::size_t n = ZSTD_CCtx_setParameter(c.get(), ZSTD_c_compressionLevel, meta_zstd_level);
+  if (!ZSTD_isError(n) && !dictionary.empty())
+    n = ZSTD_CCtx_refPrefix(c.get(), dictionary.data(), dictionary.size());
+  if (!ZSTD_isError(n))
+    n = ZSTD_compress2(c.get(), out.data(), out.size(), cbor.data(), cbor.size());
   if (ZSTD_isError(n)) throw io_error(ENOMEM, "content: metadata compression failed");
   out.resize(n);
   return out;
 }
 
 std::vector<std::byte> inflate_metadata(std::span<const std::byte> z, const std::string& what,
-                                        std::uint64_t max_bytes) {
+                                        std::uint64_t max_bytes,
+                                        std::span<const std::byte> dictionary) {
   const unsigned long long n = ZSTD_getFrameContentSize(z.data(), z.size());
   if (n == ZSTD_CONTENTSIZE_UNKNOWN || n == ZSTD_CONTENTSIZE_ERROR || n > max_bytes)
     throw corrupt_error("content: bad metadata frame in " + what);
+  const std::unique_ptr<ZSTD_DCtx, dctx_free> d(ZSTD_createDCtx());
+  if (!d) throw io_error(ENOMEM, "content: metadata decompression failed");
   std::vector<std::byte> out(n);
-  const std::size_t got = ZSTD_decompress(out.data(), out.size(), z.data(), z.size());
+  std::size_t got = 0;
+  if (!dictionary.empty()) got = ZSTD_DCtx_refPrefix(d.get(), dictionary.data(), dictionary.size());
+  if (!ZSTD_isError(got))
+    got = ZSTD_decompressDCtx(d.get(), out.data(), out.size(), z.data(), z.size());
   if (ZSTD_isError(got) || got != n)
     throw corrupt_error("content: metadata does not decompress in " + what);
   return out;
@@ -85,9 +106,11 @@ void content_object_writer::append(std::span<const std::byte> bytes) {
     writer_.append(bytes);
 }
 
-store::object_ref content_object_writer::finish(const version_meta& meta) {
+store::object_ref content_object_writer::finish(const version_meta& meta,
+                                                std::span<const std::byte> dictionary) {
+  if (format_ < 4) dictionary = {};
   std::vector<std::byte> bytes = encode_meta(meta);
-  if (format_ >= 3) bytes = compress_metadata(bytes);
+  if (format_ >= 3) bytes = compress_metadata(bytes, dictionary);
   const std::uint64_t sum = XXH3_64bits(bytes.data(), bytes.size());
   if (format_ == 1) {
     std::byte prefix[content_prefix_size];
@@ -100,17 +123,23 @@ store::object_ref content_object_writer::finish(const version_meta& meta) {
     writer_.append(v1_data_);
     return writer_.commit();
   }
-  std::byte trailer[content_trailer_size] = {};
+  std::byte trailer[content_trailer_v4_size] = {};
   put64(trailer, bytes.size());
   put64(trailer + 8, sum);
-  put32(trailer + 20, content_trailer_magic);
+  std::size_t at = 16;
+  if (format_ >= 4) {
+    put64(trailer + 16, dictionary.size());
+    put64(trailer + 24, dictionary.empty() ? 0 : XXH3_64bits(dictionary.data(), dictionary.size()));
+    at = 32;
+  }
+  put32(trailer + at + 4, content_trailer_magic);
   writer_.append(bytes);
-  writer_.append(trailer);
+  writer_.append(std::span(trailer, at + 8));
   return writer_.commit();
 }
 
-content_header read_content_header(const store::object_store& objects,
-                                   const store::object_ref& obj) {
+content_header read_content_header(const store::object_store& objects, const store::object_ref& obj,
+                                   const metadata_dictionary& dictionary) {
   const std::string what = "object " + std::to_string(obj.id);
   if (obj.size < content_prefix_size) throw corrupt_error("content: " + what + " is too short");
   std::byte prefix[content_prefix_size];
@@ -130,27 +159,43 @@ content_header read_content_header(const store::object_store& objects,
     h.meta_bytes = len;
     return h;
   }
-  if (version != 2 && version != 3)
+  if (version < 2 || version > 4)
     throw error(errc::unsupported, "content: object format " + std::to_string(version));
   if (get64(prefix + 8) != 0 || get64(prefix + 16) != 0)
     throw corrupt_error("content: reserved prefix bytes are not zero in " + what);
-  if (obj.size < content_prefix_size + content_trailer_size)
+  const std::size_t trailer_size = version == 4 ? content_trailer_v4_size : content_trailer_size;
+  if (obj.size < content_prefix_size + trailer_size)
     throw corrupt_error("content: " + what + " is too short");
-  std::byte trailer[content_trailer_size];
-  objects.read(obj.id, obj.size - content_trailer_size, trailer);
-  if (get32(trailer + 20) != content_trailer_magic || get32(trailer + 16) != 0)
+  std::byte trailer[content_trailer_v4_size];
+  objects.read(obj.id, obj.size - trailer_size, std::span(trailer, trailer_size));
+  if (get32(trailer + trailer_size - 4) != content_trailer_magic ||
+      get32(trailer + trailer_size - 8) != 0)
     throw corrupt_error("content: bad metadata trailer in " + what);
   const std::uint64_t len = get64(trailer);
-  if (len > obj.size - content_prefix_size - content_trailer_size)
+  if (len > obj.size - content_prefix_size - trailer_size)
     throw corrupt_error("content: meta length");
   std::vector<std::byte> meta(len);
-  objects.read(obj.id, obj.size - content_trailer_size - len, meta);
+  objects.read(obj.id, obj.size - trailer_size - len, meta);
   check_sum(meta, get64(trailer + 8), what);
-  const std::vector<std::byte> cbor = version == 3 ? inflate_metadata(meta, what) : std::move(meta);
+  std::span<const std::byte> dict;
+  if (version == 4 && get64(trailer + 16) != 0) {
+    // The base's inline exact bytes, which the version needs anyway; checked, so that a wrong
+    // one is damage named as such, not garbage CBOR.
+    if (!dictionary) throw corrupt_error("content: no metadata dictionary for " + what);
+    dict = dictionary();
+    if (dict.size() != get64(trailer + 16) ||
+        XXH3_64bits(dict.data(), dict.size()) != get64(trailer + 24))
+      throw corrupt_error("content: the metadata dictionary of " + what +
+                          " is not its base's exact bytes");
+  } else if (version == 4 && get64(trailer + 24) != 0) {
+    throw corrupt_error("content: bad metadata trailer in " + what);
+  }
+  const std::vector<std::byte> cbor =
+      version >= 3 ? inflate_metadata(meta, what, max_metadata_bytes, dict) : std::move(meta);
   h.meta = std::make_shared<const version_meta>(decode_meta(cbor));
   h.meta_bytes = cbor.size();
   h.data_base = content_prefix_size;
-  h.data_bytes = obj.size - content_prefix_size - content_trailer_size - len;
+  h.data_bytes = obj.size - content_prefix_size - trailer_size - len;
   return h;
 }
 

@@ -125,10 +125,11 @@ struct content_options {
     r.min_compress_bytes = std::max<std::uint64_t>(min_tensor_bytes, 1);
     return r;
   }
-  // Content object format written (content_object.hpp). 1 and 2 only in tests: objects as
-  // older stores have them (before streamed objects, before compressed metadata), to check that
-  // they still read.
-  std::uint32_t object_format = 3;
+  // Content object format written (content_object.hpp). 1 to 3 only in tests: objects as
+  // older stores have them (before streamed objects, before compressed metadata, before a
+  // delta's metadata was compressed against its base's exact bytes), to check that they still
+  // read.
+  std::uint32_t object_format = 4;
 };
 
 // Whether grid=auto applies (content_options::grid_step): not under the paper's coding or scope,

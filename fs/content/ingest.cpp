@@ -815,8 +815,16 @@ content_ref content_store::impl::record_version(std::string_view path, version_m
                                                 base_pin& pin, std::vector<std::uint64_t> donors,
                                                 std::shared_ptr<staged_file> head) {
   auto& m = *this;
+  // A delta's metadata is compressed against its base's inline exact bytes (the zip records
+  // and pickle it repeats nearly byte for byte; content_object.hpp). The pin keeps the base.
+  std::shared_ptr<const cache_item> base_meta;
+  std::span<const std::byte> dictionary;
+  if (meta.kind == version_kind::delta && bc.base && meta.exact_inline) {
+    base_meta = m.meta_of(bc.base);
+    dictionary = base_meta->meta->inline_exact;
+  }
   std::shared_lock object_gate(m.object_gate);  // until the record names the object
-  const store::object_ref obj = out.finish(meta);
+  const store::object_ref obj = out.finish(meta, dictionary);
 
   std::uint64_t superseded = 0;
   version_rec r;

@@ -74,7 +74,17 @@ std::shared_ptr<const cache_item> content_store::impl::meta_of(std::uint64_t v) 
   const version_rec r = get_for_read(v);
   // Keyed by object: a rewritten version's new metadata never meets its old object.
   return cache.get_or_load({v, k_meta, r.obj.id}, [&] {
-    content_header h = read_content_header(objects, r.obj);
+    // A delta's metadata may be compressed against its base's inline exact bytes, which no
+    // rewrite of the base changes (content_object.hpp). Held until the header is read.
+    std::shared_ptr<const cache_item> base_meta;
+    const metadata_dictionary dictionary = [&]() -> std::span<const std::byte> {
+      if (!r.base)
+        throw corrupt_error("content: version " + std::to_string(v) +
+                            " names a metadata dictionary but has no base");
+      base_meta = meta_of(r.base);
+      return base_meta->meta->inline_exact;
+    };
+    content_header h = read_content_header(objects, r.obj, dictionary);
     auto item = std::make_shared<cache_item>();
     item->meta = std::move(h.meta);
     item->frame_at.assign(item->meta->layout.tensors.size(), 0);

@@ -1,7 +1,8 @@
-// Content objects (fs/content/content_object.hpp): format 3 (data area first, compressed
-// metadata in a trailer) is what the store writes; formats 1 (metadata first) and 2 (metadata
-// not compressed) are what older stores hold, and must keep reading: as versions on their own,
-// as bases of newer deltas, through verify.
+// Content objects (fs/content/content_object.hpp): format 4 (data area first, compressed
+// metadata in a trailer, a delta's compressed against its base's exact bytes) is what the store
+// writes; formats 1 (metadata first), 2 (metadata not compressed) and 3 (compressed alone) are
+// what older stores hold, and must keep reading: as versions on their own, as bases of newer
+// deltas, through verify.
 #include <zstd.h>
 
 #include <catch2/catch.hpp>
@@ -15,7 +16,7 @@
 using namespace ckpt;
 using namespace ckpt::test;
 
-TEST_CASE("format-1 and format-2 content objects (older stores) read the same and serve as bases",
+TEST_CASE("format-1 to format-3 content objects (older stores) read the same and serve as bases",
           "[content][format]") {
   temp_dir d;
   fs::content_options opt;
@@ -26,8 +27,11 @@ TEST_CASE("format-1 and format-2 content objects (older stores) read the same an
   std::vector<bytes> served;
   const bytes plain(3u << 20, std::byte{0x5a});
   fs::content_ref exact;
-  // A keyframe and a delta in format 1, two deltas in format 2, then format 3 (the default).
-  auto format_at = [](std::size_t step) { return step < 2 ? 1u : step < 4 ? 2u : 3u; };
+  // A keyframe and a delta in format 1, two deltas in format 2, one in format 3, then format 4
+  // (the default).
+  auto format_at = [](std::size_t step) {
+    return step < 2 ? 1u : step < 4 ? 2u : step < 5 ? 3u : 4u;
+  };
   for (int step = 0; step < 6; ++step) {
     opt.object_format = format_at(step);
     std::vector<fs::content_ref> live = refs;  // the names of the versions (and the exact file)
@@ -78,19 +82,22 @@ std::uint64_t object_size(const temp_dir& d, std::uint64_t obj) {
   return bfs::file_size(d.path / "objects" / name) - 64;  // object framing
 }
 
-// The metadata of version r's object, as a reader finds it.
-fs::content_header header_of(opened& s, const temp_dir& d, const fs::content_ref& r) {
+// The metadata of version r's object, as a reader finds it; `dictionary`: its base's inline
+// exact bytes, for a delta whose metadata was compressed against them.
+fs::content_header header_of(opened& s, const temp_dir& d, const fs::content_ref& r,
+                             std::span<const std::byte> dictionary = {}) {
   const auto obj = s.content.info(r).object;
-  return fs::read_content_header(s.objects, store::object_ref{obj, object_size(d, obj)});
+  return fs::read_content_header(s.objects, store::object_ref{obj, object_size(d, obj)},
+                                 [&] { return dictionary; });
 }
 }  // namespace
 
-TEST_CASE("format 3 stores the metadata compressed, and the store writes it by default",
+TEST_CASE("format 4 stores the metadata compressed, and the store writes it by default",
           "[content][format]") {
   temp_dir d;
   opened s(d.path, {});
   std::mt19937_64 rng(3);
-  // Many named tensors: metadata that names them is what format 3 shrinks.
+  // Many named tensors: metadata that names them is what compression shrinks.
   std::vector<std::pair<std::string, std::vector<float>>> ts;
   for (int i = 0; i < 40; ++i) {
     drifting_weights w(1500, rng);
@@ -101,10 +108,10 @@ TEST_CASE("format 3 stores the metadata compressed, and the store writes it by d
   const auto obj = s.content.info(r).object;
   std::uint32_t f = 0;
   s.objects.read(obj, 4, std::as_writable_bytes(std::span(&f, 1)));
-  REQUIRE(f == 3u);
+  REQUIRE(f == 4u);
   // The trailer's metadata length is the frame's; the CBOR it inflates to is several times more.
   std::uint64_t stored = 0;
-  s.objects.read(obj, object_size(d, obj) - fs::content_trailer_size,
+  s.objects.read(obj, object_size(d, obj) - fs::content_trailer_v4_size,
                  std::as_writable_bytes(std::span(&stored, 1)));
   const auto h = header_of(s, d, r);
   CHECK(h.meta_bytes > 2 * stored);
@@ -171,7 +178,7 @@ TEST_CASE("a checkpoint's exact bytes go into its metadata, beyond 4 MiB into bl
     const bytes next = small_tensors(20);
     const auto r2 = s.content.put("a.safetensors", format::memory_source(next));
     REQUIRE(s.content.info(r2).kind == "delta");
-    CHECK(header_of(s, d, r2).meta->exact_inline);
+    CHECK(header_of(s, d, r2, h.meta->inline_exact).meta->exact_inline);
     const auto before = read_all(s.content, r2);
     s.content.rekey(r2.version);
     CHECK(header_of(s, d, r2).meta->exact_inline);
@@ -189,4 +196,93 @@ TEST_CASE("a checkpoint's exact bytes go into its metadata, beyond 4 MiB into bl
     CHECK(read_all(s.content, r) == file);
     CHECK(s.content.verify(r.version, true, {}).empty());
   }
+}
+
+TEST_CASE(
+    "format 4: a delta's metadata is compressed against its base's exact bytes, and still reads "
+    "after the base is rewritten",
+    "[content][format]") {
+  // The same versions into a store writing format 3 and one writing format 4 (the default): a
+  // small model's file whose zip-like records (here a safetensors header and small tensors)
+  // repeat from version to version.
+  temp_dir d3, d4;
+  fs::content_options opt;
+  opt.keyframe_interval = 100;
+  opt.object_format = 3;
+  opened s3(d3.path, opt);
+  opt.object_format = 4;
+  std::vector<fs::content_ref> refs;
+  std::vector<bytes> served;
+  std::mt19937_64 rng(8);
+  std::vector<std::pair<std::string, std::vector<float>>> ts;
+  ts.emplace_back("model.weight", drifting_weights(8000, rng).values);
+  for (int i = 0; i < 30; ++i)
+    ts.emplace_back("model.layers." + std::to_string(i) + ".scale", std::vector<float>(8, 1.0f));
+  drifting_weights w(8000, rng);
+  {
+    opened s4(d4.path, opt);
+    for (int step = 0; step < 5; ++step) {
+      w.step(rng);
+      ts[0].second = w.values;
+      const bytes file = safetensors(ts);
+      const auto r3 = s3.content.put("run/m.safetensors", format::memory_source(file));
+      refs.push_back(s4.content.put("run/m.safetensors", format::memory_source(file)));
+      served.push_back(read_all(s4.content, refs.back()));
+      REQUIRE(served.back() == read_all(s3.content, r3));
+      const auto i3 = s3.content.info(r3), i4 = s4.content.info(refs.back());
+      INFO("step " << step << ": format 3 " << i3.stored_bytes << " bytes, format 4 "
+                   << i4.stored_bytes);
+      if (step == 0) {
+        // A keyframe has no base: the same metadata (within a few bytes: its time stamp), 16
+        // more bytes of trailer.
+        CHECK(i4.stored_bytes + 8 >= i3.stored_bytes + 16);
+        CHECK(i4.stored_bytes <= i3.stored_bytes + 24);
+      } else {
+        REQUIRE(i4.kind == "delta");
+        // Its metadata nearly all found in the base's exact bytes.
+        CHECK(i4.stored_bytes + 200 < i3.stored_bytes);
+      }
+    }
+    s4.journal.sync();
+  }
+  // After a restart (nothing cached), again after the base of versions 3-5 became a keyframe
+  // (rekey, as rotation rewrites), and after another restart.
+  for (int round = 0; round < 3; ++round) {
+    INFO("round " << round);
+    opened s4(d4.path, opt, refs);
+    if (round == 1) REQUIRE(s4.content.rekey(refs[1].version) > 0);
+    for (std::size_t i = 0; i < refs.size(); ++i) {
+      INFO("version " << i);
+      s4.content.drop_caches();
+      REQUIRE(read_all(s4.content, refs[i]) == served[i]);
+      REQUIRE(s4.content.verify(refs[i].version, true, {}).empty());
+    }
+    CHECK(s4.content.info(refs[1]).kind == (round == 0 ? "delta" : "keyframe"));
+    s4.journal.sync();
+  }
+  // Read by hand: without the dictionary, or with another version's bytes, the metadata is
+  // refused as damage; with the base's exact bytes it is the version's.
+  opened s4(d4.path, opt, refs);
+  const auto base = header_of(s4, d4, refs[1]);  // a keyframe now: no dictionary
+  REQUIRE_FALSE(base.meta->inline_exact.empty());
+  const auto h = header_of(s4, d4, refs[2], base.meta->inline_exact);
+  CHECK(h.meta->layout.tensors.size() == 31);
+  REQUIRE_THROWS_AS(header_of(s4, d4, refs[2]), ckpt::corrupt_error);
+  std::vector<std::byte> other = base.meta->inline_exact;
+  other[other.size() / 2] ^= std::byte{1};
+  REQUIRE_THROWS_AS(header_of(s4, d4, refs[2], other), ckpt::corrupt_error);
+  other.pop_back();
+  REQUIRE_THROWS_AS(header_of(s4, d4, refs[2], other), ckpt::corrupt_error);
+}
+
+TEST_CASE("metadata frames with a dictionary: round trip, and refused without it",
+          "[content][format]") {
+  const auto dict = as_bytes(std::string(3000, 'a') + "the previous version's records");
+  const auto cbor = as_bytes(std::string(3000, 'a') + "the present version's records");
+  const auto alone = fs::compress_metadata(cbor);
+  const auto with = fs::compress_metadata(cbor, dict);
+  CHECK(with.size() < alone.size());
+  CHECK(fs::inflate_metadata(with, "t", fs::max_metadata_bytes, dict) == cbor);
+  CHECK(fs::inflate_metadata(alone, "t", fs::max_metadata_bytes, dict) == cbor);
+  REQUIRE_THROWS_AS(fs::inflate_metadata(with, "t"), ckpt::corrupt_error);
 }
