@@ -26,8 +26,8 @@ Checks:
     defaults, against the same tensors in one torch.save per rank, the deltas' coded tensors but
     v within 5%, v within 1.5x (that frame costs more than a delta once; unnamed, its 3 ratio
     bits would cost more), the rest of the delta shards
-    within 15% (an archive per tensor, whose records the metadata holds compressed), the whole
-    run within 70% (the first keyframe, unnamed, also rounds Adam's m where the files' codes it
+    within 45% (an archive per tensor, whose records the metadata holds compressed), the whole
+    run within 80% (the first keyframe, unnamed, also rounds Adam's m where the files' codes it
     as values);
   - hostile shards are stored without error: one cut in the middle of an archive, one with
     garbage between two archives, and a .metadata whose items lie about offsets; their bytes outside
@@ -385,13 +385,16 @@ def main():
         # The rest of the shards: one torch.save archive per tensor, each with its zip records
         # and pickle, where a file holds one; in the version's metadata, compressed together,
         # they cost about what the files' do (1.09x measured; several times that when each
-        # archive's records were coded alone). Over the run the first keyframe adds: unnamed, its
-        # v keeps keyframe_bits and its m is rounded to them, where the files' keyframe codes m
-        # as values by its name (1.61x over these six steps, one of them that keyframe).
+        # archive's records were coded alone). Since a delta's metadata is compressed against
+        # its base's exact bytes (content format 4) both shrank, a file's by 31% and a shard's
+        # by 16% (its metadata names more than its archives' records repeat): 1.33x measured.
+        # Over the run the first keyframe adds: unnamed, its v keeps keyframe_bits and its m is
+        # rounded to them, where the files' keyframe codes m as values by its name (1.66x over
+        # these six steps, one of them that keyframe; 1.61x before format 4).
         fixed = sum(dcp_bytes[1:]) - sum(dcp_coded[1:])
-        assert fixed <= 1.15 * (sum(single_bytes[1:]) - sum(single_coded[1:])), \
+        assert fixed <= 1.45 * (sum(single_bytes[1:]) - sum(single_coded[1:])), \
             f"DCP shards' fixed costs grew: {fixed} bytes"
-        assert sum(dcp_bytes) <= 1.7 * sum(single_bytes), "DCP shards take >70% more than files"
+        assert sum(dcp_bytes) <= 1.8 * sum(single_bytes), "DCP shards take >80% more than files"
         with mounted(binary, store, mnt):
             for step in range(1, STEPS + 1):
                 again = read_step(f"{mnt}/step_{step}")
