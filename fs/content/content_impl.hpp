@@ -353,6 +353,9 @@ struct content_store::impl {
   void prefetch(std::vector<prefetch_job> jobs);
   void prefetch_loop(std::stop_token stop);
   std::shared_ptr<const cache_item> meta_of(std::uint64_t v);
+  // Loads the metadata of `base` and of the uncached versions below it on its chain, oldest
+  // first (a format-4 delta's metadata needs its base's: read_path.cpp).
+  void warm_base_metas(std::uint64_t base);
   byte_buffer read_data(std::uint64_t v, const cache_item& m, std::uint64_t at, std::uint64_t len);
   std::shared_ptr<const cache_item> exact_block(std::uint64_t v, std::size_t region,
                                                 std::size_t block);

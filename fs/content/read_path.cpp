@@ -78,9 +78,12 @@ std::shared_ptr<const cache_item> content_store::impl::meta_of(std::uint64_t v) 
     // rewrite of the base changes (content_object.hpp). Held until the header is read.
     std::shared_ptr<const cache_item> base_meta;
     const metadata_dictionary dictionary = [&]() -> std::span<const std::byte> {
-      if (!r.base)
+      // A base is always an older version: a record that says otherwise is damage, and the
+      // loads below must not wait on themselves.
+      if (!r.base || r.base >= v)
         throw corrupt_error("content: version " + std::to_string(v) +
-                            " names a metadata dictionary but has no base");
+                            " names a metadata dictionary but no older base");
+      warm_base_metas(r.base);
       base_meta = meta_of(r.base);
       return base_meta->meta->inline_exact;
     };
@@ -102,6 +105,21 @@ std::shared_ptr<const cache_item> content_store::impl::meta_of(std::uint64_t v) 
                           4 +
                       256 + item->meta->inline_exact.size())};
   });
+}
+
+void content_store::impl::warm_base_metas(std::uint64_t base) {
+  // The uncached versions from `base` down its chain, then loaded oldest first: each finds its
+  // own base's metadata cached, so a cold chain of any length is read one level deep, not by
+  // recursion as deep as the chain (keyframe_interval goes to 10^6).
+  std::vector<std::uint64_t> cold;
+  for (std::uint64_t b = base; b;) {
+    const version_rec br = get_for_read(b);
+    if (cache.get({b, k_meta, br.obj.id})) break;
+    cold.push_back(b);
+    if (br.base >= b) break;  // damage: meta_of says so when it comes to it
+    b = br.base;
+  }
+  for (auto it = cold.rbegin(); it != cold.rend(); ++it) meta_of(*it);
 }
 
 byte_buffer content_store::impl::read_data(std::uint64_t v, const cache_item& m, std::uint64_t at,
