@@ -10,7 +10,7 @@
 // (version_meta::inline_exact): the zip records and pickle of the file before, which the
 // metadata repeats nearly byte for byte. Those bytes are part of what the base reads as, so no
 // rewrite of the base (rekey, rotation) changes them. A small model's delta metadata took
-// 1122 bytes alone (docs/benchmarks.md, "Adam's m with one bucket fewer").
+// 1122 bytes alone (docs/benchmarks.md, "A delta's metadata against its base's bytes").
 // Format 3 (written before; read, never written unless asked): format 4 without the dictionary,
 // its trailer 24 bytes (u64 length, u64 XXH3-64, u32 0, u32 magic).
 // The metadata names every tensor and zip member of the file and is nearly the same from one

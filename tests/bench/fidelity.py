@@ -16,14 +16,13 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fs"))
-from ckptfs_testlib import mounted  # noqa: E402
+from ckptfs_testlib import mounted, stat_json  # noqa: E402
 from digits_lib import adamw_digits  # noqa: E402
 
 
@@ -37,8 +36,7 @@ def run(binary, ctl, work, bits, saves, opts):
                 torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, f)
                 f.flush()
                 os.fsync(f.fileno())
-            info = json.loads(subprocess.run([ctl, "stat", "--json", path], check=True,
-                                             capture_output=True).stdout)
+            info = stat_json(ctl, path)
             if info.get("kind") != "delta":  # lossy keyframes have an error too (rounding)
                 continue
             for c in info.get("fidelity", []):

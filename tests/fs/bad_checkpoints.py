@@ -14,7 +14,6 @@ import os
 import random
 import shutil
 import struct
-import subprocess
 import sys
 import tempfile
 
@@ -22,7 +21,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ckptfs_testlib import mounted, sha256  # noqa: E402
+from ckptfs_testlib import mounted, sha256, stat_json  # noqa: E402
 
 
 def torch_bytes():
@@ -82,11 +81,9 @@ def main():
                 p = os.path.join(mnt, name)
                 with open(p, "rb") as f:
                     assert f.read() == data, f"{name}: content differs"
-                info = json.loads(subprocess.run([ckptctl, "stat", "--json", p], check=True,
-                                                 capture_output=True).stdout)
+                info = stat_json(ckptctl, p)
                 assert info["kind"] == "exact", f"{name}: stored as {info['kind']}, want exact"
-            info = json.loads(subprocess.run([ckptctl, "stat", "--json", os.path.join(mnt, "real.npy")],
-                                             check=True, capture_output=True).stdout)
+            info = stat_json(ckptctl, os.path.join(mnt, "real.npy"))
             assert info["format"] == "npy" and info["kind"] == "keyframe", info
             # A keyframe: rounded to 12 mantissa bits by default (-o keyframe_bits).
             got = np.load(os.path.join(mnt, "real.npy")).astype(np.float64)
