@@ -250,6 +250,9 @@ void content_store::replay_done(std::span<const content_ref> live) {
   // chains; their first reads meanwhile decode as any older version does.
   for (const auto& [v, e] : heads) {
     if (impl_->heads->get(v)) continue;
+    // Tensors are within the file: a file under head_min needs no look at its metadata, which
+    // for a delta means its chain's (content format 4), at every start.
+    if (e.size < impl_->opt.head_min) continue;
     std::shared_ptr<const content_reader> reader;
     try {
       const auto m = impl_->meta_of(v);
