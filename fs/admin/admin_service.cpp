@@ -406,6 +406,7 @@ json admin_service::handle(const json& req, const progress_fn& progress_in) {
     if (d.coding.ratio_bits) out["coding"]["ratio_bits"] = d.coding.ratio_bits;
     if (d.coding.keyframe_bits) out["coding"]["keyframe_bits"] = d.coding.keyframe_bits;
     if (!d.coding.grid.empty()) out["coding"]["grid"] = d.coding.grid;
+    if (d.coding.refresh_bits) out["coding"]["refresh_bits"] = d.coding.refresh_bits;
     out["exact_stored_bytes"] = d.exact_stored_bytes;
     json tensors = json::array();
     for (const auto& t : d.tensors) {

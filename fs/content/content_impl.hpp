@@ -421,6 +421,7 @@ struct content_store::impl {
     std::uint64_t base = 0;
     std::uint64_t since = 0;  // deltas since the keyframe, up to the base
     bool keyframe = false;
+    bool refresh = false;  // a delta at codec::max_bits (content_options::refresh_interval)
     // A keyframe's lineage head, the base it would have had (not pinned, only its record is
     // read): the tensors that head coded as values are coded so in the keyframe too.
     std::uint64_t previous = 0;
@@ -447,14 +448,14 @@ struct content_store::impl {
     ~base_pin();
   };
   // Coding parameters of a new checkpoint version (meta.kind, bits, coding).
-  void start_coding(version_meta& meta, bool keyframe) const;
+  void start_coding(version_meta& meta, const base_choice& c) const;
   codec::lossy_params coding_params_of(const version_meta& meta) const;
   // meta.coding.keyframe_bits: set when one of its frames was rounded, else 0.
   void note_rounding(version_meta& meta) const;
   // `p` for a slab coded as `kind`: second moments' ratio deltas may have their own bits
   // (ratio_bits), as their tables do (table_for, shared_slot).
-  codec::lossy_params params_for(codec::lossy_params p, codec::delta_kind kind,
-                                 bool second_moment) const;
+  codec::lossy_params params_for(codec::lossy_params p, codec::delta_kind kind, bool second_moment,
+                                 bool refresh = false) const;
   static std::unordered_map<std::string, std::size_t> tensors_by_name(const cache_item& meta);
   // The base tensor `t` is coded against: the base's tensor of the same name, type and size.
   std::optional<std::size_t> base_tensor_for(
@@ -513,6 +514,8 @@ struct content_store::impl {
     // Adam's first moment by name (is_first_moment): its intra slabs keep one bucket fewer
     // (content_options::intra_buckets).
     bool first_moment = false;
+    // Difference slabs coded with codec::max_bits (base_choice::refresh).
+    bool refresh = false;
     // The frame reads back other than the bytes written: its reconstruction goes to the head.
     bool rewrites() const noexcept { return base_tensor || keep_bits || values; }
   };

@@ -42,7 +42,8 @@ content_store::content_store(store::object_store& objects, store::journal& journ
     throw invalid_argument("keyframe_bits must be 1..23 (0: exact)");
   if (opt.ratio_bits < 0 || opt.ratio_bits > codec::max_bits)
     throw invalid_argument("ratio_bits must be 1..4 (0: bits)");
-  if (opt.keyframe_interval < 1) throw invalid_argument("keyframe_interval must be >= 1");
+  if (opt.keyframe_interval < 0) throw invalid_argument("keyframe_interval must be >= 1 (0: auto)");
+  if (opt.refresh_interval < 0) throw invalid_argument("refresh_interval must be >= 0");
   if (opt.moment_bits < 0 || opt.moment_bits > 23)
     throw invalid_argument("moment_bits must be 1..23 (0: keyframe_bits)");
 }

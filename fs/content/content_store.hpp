@@ -65,8 +65,24 @@ struct content_options {
   int bits_for(codec::delta_kind k, bool second_moment) const noexcept {
     return k == codec::delta_kind::ratio && second_moment && ratio_bits ? ratio_bits : bits;
   }
-  bool lossless = false;       // every checkpoint stored exactly (float-aware lossless)
-  int keyframe_interval = 20;  // every N-th version of a lineage is a keyframe
+  bool lossless = false;  // every checkpoint stored exactly (float-aware lossless)
+  // Every N-th version of a lineage is a keyframe. 0 (auto): N = 1 GiB / the size of the
+  // version before, within 20..1000 (keyframe_interval_for): a cold read of any version then
+  // decodes about 1 GiB of deltas at most, and small checkpoints, whose keyframes were most of
+  // their store (22-47% of the recovery benchmark's at 20), keep long chains.
+  int keyframe_interval = 20;
+  static constexpr int kAutoKeyframeMin = 20, kAutoKeyframeMax = 1000;
+  static constexpr std::uint64_t kAutoKeyframeReplay = std::uint64_t(1) << 30;
+  int keyframe_interval_for(std::uint64_t size) const noexcept {
+    if (keyframe_interval > 0) return keyframe_interval;
+    const std::uint64_t n = kAutoKeyframeReplay / std::max<std::uint64_t>(size, 1);
+    return int(std::clamp<std::uint64_t>(n, kAutoKeyframeMin, kAutoKeyframeMax));
+  }
+  // Every N-th delta after a keyframe (a refresh) codes its differences (the weights', SGD's
+  // momentum) with codec::max_bits instead of `bits`: the error a chain gathers below the
+  // coarser buckets' smallest step goes back down, as a keyframe would take it, for a fraction
+  // of a keyframe's bytes. 0: none.
+  int refresh_interval = 0;
   std::uint64_t cache_bytes = std::uint64_t(2) << 30;  // reconstructed states and decoded data
   codec::representative rep = codec::representative::midrange;
   codec::bucket_scope scope = codec::bucket_scope::tensor;

@@ -38,8 +38,10 @@ namespace {
 // tables have ratio_bits (content_options::ratio_bits).
 codec::quant_table table_for(const content_options& opt, const codec::delta_stats& s,
                              codec::delta_kind kind, std::optional<codec::dtype> type,
-                             bool second_moment, bool first_moment) {
-  const int bits = opt.bits_for(kind, second_moment);
+                             bool second_moment, bool first_moment, bool refresh = false) {
+  const int bits = refresh && kind == codec::delta_kind::difference
+                       ? codec::max_bits
+                       : opt.bits_for(kind, second_moment);
   const auto buckets = [&] {
     return codec::select_buckets(
         s, bits, opt.rep, kind,
@@ -201,12 +203,12 @@ content_store::impl::tensor_result content_store::impl::encode_tensor(
           shared_tables && !j.values
               ? (*shared_tables)[shared_slot(kind, j.second_moment, opt)]
               : table_for(opt, codec::gather_stats(std::span(&in, 1), range, kind), kind, j.type,
-                          j.second_moment, j.first_moment);
+                          j.second_moment, j.first_moment, j.refresh);
       res.any_ratio |= table.kind == codec::delta_kind::ratio;
       res.intra_slabs += table.kind == codec::delta_kind::intra;
       res.grid_slabs += table.grid != 0;
       const std::span<std::byte> out_recon(slab.recon.data(), n);
-      codec::lossy_params p = params_for(params, table.kind, j.second_moment);
+      codec::lossy_params p = params_for(params, table.kind, j.second_moment, j.refresh);
       p.round_bits = j.keep_bits;
       if (!f.error) f.error.emplace();
       codec::encode_delta_into(in, table, p, out_recon, slab.enc, codec::default_block_bytes,
@@ -326,8 +328,14 @@ content_store::impl::base_choice content_store::impl::choose_base(std::uint64_t 
 }
 
 void content_store::impl::settle_choice(base_choice& c) {
-  c.keyframe = opt.lossless || !c.base || c.since + 1 >= std::uint64_t(opt.keyframe_interval);
+  c.keyframe = opt.lossless || !c.base ||
+               c.since + 1 >= std::uint64_t(opt.keyframe_interval_for(versions.at(c.base).size));
   if (c.keyframe) c.previous = std::exchange(c.base, 0);
+  // Not with the paper's coder or its whole-checkpoint tables (shared by every tensor at `bits`),
+  // nor where `bits` is already codec::max_bits.
+  c.refresh = !c.keyframe && opt.refresh_interval > 0 && opt.bits < codec::max_bits &&
+              opt.scope == codec::bucket_scope::tensor && !opt.paper_coding &&
+              (c.since + 1) % std::uint64_t(opt.refresh_interval) == 0;
   // Pinned as a dependent from now on: another lineage's head (a forked lineage's base), or with
   // a stream this lineage's own, may move on meanwhile and must not be reclaimed under us.
   if (c.base) ++versions.at(c.base).dependents;
@@ -420,7 +428,8 @@ content_store::impl::base_pin::~base_pin() {
   m.collect(base, m.unneeded);
 }
 
-void content_store::impl::start_coding(version_meta& meta, bool keyframe) const {
+void content_store::impl::start_coding(version_meta& meta, const base_choice& c) const {
+  const bool keyframe = c.keyframe;
   meta.kind = keyframe ? version_kind::keyframe : version_kind::delta;
   meta.bits = keyframe ? 0 : opt.bits;
   if (keyframe) return;
@@ -435,6 +444,7 @@ void content_store::impl::start_coding(version_meta& meta, bool keyframe) const 
   char step[32];
   std::snprintf(step, sizeof step, "%g", opt.grid_step);
   meta.coding.grid = auto_grid(opt) ? "auto" : opt.grid_step > 0 && opt.bits >= 2 ? step : "off";
+  meta.coding.refresh_bits = c.refresh ? codec::max_bits : 0;
 }
 
 void content_store::impl::note_rounding(version_meta& meta) const {
@@ -542,8 +552,10 @@ content_store::impl::tensor_job content_store::impl::job_for(
 }
 
 codec::lossy_params content_store::impl::params_for(codec::lossy_params p, codec::delta_kind kind,
-                                                    bool second_moment) const {
-  const int bits = opt.bits_for(kind, second_moment);
+                                                    bool second_moment, bool refresh) const {
+  const int bits = refresh && kind == codec::delta_kind::difference
+                       ? codec::max_bits
+                       : opt.bits_for(kind, second_moment);
   if (bits != p.bits) {
     p.bits = bits;
     if (p.group != 1) p.group = codec::default_group(bits);  // 1: the paper's coder keeps it
@@ -710,7 +722,7 @@ content_ref content_store::impl::put(std::string_view path, const format::source
     meta.layout = format::opaque_layout(size, layout.note);
     donors = m.write_exact_file(src, staged.get(), meta, out, slab.enc);
   } else {
-    m.start_coding(meta, bc.keyframe);
+    m.start_coding(meta, bc);
     m.write_exact_regions(src, layout, meta, out, slab.enc);
 
     std::shared_ptr<const cache_item> base_meta;
@@ -734,6 +746,7 @@ content_ref content_store::impl::put(std::string_view path, const format::source
       if (!t.compress) continue;
       jobs.push_back(
           m.job_for(i, t, base_meta.get(), base_by_name, previous.get(), &previous_by_name));
+      jobs.back().refresh = bc.refresh && jobs.back().base_tensor;
       tensor_bytes += t.length;
     }
     // Checkpoint scope: one table per delta kind, shared by the tensors of that kind (second

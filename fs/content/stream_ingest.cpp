@@ -168,7 +168,7 @@ void content_store::impl::run_stream(stream& s) {
       if (!k) return std::nullopt;
       return walk->predicted()[*k];
     };
-    start_coding(s.meta_, s.bc_.keyframe);
+    start_coding(s.meta_, s.bc_);
     s.out_.emplace(objects, opt.object_format);
     std::shared_ptr<const cache_item> base_meta;
     std::unordered_map<std::string, std::size_t> base_by_name;
@@ -207,8 +207,9 @@ void content_store::impl::run_stream(stream& s) {
         previous.reset();
         previous_by_name.clear();
       }
-      const tensor_job j =
+      tensor_job j =
           job_for(index, *t, base_meta.get(), base_by_name, previous.get(), &previous_by_name);
+      j.refresh = s.bc_.refresh && j.base_tensor;
       const auto sink = [&](std::uint64_t off, std::span<const std::byte> recon) {
         if (j.rewrites()) staged.overwrite(t->offset + off, recon);
         staged.settle(t->offset + off + recon.size());

@@ -132,6 +132,7 @@ std::vector<std::byte> encode_meta(const version_meta& m) {
            {"rb", m.coding.ratio_bits},
            {"kb", m.coding.keyframe_bits}}}};
   if (!m.coding.grid.empty()) j["cp"]["gr"] = m.coding.grid;
+  if (m.coding.refresh_bits) j["cp"]["rf"] = m.coding.refresh_bits;
   if (m.exact_inline) {
     const auto* p = reinterpret_cast<const std::uint8_t*>(m.inline_exact.data());
     j["xb"] = json::binary(std::vector<std::uint8_t>(p, p + m.inline_exact.size()));
@@ -217,6 +218,7 @@ version_meta decode_meta(std::span<const std::byte> cbor) {
       m.coding.ratio_bits = cp->value("rb", 0);
       m.coding.keyframe_bits = cp->value("kb", 0);
       m.coding.grid = cp->value("gr", std::string());
+      m.coding.refresh_bits = cp->value("rf", 0);
     }
     if (m.layout.file_size != m.size) throw corrupt_error("content: layout size mismatch");
     for (const auto& t : m.tensors) {

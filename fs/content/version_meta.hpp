@@ -86,6 +86,9 @@ struct coding_params {
   int ratio_bits = 0;
   int keyframe_bits = 0;  // mantissa bits of lossy keyframes' float tensors (absent: 0, exact)
   std::string grid;       // difference tables: "auto", "off" or the step (absent: "", the buckets)
+  // A refresh (content_options::refresh_interval): its difference frames' bits, more than
+  // `bits` (absent: 0, not a refresh). Informational: each block names its own bits.
+  int refresh_bits = 0;
 };
 
 enum class version_kind : std::uint8_t { exact = 0, keyframe = 1, delta = 2 };

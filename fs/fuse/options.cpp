@@ -116,7 +116,10 @@ void take_option(daemon_options& d, const std::string& o) {
     d.content.lossless = true;
   } else if (key == "keyframe_interval") {
     need_value();
-    d.content.keyframe_interval = parse_int(val, key, 1, 1000000);
+    d.content.keyframe_interval = val == "auto" ? 0 : parse_int(val, key, 1, 1000000);
+  } else if (key == "refresh_interval") {
+    need_value();
+    d.content.refresh_interval = val == "off" ? 0 : parse_int(val, key, 0, 1000000);
   } else if (key == "coding") {
     need_value();
     d.content.paper_coding = choose(val, key, {"grouped", "paper"}) == 1;
@@ -247,6 +250,8 @@ daemon_options parse_command_line(int argc, const char* const* argv) {
   d.content.min_tensor_bytes = kDefaultMinTensor;
   d.content.moment_bits = kDefaultMomentBits;
   d.content.ratio_bits = kDefaultRatioBits;
+  d.content.keyframe_interval = 0;  // auto
+  d.content.refresh_interval = kDefaultRefreshInterval;
   std::vector<std::string> positional;
   for (int i = 1; i < argc; ++i) {
     std::string_view a = argv[i];
@@ -314,7 +319,10 @@ std::string usage_text(std::string_view program) {
          "                         name), coded as ratios, each element within a factor 2;\n"
          "                         1..4 (default 1)\n"
          "  -o lossless            store every checkpoint exactly (lossless float coding)\n"
-         "  -o keyframe_interval=N every N-th version of a checkpoint is a keyframe (default 20)\n"
+         "  -o keyframe_interval=N|auto every N-th version of a checkpoint is a keyframe;\n"
+         "                         auto (default): N = 1 GiB / its size, within 20..1000\n"
+         "  -o refresh_interval=N  every N-th delta after a keyframe codes the weights'\n"
+         "                         changes with 4 bits (default 5); 0 or off: never\n"
          "  -o keyframe_bits=N     keyframes' float tensors rounded to N mantissa bits, each\n"
          "                         within 2^-(N+1) of its value, and the deltas on them too\n"
          "                         (default 12); 0 or 23: exact keyframes\n"

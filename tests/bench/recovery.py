@@ -84,6 +84,7 @@ import json
 import math
 import os
 import platform
+import re
 import shlex
 import shutil
 import signal
@@ -360,12 +361,13 @@ class Setting:
     def __init__(self, coding="grouped", bits=3, rep="mean", scope="tensor", optimizer="lossy",
                  keyframe_interval=20, lossless=False, defaults=False, perturb=0.0,
                  relative="off", keyframe_bits=0, ratio_bits=0, intra="off", grid=0.0,
-                 min_tensor=0, moment_bits=0, intra_buckets=0):
+                 min_tensor=0, moment_bits=0, intra_buckets=0, refresh_interval=0):
         self.coding, self.bits, self.rep, self.scope = coding, bits, rep, scope
         self.relative, self.intra, self.grid = relative, intra, grid
         self.min_tensor = min_tensor  # bytes; 0: the mount's default
         self.moment_bits = moment_bits  # 0: the mount's default
         self.intra_buckets = intra_buckets  # 0: the mount's default
+        self.refresh_interval = refresh_interval  # 0: the mount's default
         # 0: `bits`, as the name says (passed explicitly: the mount's own default is 1)
         self.keyframe_bits, self.ratio_bits = keyframe_bits, ratio_bits
         self.optimizer, self.keyframe_interval = optimizer, keyframe_interval
@@ -383,7 +385,9 @@ class Setting:
                 f"grid={self.grid or 'off'}", f"ratio_bits={self.ratio_bits or self.bits}"] + (
                     [f"min_tensor={self.min_tensor}"] if self.min_tensor else []) + (
                     [f"moment_bits={self.moment_bits}"] if self.moment_bits else []) + (
-                    [f"intra_buckets={self.intra_buckets}"] if self.intra_buckets else [])
+                    [f"intra_buckets={self.intra_buckets}"] if self.intra_buckets else []) + (
+                    [f"refresh_interval={self.refresh_interval}"] if self.refresh_interval
+                    else [])
 
     @property
     def name(self):
@@ -415,11 +419,15 @@ class Setting:
             name += f"-mb{self.moment_bits}"
         if self.intra_buckets:
             name += f"-ib{self.intra_buckets}"
+        if self.refresh_interval:
+            name += f"-R{self.refresh_interval}"
         return name
 
-    def with_keyframe_interval(self, k):
+    def with_keyframe_interval(self, k, refresh_interval=None):
         s = copy.copy(self)
         s.keyframe_interval = k
+        if refresh_interval is not None:
+            s.refresh_interval = refresh_interval
         return s
 
 
@@ -1101,6 +1109,14 @@ def parse_args():
     settings = settings_matrix(args.quick)
     if args.settings:
         wanted = args.settings.split(",")
+        # Any row of the matrix at another keyframe interval: its name with "-K<interval>".
+        for n in wanted:
+            if m := re.search(r"-K(\d+|auto)(?=-|$)", n):
+                k = m.group(1) if m.group(1) == "auto" else int(m.group(1))
+                r = re.search(r"-R(\d+)$", n)
+                settings += [v for s in settings_matrix(args.quick)
+                             if (v := s.with_keyframe_interval(
+                                 k, int(r.group(1)) if r else None)).name == n]
         if bad := [n for n in wanted if n not in {s.name for s in settings}]:
             p.error(f"unknown setting {bad}; known: {', '.join(s.name for s in settings)}")
         settings = [s for s in settings if s.name in wanted]

@@ -10,6 +10,7 @@
 
 using ckpt::fs::content_options;
 using ckpt::fs::fuse::daemon_options;
+using ckpt::fs::fuse::kDefaultRefreshInterval;
 using ckpt::fs::fuse::parse_command_line;
 using ckpt::fs::fuse::usage_error;
 using ckpt::fs::fuse::usage_text;
@@ -36,7 +37,12 @@ TEST_CASE("fuse options: no -o gives content_options' defaults", "[fuse]") {
   CHECK(d.mountpoint == "mnt");
   CHECK(d.content.bits == def.bits);
   CHECK(d.content.lossless == def.lossless);
-  CHECK(d.content.keyframe_interval == def.keyframe_interval);
+  // The mount's own: the interval by the checkpoint's size, and refreshes (the library keeps a
+  // fixed 20 and none).
+  CHECK(d.content.keyframe_interval == 0);
+  CHECK(d.content.refresh_interval == kDefaultRefreshInterval);
+  CHECK(def.keyframe_interval == 20);
+  CHECK(def.refresh_interval == 0);
   CHECK(d.content.paper_coding == def.paper_coding);
   CHECK(d.content.rep == def.rep);
   CHECK(d.content.scope == def.scope);
@@ -49,8 +55,11 @@ TEST_CASE("fuse options: the help names the defaults content_options has", "[fus
   const content_options def;
   const std::string help = usage_text("ckptfs");
   CHECK_THAT(help, Catch::Contains("1..4 (default " + std::to_string(def.bits) + ")"));
-  CHECK_THAT(help,
-             Catch::Contains("keyframe (default " + std::to_string(def.keyframe_interval) + ")"));
+  CHECK_THAT(help, Catch::Contains("auto (default): N = 1 GiB / its size, within " +
+                                   std::to_string(def.kAutoKeyframeMin) + ".." +
+                                   std::to_string(def.kAutoKeyframeMax)));
+  CHECK_THAT(help, Catch::Contains("with 4 bits (default " +
+                                   std::to_string(kDefaultRefreshInterval) + ")"));
   CHECK_THAT(help, Catch::Contains(def.paper_coding ? "paper (default)" : "grouped (default)"));
   CHECK_THAT(help,
              Catch::Contains(def.rep == codec::representative::mean ? "mean (default)"
@@ -86,6 +95,18 @@ TEST_CASE("fuse options: coding, rep, scope and optimizer take each of their val
   CHECK(d.content.keyframe_interval == 7);
   CHECK(d.content.lossless);
   CHECK(d.fuse_options.empty());
+}
+
+TEST_CASE("fuse options: keyframe_interval takes auto or 1.. and refresh_interval off or 0..",
+          "[fuse]") {
+  CHECK(parse_o("keyframe_interval=auto").content.keyframe_interval == 0);
+  CHECK(parse_o("keyframe_interval=1").content.keyframe_interval == 1);
+  CHECK(parse_o("keyframe_interval=20").content.keyframe_interval == 20);
+  CHECK(parse_o("refresh_interval=off").content.refresh_interval == 0);
+  CHECK(parse_o("refresh_interval=0").content.refresh_interval == 0);
+  CHECK(parse_o("refresh_interval=10").content.refresh_interval == 10);
+  CHECK_THROWS_WITH(parse_o("keyframe_interval=0"), Catch::Contains("keyframe_interval"));
+  CHECK_THROWS_WITH(parse_o("refresh_interval=-1"), Catch::Contains("refresh_interval"));
 }
 
 TEST_CASE("fuse options: ratio_bits 1..4 are taken, default 1, others refused", "[fuse]") {
@@ -190,7 +211,8 @@ TEST_CASE("fuse options: invalid codec values are refused with the choices", "[f
   // Case matters, a value is required, and an empty value is not a choice.
   for (const char* bad :
        {"coding=Paper", "coding", "rep=", "scope", "optimizer=", "keyframe_interval=0",
-        "keyframe_interval=x", "lossless=1", "relative", "relative="})
+        "keyframe_interval=x", "keyframe_interval=Auto", "refresh_interval=x",
+        "refresh_interval=-1", "refresh_interval", "lossless=1", "relative", "relative="})
     CHECK_THROWS_AS(parse_o(bad), usage_error);
 }
 
