@@ -17,6 +17,10 @@ namespace ckpt::fs {
 
 namespace {
 
+// What warm_base_metas asks the disk for ahead of a cold chain (object_store::prefetch): objects
+// up to this size whole, larger ones their metadata trailer's last this many bytes.
+constexpr std::uint64_t kPrefetchTail = std::uint64_t(1) << 20;
+
 // Runs `decode` of a frame whose metadata says it needs no base (a keyframe's frame, or a delta's
 // whose every slab was coded as values): a block in it that needs one is damage in the store
 // (EIO), not a caller's mistake (EINVAL).
@@ -112,13 +116,19 @@ void content_store::impl::warm_base_metas(std::uint64_t base) {
   // own base's metadata cached, so a cold chain of any length is read one level deep, not by
   // recursion as deep as the chain (keyframe_interval goes to 10^6).
   std::vector<std::uint64_t> cold;
+  std::vector<store::object_id> objs;
   for (std::uint64_t b = base; b;) {
     const version_rec br = get_for_read(b);
     if (cache.get({b, k_meta, br.obj.id})) break;
     cold.push_back(b);
+    objs.push_back(br.obj.id);
     if (br.base >= b) break;  // damage: meta_of says so when it comes to it
     b = br.base;
   }
+  // The disk reads them all at once while the loop below inflates them one by one (a small
+  // checkpoint's chain runs to 1000 versions: keyframe_interval=auto). Small objects whole: the
+  // frames a cold read decodes next are in them too.
+  if (objs.size() > 1) objects.prefetch(objs, kPrefetchTail);
   for (auto it = cold.rbegin(); it != cold.rend(); ++it) meta_of(*it);
 }
 

@@ -194,6 +194,22 @@ void object_store::read(object_id id, std::uint64_t offset, std::span<std::byte>
     throw corrupt_error("object " + hex_id(id) + " shrank while being read");
 }
 
+void object_store::prefetch(std::span<const object_id> ids, std::uint64_t tail) const noexcept {
+  for (const object_id id : ids) {
+    const std::string name = object_name(id);
+    unique_fd fd(::openat(impl_->dir_fd.get(), name.c_str(), O_RDONLY | O_CLOEXEC));
+    struct stat st;
+    if (!fd || ::fstat(fd.get(), &st) != 0) continue;
+    const auto size = static_cast<std::uint64_t>(st.st_size);
+    if (size <= tail + 4096) {
+      (void)::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_WILLNEED);
+    } else {
+      (void)::posix_fadvise(fd.get(), 0, 4096, POSIX_FADV_WILLNEED);
+      (void)::posix_fadvise(fd.get(), off_t(size - tail), off_t(tail), POSIX_FADV_WILLNEED);
+    }
+  }
+}
+
 std::span<const std::byte> object_store::read_uncached(object_id id, std::uint64_t offset,
                                                        std::size_t len,
                                                        page_buffer& scratch) const {

@@ -93,6 +93,14 @@ class object_store {
   std::span<const std::byte> read_uncached(object_id id, std::uint64_t offset, std::size_t len,
                                            page_buffer& scratch) const;
 
+  // Asks the kernel to start reading the objects into the page cache (posix_fadvise WILLNEED),
+  // all at once, and returns without waiting: objects of up to `tail` bytes whole, larger ones
+  // their first page and last `tail` bytes (a content object's metadata trailer). A hint for
+  // callers about to read many objects one after another (a cold chain's metadata): their reads
+  // then find the bytes in flight or cached instead of waiting for the disk one object at a
+  // time. Objects that are missing or cannot be opened are skipped; read() reports them.
+  void prefetch(std::span<const object_id> ids, std::uint64_t tail) const noexcept;
+
   // Recomputes the payload checksum; throws corrupt_error on mismatch.
   void verify(const object_ref& ref) const;
 

@@ -367,7 +367,9 @@ class Setting:
         self.min_tensor = min_tensor  # bytes; 0: the mount's default
         self.moment_bits = moment_bits  # 0: the mount's default
         self.intra_buckets = intra_buckets  # 0: the mount's default
-        self.refresh_interval = refresh_interval  # 0: the mount's default
+        # Every N-th delta a refresh (0: none; passed explicitly, so builds from before
+        # 2026-11-28, which lack the option, refuse every lossy row).
+        self.refresh_interval = refresh_interval
         # 0: `bits`, as the name says (passed explicitly: the mount's own default is 1)
         self.keyframe_bits, self.ratio_bits = keyframe_bits, ratio_bits
         self.optimizer, self.keyframe_interval = optimizer, keyframe_interval
@@ -385,9 +387,8 @@ class Setting:
                 f"grid={self.grid or 'off'}", f"ratio_bits={self.ratio_bits or self.bits}"] + (
                     [f"min_tensor={self.min_tensor}"] if self.min_tensor else []) + (
                     [f"moment_bits={self.moment_bits}"] if self.moment_bits else []) + (
-                    [f"intra_buckets={self.intra_buckets}"] if self.intra_buckets else []) + (
-                    [f"refresh_interval={self.refresh_interval}"] if self.refresh_interval
-                    else [])
+                    [f"intra_buckets={self.intra_buckets}"] if self.intra_buckets else []) + [
+                    f"refresh_interval={self.refresh_interval}"]
 
     @property
     def name(self):
