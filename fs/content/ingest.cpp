@@ -332,10 +332,12 @@ void content_store::impl::settle_choice(base_choice& c) {
                c.since + 1 >= std::uint64_t(opt.keyframe_interval_for(versions.at(c.base).size));
   if (c.keyframe) c.previous = std::exchange(c.base, 0);
   // Not with the paper's coder or its whole-checkpoint tables (shared by every tensor at `bits`),
-  // nor where `bits` is already codec::max_bits.
+  // nor where `bits` is already codec::max_bits, nor with a fixed grid step (grid=STEP): its
+  // grid at more bits only adds outer levels, and the changes under half a step, the error a
+  // refresh is for, would stay where they are.
   c.refresh = !c.keyframe && opt.refresh_interval > 0 && opt.bits < codec::max_bits &&
               opt.scope == codec::bucket_scope::tensor && !opt.paper_coding &&
-              (c.since + 1) % std::uint64_t(opt.refresh_interval) == 0;
+              !(opt.grid_step > 0) && (c.since + 1) % std::uint64_t(opt.refresh_interval) == 0;
   // Pinned as a dependent from now on: another lineage's head (a forked lineage's base), or with
   // a stream this lineage's own, may move on meanwhile and must not be reclaimed under us.
   if (c.base) ++versions.at(c.base).dependents;

@@ -116,10 +116,30 @@ void take_option(daemon_options& d, const std::string& o) {
     d.content.lossless = true;
   } else if (key == "keyframe_interval") {
     need_value();
-    d.content.keyframe_interval = val == "auto" ? 0 : parse_int(val, key, 1, 1000000);
+    if (val == "auto") {
+      d.content.keyframe_interval = 0;
+    } else {
+      try {
+        d.content.keyframe_interval = parse_int(val, key, 1, 1000000);
+      } catch (const usage_error&) {
+        throw usage_error("invalid value '" + std::string(val) +
+                          "' for -o keyframe_interval (expected auto or an integer from 1 to "
+                          "1000000)");
+      }
+    }
   } else if (key == "refresh_interval") {
     need_value();
-    d.content.refresh_interval = val == "off" ? 0 : parse_int(val, key, 0, 1000000);
+    if (val == "off") {
+      d.content.refresh_interval = 0;
+    } else {
+      try {
+        d.content.refresh_interval = parse_int(val, key, 0, 1000000);
+      } catch (const usage_error&) {
+        throw usage_error("invalid value '" + std::string(val) +
+                          "' for -o refresh_interval (expected off or an integer from 0 to "
+                          "1000000)");
+      }
+    }
   } else if (key == "coding") {
     need_value();
     d.content.paper_coding = choose(val, key, {"grouped", "paper"}) == 1;

@@ -194,7 +194,7 @@ void object_store::read(object_id id, std::uint64_t offset, std::span<std::byte>
     throw corrupt_error("object " + hex_id(id) + " shrank while being read");
 }
 
-void object_store::prefetch(std::span<const object_id> ids, std::uint64_t tail) const noexcept {
+void object_store::prefetch(std::span<const object_id> ids, std::uint64_t tail) const {
   for (const object_id id : ids) {
     const std::string name = object_name(id);
     unique_fd fd(::openat(impl_->dir_fd.get(), name.c_str(), O_RDONLY | O_CLOEXEC));

@@ -94,12 +94,13 @@ class object_store {
                                            page_buffer& scratch) const;
 
   // Asks the kernel to start reading the objects into the page cache (posix_fadvise WILLNEED),
-  // all at once, and returns without waiting: objects of up to `tail` bytes whole, larger ones
-  // their first page and last `tail` bytes (a content object's metadata trailer). A hint for
-  // callers about to read many objects one after another (a cold chain's metadata): their reads
-  // then find the bytes in flight or cached instead of waiting for the disk one object at a
-  // time. Objects that are missing or cannot be opened are skipped; read() reports them.
-  void prefetch(std::span<const object_id> ids, std::uint64_t tail) const noexcept;
+  // all at once, and returns without waiting: objects whose file is at most `tail` bytes and a
+  // page whole, larger ones their first page and last `tail` bytes (a content object's
+  // metadata trailer). A hint for callers about to read many objects one after another (a cold
+  // chain's metadata): their reads then find the bytes in flight or cached instead of waiting
+  // for the disk one object at a time. Objects that are missing or cannot be opened are
+  // skipped (read() reports them); nothing but std::bad_alloc is thrown.
+  void prefetch(std::span<const object_id> ids, std::uint64_t tail) const;
 
   // Recomputes the payload checksum; throws corrupt_error on mismatch.
   void verify(const object_ref& ref) const;

@@ -100,23 +100,30 @@ TEST_CASE(
 
 TEST_CASE(
     "a fixed keyframe_interval still makes keyframes of small checkpoints, and refreshes "
-    "need per-tensor tables and fewer bits than codec::max_bits",
+    "need per-tensor tables, our coder, no fixed grid step and fewer bits than codec::max_bits",
     "[content][chain]") {
   struct variant {
     const char* name;
     int interval, bits;
     codec::bucket_scope scope;
+    bool paper;
+    double grid;
     bool refreshes;
   };
+  const auto tensor = codec::bucket_scope::tensor;
   for (const variant& c :
-       {variant{"fixed 5", 5, 3, codec::bucket_scope::tensor, true},
-        variant{"checkpoint tables", 5, 3, codec::bucket_scope::checkpoint, false},
-        variant{"bits 4", 5, 4, codec::bucket_scope::tensor, false}}) {
+       {variant{"fixed 5", 5, 3, tensor, false, fs::content_options{}.grid_step, true},
+        variant{"checkpoint tables", 5, 3, codec::bucket_scope::checkpoint, false, 0, false},
+        variant{"paper coding", 5, 3, tensor, true, 0, false},
+        variant{"fixed grid step", 5, 3, tensor, false, 1.0, false},
+        variant{"bits 4", 5, 4, tensor, false, fs::content_options{}.grid_step, false}}) {
     SECTION(c.name) {
       temp_dir d;
       fs::content_options opt;
       opt.bits = c.bits;
       opt.scope = c.scope;
+      opt.paper_coding = c.paper;
+      opt.grid_step = c.grid;
       opt.keyframe_interval = c.interval;
       opt.refresh_interval = 2;
       std::mt19937_64 rng(38);
