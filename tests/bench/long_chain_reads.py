@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """What long chains cost to read (keyframe_interval=auto, docs/codec.md, "Long chains and
-refreshes"): a checkpoint of SIZE saved as many times as the auto interval allows one keyframe
-(1 GiB / SIZE within 20..1000), each version under its own name, through a mount at the
+refreshes"): a checkpoint of about SIZE saved as many times as the auto interval allows one
+keyframe (1 GiB / the file's size within 20..1000), each version under its own name, through a mount at the
 defaults and into a plain directory on the same disk, in one run. Then, after a remount (the
 daemon's caches empty) and drop_caches:
 
@@ -14,7 +14,11 @@ daemon's caches empty) and drop_caches:
 Each version is one Adam-like step of a state dict of fp32 tensors (weights, exp_avg,
 exp_avg_sq in equal parts).
 
-Usage: long_chain_reads.py CKPTFS_BINARY [--sizes-kib 512,16384,51200] [--dir BASE] [--json F]
+Every version but the first is checked to be a delta (`ckptctl stat`): the newest is the end of
+a chain of N - 1 deltas.
+
+Usage: long_chain_reads.py CKPTFS_BINARY [--ckptctl CKPTCTL] [--sizes-kib 512,16384,51200]
+                           [--dir BASE] [--json F]
 Needs root (drop_caches). BASE defaults to a temp dir on /var/tmp.
 """
 import argparse
@@ -30,7 +34,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fs"))
-from ckptfs_testlib import du, mounted  # noqa: E402
+from ckptfs_testlib import du, mounted, stat_json  # noqa: E402
 
 REPLAY = 1 << 30  # content_options::kAutoKeyframeReplay
 K_MIN, K_MAX = 20, 1000
@@ -82,21 +86,27 @@ def timed_load(path):
     return time.perf_counter() - t
 
 
-def measure(binary, base, size):
-    versions = auto_interval(size)
+def measure(binary, ctl, base, size):
     store, mnt, plain = f"{base}/store", f"{base}/mnt", f"{base}/plain"
     for d in (store, mnt, plain):
         shutil.rmtree(d, ignore_errors=True)
     os.makedirs(plain)
     model = AdamLike(size, seed=size)
-    written = 0
+    written, versions, kinds = 0, None, []
     with mounted(binary, store, mnt):
-        for k in range(versions):
+        k = 0
+        while versions is None or k < versions:
             model.step()
             state = model.state()
             save(state, f"{mnt}/ckpt_{k:04d}.pt")
             save(state, f"{plain}/ckpt_{k:04d}.pt")
             written += os.path.getsize(f"{plain}/ckpt_{k:04d}.pt")
+            if versions is None:  # the daemon's interval goes by the file, zip and pickle included
+                versions = auto_interval(os.path.getsize(f"{plain}/ckpt_0000.pt"))
+            kinds.append(stat_json(ctl, f"{mnt}/ckpt_{k:04d}.pt")["kind"])
+            k += 1
+    # One keyframe, then deltas to the newest: the chain this measures.
+    assert kinds == ["keyframe"] + ["delta"] * (versions - 1), kinds
     stored = du(f"{store}/objects")
     newest, middle = f"ckpt_{versions - 1:04d}.pt", f"ckpt_{versions // 2:04d}.pt"
     drop_caches()
@@ -120,6 +130,7 @@ def measure(binary, base, size):
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("binary")
+    p.add_argument("--ckptctl", default=None, help="default: ckptctl beside BINARY")
     p.add_argument("--sizes-kib", default="512,16384,51200")
     p.add_argument("--dir", default=None)
     p.add_argument("--json", default=None)
@@ -127,10 +138,11 @@ def main():
     if os.geteuid() != 0:
         sys.exit("long_chain_reads: needs root (drop_caches, mounts)")
     torch.set_num_threads(1)
+    ctl = args.ckptctl or os.path.join(os.path.dirname(os.path.abspath(args.binary)), "ckptctl")
     rows = []
     with tempfile.TemporaryDirectory(dir=args.dir or "/var/tmp") as base:
         for kib in (int(s) for s in args.sizes_kib.split(",")):
-            r = measure(args.binary, base, kib << 10)
+            r = measure(args.binary, ctl, base, kib << 10)
             rows.append(r)
             print(f"{r['size'] / 2**20:7.2f} MiB x {r['versions']:4d} versions: start "
                   f"{r['start_s']:.2f} s; load newest {r['newest_s']:.3f} s (plain "
