@@ -67,9 +67,9 @@ struct content_options {
   }
   bool lossless = false;  // every checkpoint stored exactly (float-aware lossless)
   // Every N-th version of a lineage is a keyframe. 0 (auto): N = 1 GiB / the size of the
-  // version before, within 20..1000 (keyframe_interval_for): a cold read of any version then
-  // decodes about 1 GiB of deltas at most, and small checkpoints, whose keyframes were most of
-  // their store (22-47% of the recovery benchmark's at 20), keep long chains.
+  // version before, within 20..1000 (keyframe_interval_for): a cold read of any version of a
+  // file then decodes about 1 GiB of deltas at most, and small checkpoints, whose keyframes were
+  // most of their store (22-47% of the recovery benchmark's at 20), keep long chains.
   int keyframe_interval = 20;
   static constexpr int kAutoKeyframeMin = 20, kAutoKeyframeMax = 1000;
   static constexpr std::uint64_t kAutoKeyframeReplay = std::uint64_t(1) << 30;

@@ -42,6 +42,19 @@ int parse_int(std::string_view text, std::string_view option, int lo, int hi) {
   return v;
 }
 
+// `word_value` for `word` (auto, off), else parse_int; the error names both forms.
+int parse_int_or(std::string_view text, std::string_view option, std::string_view word,
+                 int word_value, int lo, int hi) {
+  if (text == word) return word_value;
+  try {
+    return parse_int(text, option, lo, hi);
+  } catch (const usage_error&) {
+    throw usage_error("invalid value '" + std::string(text) + "' for -o " + std::string(option) +
+                      " (expected " + std::string(word) + " or an integer from " +
+                      std::to_string(lo) + " to " + std::to_string(hi) + ")");
+  }
+}
+
 // Index of `text` among `choices`, or usage_error listing them.
 int choose(std::string_view text, std::string_view option,
            std::initializer_list<std::string_view> choices) {
@@ -116,30 +129,10 @@ void take_option(daemon_options& d, const std::string& o) {
     d.content.lossless = true;
   } else if (key == "keyframe_interval") {
     need_value();
-    if (val == "auto") {
-      d.content.keyframe_interval = 0;
-    } else {
-      try {
-        d.content.keyframe_interval = parse_int(val, key, 1, 1000000);
-      } catch (const usage_error&) {
-        throw usage_error("invalid value '" + std::string(val) +
-                          "' for -o keyframe_interval (expected auto or an integer from 1 to "
-                          "1000000)");
-      }
-    }
+    d.content.keyframe_interval = parse_int_or(val, key, "auto", 0, 1, 1000000);
   } else if (key == "refresh_interval") {
     need_value();
-    if (val == "off") {
-      d.content.refresh_interval = 0;
-    } else {
-      try {
-        d.content.refresh_interval = parse_int(val, key, 0, 1000000);
-      } catch (const usage_error&) {
-        throw usage_error("invalid value '" + std::string(val) +
-                          "' for -o refresh_interval (expected off or an integer from 0 to "
-                          "1000000)");
-      }
-    }
+    d.content.refresh_interval = parse_int_or(val, key, "off", 0, 0, 1000000);
   } else if (key == "coding") {
     need_value();
     d.content.paper_coding = choose(val, key, {"grouped", "paper"}) == 1;
