@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "codec/format/recognise.hpp"
+#include "codec/quantizer.hpp"
 #include "content_test_util.hpp"
 #include "fs/namespace/write_buffer.hpp"
 #include "tests/unit/format_test_util.hpp"
@@ -112,14 +113,20 @@ fs::content_ref plain_put(fs::content_store& c, const temp_dir& d, const std::st
 // Six versions from `next_file`, streamed where `streamed(v)` and put whole otherwise, into one
 // store, against a store of plain puts only: the same kinds (a keyframe, then deltas each on
 // the one before), one lineage, and the same served bytes (deterministic coding against the
-// same base).
-void check_streamed_matches_plain(const std::function<bytes()>& next_file,
-                                  const std::function<std::string(int)>& path_of,
-                                  const std::function<bool(int)>& streamed_version,
-                                  const std::string& format) {
+// same base). `tweak` changes both stores' options; `check` looks at each streamed version.
+void check_streamed_matches_plain(
+    const std::function<bytes()>& next_file, const std::function<std::string(int)>& path_of,
+    const std::function<bool(int)>& streamed_version, const std::string& format,
+    const std::function<void(fs::content_options&)>& tweak = {},
+    const std::function<void(int, fs::content_store&, const fs::content_ref&)>& check = {}) {
   temp_dir streamed_dir, plain_dir;
-  opened streamed(streamed_dir.path, options(streamed_dir));
-  opened plain(plain_dir.path, options(plain_dir));
+  auto so = options(streamed_dir), po = options(plain_dir);
+  if (tweak) {
+    tweak(so);
+    tweak(po);
+  }
+  opened streamed(streamed_dir.path, so);
+  opened plain(plain_dir.path, po);
   std::uint64_t streams = 0;
   for (int v = 0; v < 6; ++v) {
     const bytes file = next_file();
@@ -140,8 +147,11 @@ void check_streamed_matches_plain(const std::function<bytes()>& next_file,
     CHECK(streamed.content.info(a).kind == (v == 0 ? "keyframe" : "delta"));
     CHECK(streamed.content.info(a).base == (v == 0 ? 0 : a.version - 1));
     CHECK(streamed.content.info(a).lineage == 1);
-    CHECK(read_all(streamed.content, a) == read_all(plain.content, b));
+    // A bool first: Catch would print megabytes of both sides.
+    const bool same = read_all(streamed.content, a) == read_all(plain.content, b);
+    CHECK(same);
     CHECK(streamed.content.usage().streamed_puts == streams);
+    if (check) check(v, streamed.content, a);
   }
   CHECK(streamed.content.usage().streams_dropped == 0);
   CHECK(streamed.content.usage().streams_running == 0);
@@ -161,6 +171,18 @@ TEST_CASE("a streamed put stores what put() stores for the finished file", "[con
   check_streamed_matches_plain([&] { return m.step(); },
                                [](int v) { return "run/ckpt_" + std::to_string(v) + ".pt"; },
                                [](int v) { return v % 2 == 1; }, "torch_zip");
+}
+
+TEST_CASE("a streamed refresh codes its differences with 4 bits as a put does",
+          "[content][stream]") {
+  model m;
+  check_streamed_matches_plain(
+      [&] { return m.step(); }, [](int v) { return "run/ckpt_" + std::to_string(v) + ".pt"; },
+      [](int) { return true; }, "torch_zip", [](fs::content_options& o) { o.refresh_interval = 2; },
+      [](int v, fs::content_store& c, const fs::content_ref& r) {
+        // Deltas 2 and 4 after the keyframe (versions 2 and 4) are refreshes.
+        CHECK(c.detail(r).coding.refresh_bits == (v > 0 && v % 2 == 0 ? codec::max_bits : 0));
+      });
 }
 
 TEST_CASE("a streamed lossy keyframe is rounded as a put rounds it, in the buffer too",
