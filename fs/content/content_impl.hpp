@@ -514,7 +514,7 @@ struct content_store::impl {
     // Adam's first moment by name (is_first_moment): its intra slabs keep one bucket fewer
     // (content_options::intra_buckets).
     bool first_moment = false;
-    // Difference slabs coded with codec::max_bits (base_choice::refresh).
+    // Difference slabs (which have a base) coded with codec::max_bits (base_choice::refresh).
     bool refresh = false;
     // The frame reads back other than the bytes written: its reconstruction goes to the head.
     bool rewrites() const noexcept { return base_tensor || keep_bits || values; }

@@ -62,7 +62,10 @@ struct content_options {
   // within a factor 2), so bits beyond a few (2: each element within 2^-3) buy nothing but
   // keyframe bytes. 0: keyframe_bits. (The mount's default: fs/fuse/options.hpp.)
   int moment_bits = 0;
-  int bits_for(codec::delta_kind k, bool second_moment) const noexcept {
+  // A slab's bits: `refresh` (a refresh delta, refresh_interval) gives difference slabs
+  // codec::max_bits.
+  int bits_for(codec::delta_kind k, bool second_moment, bool refresh = false) const noexcept {
+    if (refresh && k == codec::delta_kind::difference) return codec::max_bits;
     return k == codec::delta_kind::ratio && second_moment && ratio_bits ? ratio_bits : bits;
   }
   bool lossless = false;  // every checkpoint stored exactly (float-aware lossless)

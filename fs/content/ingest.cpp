@@ -39,9 +39,7 @@ namespace {
 codec::quant_table table_for(const content_options& opt, const codec::delta_stats& s,
                              codec::delta_kind kind, std::optional<codec::dtype> type,
                              bool second_moment, bool first_moment, bool refresh = false) {
-  const int bits = refresh && kind == codec::delta_kind::difference
-                       ? codec::max_bits
-                       : opt.bits_for(kind, second_moment);
+  const int bits = opt.bits_for(kind, second_moment, refresh);
   const auto buckets = [&] {
     return codec::select_buckets(
         s, bits, opt.rep, kind,
@@ -555,9 +553,7 @@ content_store::impl::tensor_job content_store::impl::job_for(
 
 codec::lossy_params content_store::impl::params_for(codec::lossy_params p, codec::delta_kind kind,
                                                     bool second_moment, bool refresh) const {
-  const int bits = refresh && kind == codec::delta_kind::difference
-                       ? codec::max_bits
-                       : opt.bits_for(kind, second_moment);
+  const int bits = opt.bits_for(kind, second_moment, refresh);
   if (bits != p.bits) {
     p.bits = bits;
     if (p.group != 1) p.group = codec::default_group(bits);  // 1: the paper's coder keeps it
@@ -748,7 +744,7 @@ content_ref content_store::impl::put(std::string_view path, const format::source
       if (!t.compress) continue;
       jobs.push_back(
           m.job_for(i, t, base_meta.get(), base_by_name, previous.get(), &previous_by_name));
-      jobs.back().refresh = bc.refresh && jobs.back().base_tensor;
+      jobs.back().refresh = bc.refresh;
       tensor_bytes += t.length;
     }
     // Checkpoint scope: one table per delta kind, shared by the tensors of that kind (second

@@ -209,7 +209,7 @@ void content_store::impl::run_stream(stream& s) {
       }
       tensor_job j =
           job_for(index, *t, base_meta.get(), base_by_name, previous.get(), &previous_by_name);
-      j.refresh = s.bc_.refresh && j.base_tensor;
+      j.refresh = s.bc_.refresh;
       const auto sink = [&](std::uint64_t off, std::span<const std::byte> recon) {
         if (j.rewrites()) staged.overwrite(t->offset + off, recon);
         staged.settle(t->offset + off + recon.size());

@@ -35,6 +35,8 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fs"))
 from ckptfs_testlib import du, mounted, stat_json  # noqa: E402
+from fs_speed import drop_caches  # noqa: E402
+from scale_lib import save  # noqa: E402
 
 REPLAY = 1 << 30  # content_options::kAutoKeyframeReplay
 K_MIN, K_MAX = 20, 1000
@@ -65,19 +67,6 @@ class AdamLike:
         return {"model": {f"layer{i}.weight": self.w[i].clone() for i in range(4)},
                 "optimizer": {"state": {i: {"exp_avg": self.m[i].clone(),
                                             "exp_avg_sq": self.v[i].clone()} for i in range(4)}}}
-
-
-def save(state, path):
-    with open(path, "wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def drop_caches():
-    os.sync()
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3\n")
 
 
 def timed_load(path):

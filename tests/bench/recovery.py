@@ -1118,16 +1118,17 @@ def parse_args():
         wanted = args.settings.split(",")
         # Any row of the matrix at another keyframe interval or with refreshes: its name with
         # "-K<interval>" (a number or "auto") after "-rel" and/or "-R<refresh_interval>" last.
+        matrix = list(settings)
         for n in wanted:
             k = re.search(r"-K(\d+|auto)(?=-|$)", n)
             r = re.search(r"-R(\d+)$", n)
-            if not (k or r):
+            if not (k or r) or n in {s.name for s in settings}:
                 continue
             kv = None if not k else k.group(1) if k.group(1) == "auto" else int(k.group(1))
-            settings += [v for s in settings_matrix(args.quick)
+            settings += [v for s in matrix
                          if (v := s.with_keyframe_interval(
                              kv if k else s.keyframe_interval,
-                             int(r.group(1)) if r else None)).name == n]
+                             int(r.group(1)) if r else None)).name == n][:1]
         if bad := [n for n in wanted if n not in {s.name for s in settings}]:
             p.error(f"unknown setting {bad}; known: {', '.join(s.name for s in settings)}")
         settings = [s for s in settings if s.name in wanted]

@@ -27,17 +27,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ckptfs_testlib import (closed_loop_bound, flat_tensors, mounted, require_fuse,  # noqa: E402
                             sha256, stat_json)
 from digits_lib import adamw_digits  # noqa: E402
+from scale_lib import save  # noqa: E402
 
 SAVES = 26
 REFRESH = 5  # the mount's default -o refresh_interval (kDefaultRefreshInterval)
 REFRESH_BITS = 4  # codec::max_bits
-
-
-def save(path, state):
-    with open(path, "wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
 
 
 def weights_error(info):
@@ -52,7 +46,7 @@ def defaults(binary, ctl, work):
         for k, (model, opt, _) in enumerate(adamw_digits((256, 128), 10, SAVES, steps=5)):
             path = f"{mnt}/ckpt_{k:02d}.pt"
             state = {"model": model.state_dict(), "optimizer": opt.state_dict()}
-            save(path, state)
+            save(state, path)
             info = stat_json(ctl, path)
             assert info["kind"] == ("keyframe" if k == 0 else "delta"), (k, info["kind"])
             got = flat_tensors(torch.load(path))
@@ -88,7 +82,7 @@ def fixed(binary, ctl, work):
     with mounted(binary, store, mnt, "keyframe_interval=20,refresh_interval=off"):
         for k, (model, opt, _) in enumerate(adamw_digits((256, 128), 10, 22, steps=5)):
             path = f"{mnt}/ckpt_{k:02d}.pt"
-            save(path, {"model": model.state_dict(), "optimizer": opt.state_dict()})
+            save({"model": model.state_dict(), "optimizer": opt.state_dict()}, path)
             info = stat_json(ctl, path)
             kinds.append(info["kind"])
             assert "refresh_bits" not in info["coding"], (k, info["coding"])
