@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "codec/error.hpp"
@@ -465,7 +466,8 @@ coding_estimate estimate_coding(const delta_stats& s, const quant_table& q) {
   return estimate_with(keys, total, zeros, q);
 }
 
-quant_table select_difference(const delta_stats& s, int bits, representative r) {
+quant_table select_difference(const delta_stats& s, int bits, representative r,
+                              const error_allowance& allow) {
   quant_table buckets = select_buckets(s, bits, r, delta_kind::difference);
   if (bits < 2) return buckets;
   // Fewer deltas than this keep the buckets: the choice (about 0.1 ms) would cost several times
@@ -484,11 +486,12 @@ quant_table select_difference(const delta_stats& s, int bits, representative r) 
   // the step above five times.
   quant_table best = buckets;
   const double best_bits = b.bits * 0.98;
+  const double allowed_mse = allow.bound(b.mse);
   auto within = [&](double step, bool take) {
     const quant_table g = select_grid(s, bits, step);
     if (!g.grid) return false;
     const coding_estimate e = estimate_with(keys, total, zeros, g);
-    if (e.mse > b.mse) return false;
+    if (e.mse > allowed_mse) return false;
     if (take && e.bits < best_bits) best = g;
     return true;
   };
@@ -507,6 +510,40 @@ quant_table select_difference(const delta_stats& s, int bits, representative r) 
   }
   within(lo, true);
   return best;
+}
+
+double sampled_mean_square(dtype t, std::span<const std::byte> values) noexcept {
+  if (!is_float(t)) return 0;
+  constexpr std::size_t run = 1024, every = 8;
+  const std::size_t n = values.size() / element_size(t);
+  double sum = 0;
+  std::size_t count = 0;
+  for (std::size_t first = 0; first < n; first += run * every) {
+    const std::size_t last = std::min(n, first + run);
+    for (std::size_t i = first; i < last; ++i) {
+      double v;
+      if (t == dtype::f32) {
+        float f;
+        std::memcpy(&f, values.data() + 4 * i, 4);
+        v = f;
+      } else {
+        std::uint16_t h;
+        std::memcpy(&h, values.data() + 2 * i, 2);
+        if (t == dtype::f16) {
+          v = f16_to_f32(h);
+        } else {
+          const std::uint32_t bits32 = std::uint32_t(h) << 16;
+          float f;
+          std::memcpy(&f, &bits32, 4);
+          v = f;
+        }
+      }
+      if (!std::isfinite(v)) continue;
+      sum += v * v;
+      ++count;
+    }
+  }
+  return count ? sum / double(count) : 0;
 }
 
 }  // namespace ckpt::codec

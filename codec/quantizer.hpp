@@ -8,6 +8,7 @@
 // the few buckets of the largest differences leave the small elements stale at a fraction of
 // their value, and Adam's step m / sqrt(v) blows up after a restore (DESIGN.md §2 item 4). Ratio
 // buckets put every element's relative change on one scale.
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -101,7 +102,27 @@ coding_estimate estimate_coding(const delta_stats& s, const quant_table& q);
 // wins where the buckets of the largest binades leave the bulk of the deltas at their base.
 // bits = 1, and deltas of fewer than kGridMinElements elements, always get the buckets.
 inline constexpr std::uint64_t kGridMinElements = std::uint64_t(1) << 12;
-quant_table select_difference(const delta_stats& s, int bits, representative r);
+//
+// `allow` lets the grid's estimated error grow past the buckets' where the slab's values make it
+// small: up to floor_mse (an error the caller accepts whatever the buckets would make, e.g. a
+// fraction of the values' own mean square), at most max_scale times the buckets' mean square
+// error. The defaults keep the buckets' error.
+struct error_allowance {
+  double floor_mse = 0;
+  double max_scale = 1;
+  // The mean square error the grid may reach where the buckets make `buckets_mse`.
+  double bound(double buckets_mse) const noexcept {
+    if (!(buckets_mse > 0) || !(floor_mse > buckets_mse) || !(max_scale > 1)) return buckets_mse;
+    return std::min(floor_mse, max_scale * buckets_mse);
+  }
+};
+quant_table select_difference(const delta_stats& s, int bits, representative r,
+                              const error_allowance& allow = {});
+
+// The mean square of a float slab's finite values, from a fixed sample of it (every 8th run of
+// 1024 elements, in order, so the result does not depend on threads): what
+// error_allowance::floor_mse is a fraction of. 0 for an empty slab or a non-float dtype.
+double sampled_mean_square(dtype t, std::span<const std::byte> values) noexcept;
 
 // True when every element is >= 0 and not NaN (a tensor that ratio deltas may code; -0.0 counts).
 bool nonnegative(dtype t, std::span<const std::byte> data) noexcept;

@@ -71,7 +71,12 @@ void print_text(const std::string& arg, const nlohmann::json& info) {
       std::printf("coding:   lossless (keyframe)\n");
     } else {
       std::string s;
-      for (const auto& [k, v] : c->items()) s += (s.empty() ? "" : " ") + k + "=" + scalar_text(v);
+      for (const auto& [k, v] : c->items()) {
+        // weight_error is a fraction in the JSON and a percentage in -o weight_error.
+        const std::string text =
+            k == "weight_error" && v.is_number() ? percent_text(v.get<double>()) : scalar_text(v);
+        s += (s.empty() ? "" : " ") + k + "=" + text;
+      }
       std::printf("coding:   %s\n", s.c_str());
     }
   }

@@ -407,6 +407,10 @@ json admin_service::handle(const json& req, const progress_fn& progress_in) {
     if (d.coding.keyframe_bits) out["coding"]["keyframe_bits"] = d.coding.keyframe_bits;
     if (!d.coding.grid.empty()) out["coding"]["grid"] = d.coding.grid;
     if (d.coding.refresh_bits) out["coding"]["refresh_bits"] = d.coding.refresh_bits;
+    if (d.coding.weight_error > 0) {
+      out["coding"]["weight_error"] = d.coding.weight_error;
+      out["coding"]["grid_error"] = d.coding.grid_error;
+    }
     out["exact_stored_bytes"] = d.exact_stored_bytes;
     json tensors = json::array();
     for (const auto& t : d.tensors) {

@@ -38,7 +38,8 @@ namespace {
 // tables have ratio_bits (content_options::ratio_bits).
 codec::quant_table table_for(const content_options& opt, const codec::delta_stats& s,
                              codec::delta_kind kind, std::optional<codec::dtype> type,
-                             bool second_moment, bool first_moment, bool refresh = false) {
+                             bool second_moment, bool first_moment, bool refresh = false,
+                             std::span<const std::byte> values = {}) {
   const int bits = opt.bits_for(kind, second_moment, refresh);
   const auto buckets = [&] {
     return codec::select_buckets(
@@ -50,7 +51,7 @@ codec::quant_table table_for(const content_options& opt, const codec::delta_stat
     return g.grid ? g : buckets();
   }
   if (kind == codec::delta_kind::difference && auto_grid(opt) && type == codec::dtype::f32)
-    return codec::select_difference(s, bits, opt.rep);
+    return codec::select_difference(s, bits, opt.rep, opt.allowance_for(*type, values, refresh));
   return buckets();
 }
 
@@ -201,7 +202,7 @@ content_store::impl::tensor_result content_store::impl::encode_tensor(
           shared_tables && !j.values
               ? (*shared_tables)[shared_slot(kind, j.second_moment, opt)]
               : table_for(opt, codec::gather_stats(std::span(&in, 1), range, kind), kind, j.type,
-                          j.second_moment, j.first_moment, j.refresh);
+                          j.second_moment, j.first_moment, j.refresh, cur);
       res.any_ratio |= table.kind == codec::delta_kind::ratio;
       res.intra_slabs += table.kind == codec::delta_kind::intra;
       res.grid_slabs += table.grid != 0;
@@ -445,6 +446,10 @@ void content_store::impl::start_coding(version_meta& meta, const base_choice& c)
   std::snprintf(step, sizeof step, "%g", opt.grid_step);
   meta.coding.grid = auto_grid(opt) ? "auto" : opt.grid_step > 0 && opt.bits >= 2 ? step : "off";
   meta.coding.refresh_bits = c.refresh ? codec::max_bits : 0;
+  if (auto_grid(opt) && opt.weight_error > 0 && !c.refresh) {
+    meta.coding.weight_error = opt.weight_error;
+    meta.coding.grid_error = opt.grid_error;
+  }
 }
 
 void content_store::impl::note_rounding(version_meta& meta) const {

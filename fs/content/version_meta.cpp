@@ -133,6 +133,10 @@ std::vector<std::byte> encode_meta(const version_meta& m) {
            {"kb", m.coding.keyframe_bits}}}};
   if (!m.coding.grid.empty()) j["cp"]["gr"] = m.coding.grid;
   if (m.coding.refresh_bits) j["cp"]["rf"] = m.coding.refresh_bits;
+  if (m.coding.weight_error > 0) {
+    j["cp"]["we"] = m.coding.weight_error;
+    j["cp"]["ge"] = m.coding.grid_error;
+  }
   if (m.exact_inline) {
     const auto* p = reinterpret_cast<const std::uint8_t*>(m.inline_exact.data());
     j["xb"] = json::binary(std::vector<std::uint8_t>(p, p + m.inline_exact.size()));
@@ -219,6 +223,8 @@ version_meta decode_meta(std::span<const std::byte> cbor) {
       m.coding.keyframe_bits = cp->value("kb", 0);
       m.coding.grid = cp->value("gr", std::string());
       m.coding.refresh_bits = cp->value("rf", 0);
+      m.coding.weight_error = cp->value("we", 0.0);
+      m.coding.grid_error = cp->value("ge", 0.0);
     }
     if (m.layout.file_size != m.size) throw corrupt_error("content: layout size mismatch");
     for (const auto& t : m.tensors) {

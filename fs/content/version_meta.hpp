@@ -89,6 +89,10 @@ struct coding_params {
   // A refresh (content_options::refresh_interval): its difference frames' bits, more than
   // `bits` (absent: 0, not a refresh). Informational: each block names its own bits.
   int refresh_bits = 0;
+  // grid=auto's error allowance (content_options::weight_error, grid_error) where it applied
+  // (absent: 0, the buckets' error). Informational: each block names its own table.
+  double weight_error = 0;
+  double grid_error = 0;
 };
 
 enum class version_kind : std::uint8_t { exact = 0, keyframe = 1, delta = 2 };

@@ -160,6 +160,20 @@ void take_option(daemon_options& d, const std::string& o) {
                           : val == "auto" ? content_options::kAutoGrid
                                           : parse_step(val, key);
     d.grid_set = true;
+  } else if (key == "weight_error") {
+    need_value();
+    std::string_view pct = val;
+    if (!pct.empty() && pct.back() == '%') pct.remove_suffix(1);
+    d.content.weight_error =
+        val == "off" ? 0.0
+                     : parse_number(
+                           pct, key, [](double v) { return v == 0 || (v >= 0.01 && v <= 20); },
+                           "off, or a percentage from 0.01 to 20, e.g. 2.5%") /
+                           100;
+  } else if (key == "grid_error") {
+    need_value();
+    d.content.grid_error = parse_number(
+        val, key, [](double v) { return v >= 1 && v <= 64; }, "a factor from 1 to 64, e.g. 4");
   } else if (key == "intra_buckets") {
     need_value();
     d.content.intra_buckets = parse_int(val, key, 1, 15);
@@ -265,6 +279,7 @@ daemon_options parse_command_line(int argc, const char* const* argv) {
   d.content.ratio_bits = kDefaultRatioBits;
   d.content.keyframe_interval = 0;  // auto
   d.content.refresh_interval = kDefaultRefreshInterval;
+  d.content.weight_error = kDefaultWeightError;
   std::vector<std::string> positional;
   for (int i = 1; i < argc; ++i) {
     std::string_view a = argv[i];
@@ -365,6 +380,13 @@ std::string usage_text(std::string_view program) {
          "                         their error; STEP: always the grid, step = STEP times\n"
          "                         the RMS of the slab's change; off: the buckets (default\n"
          "                         auto; an explicit grid needs bits>=2)\n"
+         "  -o weight_error=PCT|off  with grid=auto, a weights' slab whose buckets would leave\n"
+         "                         less error than PCT of its values' RMS may take a coarser\n"
+         "                         grid, up to that error (default 2.5%: frequent checkpoints\n"
+         "                         and slow training cost fewer bits; large steps keep the\n"
+         "                         buckets' error); off: the buckets' error everywhere\n"
+         "  -o grid_error=X        the most weight_error may add: X times the buckets' mean\n"
+         "                         square error, 1..64 (default 4: twice their RMS error)\n"
          "  -o min_tensor=SIZE     float tensors smaller than SIZE are stored exactly in every\n"
          "                         version, not coded (default 256)\n"
          "  -o cache=SIZE          memory for reconstructed checkpoints and decoded data\n"

@@ -361,7 +361,8 @@ class Setting:
     def __init__(self, coding="grouped", bits=3, rep="mean", scope="tensor", optimizer="lossy",
                  keyframe_interval=20, lossless=False, defaults=False, perturb=0.0,
                  relative="off", keyframe_bits=0, ratio_bits=0, intra="off", grid=0.0,
-                 min_tensor=0, moment_bits=0, intra_buckets=0, refresh_interval=0):
+                 min_tensor=0, moment_bits=0, intra_buckets=0, refresh_interval=0,
+                 weight_error=0.0, grid_error=0.0):
         self.coding, self.bits, self.rep, self.scope = coding, bits, rep, scope
         self.relative, self.intra, self.grid = relative, intra, grid
         self.min_tensor = min_tensor  # bytes; 0: the mount's default
@@ -370,6 +371,9 @@ class Setting:
         # Every N-th delta a refresh (0: none; passed explicitly, so builds from before
         # 2026-11-28, which lack the option, refuse every lossy row).
         self.refresh_interval = refresh_interval
+        # The weights' error allowance, in percent (0: off, passed explicitly as refresh is) and
+        # its cap (0: the mount's default).
+        self.weight_error, self.grid_error = weight_error, grid_error
         # 0: `bits`, as the name says (passed explicitly: the mount's own default is 1)
         self.keyframe_bits, self.ratio_bits = keyframe_bits, ratio_bits
         self.optimizer, self.keyframe_interval = optimizer, keyframe_interval
@@ -387,8 +391,11 @@ class Setting:
                 f"grid={self.grid or 'off'}", f"ratio_bits={self.ratio_bits or self.bits}"] + (
                     [f"min_tensor={self.min_tensor}"] if self.min_tensor else []) + (
                     [f"moment_bits={self.moment_bits}"] if self.moment_bits else []) + (
-                    [f"intra_buckets={self.intra_buckets}"] if self.intra_buckets else []) + [
-                    f"refresh_interval={self.refresh_interval}"]
+                    [f"intra_buckets={self.intra_buckets}"] if self.intra_buckets else []) + (
+                    [f"grid_error={self.grid_error:g}"] if self.grid_error else []) + [
+                    f"refresh_interval={self.refresh_interval}",
+                    f"weight_error={self.weight_error:g}%" if self.weight_error else
+                    "weight_error=off"]
 
     @property
     def name(self):
@@ -422,13 +429,22 @@ class Setting:
             name += f"-ib{self.intra_buckets}"
         if self.refresh_interval:
             name += f"-R{self.refresh_interval}"
+        if self.weight_error:
+            name += f"-we{self.weight_error:g}"
+        if self.grid_error:
+            name += f"-ge{self.grid_error:g}"
         return name
 
-    def with_keyframe_interval(self, k, refresh_interval=None):
+    def with_keyframe_interval(self, k, refresh_interval=None, weight_error=None,
+                               grid_error=None):
         s = copy.copy(self)
         s.keyframe_interval = k
         if refresh_interval is not None:
             s.refresh_interval = refresh_interval
+        if weight_error is not None:
+            s.weight_error = weight_error
+        if grid_error is not None:
+            s.grid_error = grid_error
         return s
 
 
@@ -509,6 +525,12 @@ def settings_matrix(quick):
     rows.append(Setting("grouped", 3, "midrange", "tensor", relative="on", keyframe_bits=12,
                         ratio_bits=1, intra="on", grid="auto", min_tensor=256, moment_bits=2,
                         keyframe_interval="auto", refresh_interval=5))
+    # The weights' deltas allowed up to 2.5% of their values' RMS where the buckets leave less,
+    # at most twice the buckets' error (weight_error=2.5%, grid_error=4): the defaults since
+    # 2026-11-28, third session.
+    rows.append(Setting("grouped", 3, "midrange", "tensor", relative="on", keyframe_bits=12,
+                        ratio_bits=1, intra="on", grid="auto", min_tensor=256, moment_bits=2,
+                        keyframe_interval="auto", refresh_interval=5, weight_error=2.5))
     for bits in (3, 4):
         rows.append(Setting("grouped", bits, "mean", "tensor", optimizer="exact"))
     return rows
@@ -1117,18 +1139,23 @@ def parse_args():
     if args.settings:
         wanted = args.settings.split(",")
         # Any row of the matrix at another keyframe interval or with refreshes: its name with
-        # "-K<interval>" (a number or "auto") after "-rel" and/or "-R<refresh_interval>" last.
+        # "-K<interval>" (a number or "auto") after "-rel", and/or last "-R<refresh_interval>",
+        # "-we<weight_error in percent>", "-ge<grid_error>", in that order.
         matrix = list(settings)
         for n in wanted:
             k = re.search(r"-K(\d+|auto)(?=-|$)", n)
-            r = re.search(r"-R(\d+)$", n)
-            if not (k or r) or n in {s.name for s in settings}:
+            r = re.search(r"-R(\d+)(?=-we|-ge|$)", n)
+            w = re.search(r"-we(\d+(?:\.\d+)?)(?=-ge|$)", n)
+            g = re.search(r"-ge(\d+(?:\.\d+)?)$", n)
+            if not (k or r or w or g) or n in {s.name for s in settings}:
                 continue
             kv = None if not k else k.group(1) if k.group(1) == "auto" else int(k.group(1))
             settings += [v for s in matrix
                          if (v := s.with_keyframe_interval(
                              kv if k else s.keyframe_interval,
-                             int(r.group(1)) if r else None)).name == n][:1]
+                             int(r.group(1)) if r else None,
+                             float(w.group(1)) if w else None,
+                             float(g.group(1)) if g else None)).name == n][:1]
         if bad := [n for n in wanted if n not in {s.name for s in settings}]:
             p.error(f"unknown setting {bad}; known: {', '.join(s.name for s in settings)}")
         settings = [s for s in settings if s.name in wanted]

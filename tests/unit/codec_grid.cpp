@@ -5,6 +5,7 @@
 // spends fewer bits than the paper's buckets at no more error on weight-like deltas.
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <limits>
 #include <random>
 
 #include "codec/block.hpp"
@@ -210,6 +211,79 @@ TEST_CASE("grid: estimates follow what coding measures", "[grid]") {
                                      representative::midrange, delta_kind::ratio);
   CHECK_THROWS_AS(estimate_coding(gather_stats(std::span(&in, 1), true, delta_kind::ratio), ratio),
                   ckpt::invalid_argument);
+}
+
+TEST_CASE("grid: a larger error bound takes a coarser grid with fewer bits", "[grid]") {
+  for (bool heavy : {false, true}) {
+    CAPTURE(heavy);
+    const auto p = stepped(200000, heavy, 35);
+    const delta_input in{dtype::f32, p.cur, p.base};
+    const auto stats = gather_stats(std::span(&in, 1), true, delta_kind::difference);
+    const auto buckets = code(p, dtype::f32, 3, 0.0);
+    std::size_t bytes_before = buckets.frame.size();
+    for (double scale : {1.0, 2.0, 4.0}) {
+      CAPTURE(scale);
+      const auto table = select_difference(stats, 3, representative::midrange,
+                                           error_allowance{1e30, scale});
+      REQUIRE(table.grid != 0);
+      coded c;
+      c.table = table;
+      c.recon.resize(p.cur.size());
+      lossy_params lp;
+      lp.bits = 3;
+      lp.rep = representative::midrange;
+      c.frame = encode_delta(in, table, lp, c.recon, 1u << 16);
+      CAPTURE(c.frame.size(), bytes_before, mse(p, c.recon), mse(p, buckets.out));
+      // Each doubling of the bound is about half a bit an element fewer (a step sqrt(2) times
+      // larger), within the bound it names (the estimate's, checked here on the coded slab with
+      // 10% of slack for the estimate's model of the tails).
+      CHECK(double(c.frame.size()) < 0.97 * double(bytes_before));
+      CHECK(mse(p, c.recon) <= 1.1 * scale * mse(p, buckets.out));
+      if (scale > 1) CHECK(mse(p, c.recon) > 0.5 * scale * mse(p, buckets.out));
+      bytes_before = c.frame.size();
+    }
+  }
+}
+
+TEST_CASE("grid: an error allowance is the floor within the buckets' error and the cap",
+          "[grid]") {
+  CHECK(error_allowance{}.bound(2.0) == 2.0);
+  CHECK(error_allowance{1.0, 4}.bound(2.0) == 2.0);  // a floor below the buckets' error
+  CHECK(error_allowance{5.0, 4}.bound(2.0) == 5.0);
+  CHECK(error_allowance{50.0, 4}.bound(2.0) == 8.0);  // the cap
+  CHECK(error_allowance{50.0, 1}.bound(2.0) == 2.0);
+  CHECK(error_allowance{50.0, 4}.bound(0.0) == 0.0);
+  // A slab's mean square from its sample: exact on a constant, finite values only, every dtype.
+  for (dtype t : {dtype::f32, dtype::f16, dtype::bf16}) {
+    CAPTURE(name(t));
+    auto v = tensor(t, 100000);
+    for (std::size_t i = 0; i < 100000; ++i) set_f32(v, t, i, i % 2 ? 0.5f : -0.5f);
+    CHECK(sampled_mean_square(t, v) == Approx(0.25));
+    set_f32(v, t, 3, std::numeric_limits<float>::infinity());
+    CHECK(sampled_mean_square(t, v) == Approx(0.25));
+  }
+  CHECK(sampled_mean_square(dtype::bytes, std::vector<std::byte>(64)) == 0);
+  CHECK(sampled_mean_square(dtype::f32, {}) == 0);
+  // The floor where it binds: the grid's error rises to it, not past it, with fewer bytes.
+  const auto p = stepped(200000, false, 36);
+  const delta_input in{dtype::f32, p.cur, p.base};
+  const auto stats = gather_stats(std::span(&in, 1), true, delta_kind::difference);
+  const auto buckets = code(p, dtype::f32, 3, 0.0);
+  const double floor = 2.5 * mse(p, buckets.out);
+  const auto table =
+      select_difference(stats, 3, representative::midrange, error_allowance{floor, 4});
+  REQUIRE(table.grid != 0);
+  coded c;
+  c.table = table;
+  c.recon.resize(p.cur.size());
+  lossy_params lp;
+  lp.bits = 3;
+  lp.rep = representative::midrange;
+  c.frame = encode_delta(in, table, lp, c.recon, 1u << 16);
+  CAPTURE(c.frame.size(), buckets.frame.size(), mse(p, c.recon), floor);
+  CHECK(mse(p, c.recon) <= 1.1 * floor);
+  CHECK(mse(p, c.recon) > 0.5 * floor);
+  CHECK(double(c.frame.size()) < 0.8 * double(buckets.frame.size()));
 }
 
 TEST_CASE("grid: select_difference takes the grid where it saves bits at the buckets' error",

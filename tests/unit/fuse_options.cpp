@@ -11,6 +11,7 @@
 using ckpt::fs::content_options;
 using ckpt::fs::fuse::daemon_options;
 using ckpt::fs::fuse::kDefaultRefreshInterval;
+using ckpt::fs::fuse::kDefaultWeightError;
 using ckpt::fs::fuse::parse_command_line;
 using ckpt::fs::fuse::usage_error;
 using ckpt::fs::fuse::usage_text;
@@ -43,6 +44,10 @@ TEST_CASE("fuse options: no -o gives content_options' defaults", "[fuse]") {
   CHECK(d.content.refresh_interval == kDefaultRefreshInterval);
   CHECK(def.keyframe_interval == 20);
   CHECK(def.refresh_interval == 0);
+  // The weights' error allowance: the mount's 2.5%, the library's none.
+  CHECK(d.content.weight_error == kDefaultWeightError);
+  CHECK(d.content.grid_error == def.grid_error);
+  CHECK(def.weight_error == 0);
   CHECK(d.content.paper_coding == def.paper_coding);
   CHECK(d.content.rep == def.rep);
   CHECK(d.content.scope == def.scope);
@@ -109,6 +114,22 @@ TEST_CASE("fuse options: keyframe_interval takes auto or 1.. and refresh_interva
                     Catch::Contains("keyframe_interval (expected auto or an integer from 1"));
   CHECK_THROWS_WITH(parse_o("refresh_interval=-1"),
                     Catch::Contains("refresh_interval (expected off or an integer from 0"));
+}
+
+TEST_CASE("fuse options: weight_error takes off or a percentage, grid_error a factor 1..64",
+          "[fuse]") {
+  CHECK(parse_o("weight_error=off").content.weight_error == 0);
+  CHECK(parse_o("weight_error=0").content.weight_error == 0);
+  CHECK(parse_o("weight_error=2.5%").content.weight_error == Approx(0.025));
+  CHECK(parse_o("weight_error=5").content.weight_error == Approx(0.05));
+  CHECK(parse_o("grid_error=1").content.grid_error == 1);
+  CHECK(parse_o("grid_error=16").content.grid_error == 16);
+  for (const char* bad : {"weight_error=30%", "weight_error=-1", "weight_error=x",
+                          "weight_error=%", "weight_error", "grid_error=0.5",
+                          "grid_error=100", "grid_error=", "grid_error"})
+    CHECK_THROWS_AS(parse_o(bad), usage_error);
+  CHECK_THROWS_WITH(parse_o("weight_error=50"),
+                    Catch::Contains("weight_error (off, or a percentage from 0.01 to 20"));
 }
 
 TEST_CASE("fuse options: ratio_bits 1..4 are taken, default 1, others refused", "[fuse]") {
