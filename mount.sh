@@ -22,7 +22,9 @@ the mount answers. Defaults: STORE ./ckpt-store, MOUNTPOINT ./ckpt.
 
   -o OPTIONS   comma-separated: bits=1..4 (default 3), lossless, keyframe_interval=N|auto
                (default auto: 1 GiB / the checkpoint's size, within 20..1000),
-               refresh_interval=N|off (default 5), coding=grouped|paper, rep=midrange|mean, scope=tensor|checkpoint,
+               refresh_interval=N|off (default 5), weight_error=PCT|off (default off:
+               the weights' error allowance), coding=grouped|paper, rep=midrange|mean,
+               scope=tensor|checkpoint,
                optimizer=lossy|exact, relative=on|off (defaults first), cache=SIZE
                (default RAM/8, at most 2G), buffer=SIZE (default RAM/16, at most 1G),
                heads=on|off, head_min=SIZE (64M), scratch=DIR (staging files and head

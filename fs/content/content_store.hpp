@@ -132,8 +132,10 @@ struct content_options {
   // error and at most grid_error times the buckets' mean square error (codec::error_allowance):
   // where checkpoints come often or training moves slowly (a step small against the weights),
   // the buckets' error is far below what matters and costs bits; where steps are large it is
-  // not changed. Not in refreshes, which are there to take the error down. 0: the buckets'
-  // error everywhere (the library's default; the mount's is kDefaultWeightError).
+  // not changed. Not in refreshes, which are there to take the error down. 0 (the default, the
+  // mount's too): the buckets' error everywhere. Opt-in: on the recovery benchmark matrix
+  // factorisation saved every 10 iterations, at its accuracy limit with the buckets' error,
+  // went past it even at 1% (benchmarks.md, "An error allowance for the weights").
   double weight_error = 0;
   double grid_error = 4;
   // The error a difference slab with values `values` may carry (table_for): none beyond the

@@ -58,12 +58,6 @@ inline constexpr int kDefaultRatioBits = 1;
 // where without refreshes it lost 1.12% of test MSE against a 1% limit (docs/benchmarks.md,
 // "Long chains for small checkpoints, refreshed").
 inline constexpr int kDefaultRefreshInterval = 5;
-// The mount's weight_error (content_options::weight_error): the weights' deltas may carry up to
-// 2.5% of their values' RMS where the buckets would leave less, at most twice the buckets' RMS
-// error (grid_error 4). Matrix factorisation tolerated about 4% (its limit, saved every 10
-// iterations, sits at 4.3% with the buckets); the transformer at 2.5% kept its loss
-// (docs/benchmarks.md, "An error target for the weights").
-inline constexpr double kDefaultWeightError = 0.025;
 
 struct daemon_options {
   std::string store;
@@ -75,7 +69,7 @@ struct daemon_options {
   // cache_bytes: default_cache_bytes(); keyframe_bits: kDefaultKeyframeBits unless set (the
   // library's own default is exact keyframes); min_tensor_bytes: kDefaultMinTensor;
   // moment_bits: kDefaultMomentBits; ratio_bits: kDefaultRatioBits; keyframe_interval: auto (0);
-  // refresh_interval: kDefaultRefreshInterval; weight_error: kDefaultWeightError.
+  // refresh_interval: kDefaultRefreshInterval.
   content_options content;
   bool keyframe_bits_set = false;  // -o keyframe_bits given (it contradicts -o lossless)
   bool grid_set = false;           // -o grid given (bits=1 refuses it)

@@ -526,8 +526,8 @@ def settings_matrix(quick):
                         ratio_bits=1, intra="on", grid="auto", min_tensor=256, moment_bits=2,
                         keyframe_interval="auto", refresh_interval=5))
     # The weights' deltas allowed up to 2.5% of their values' RMS where the buckets leave less,
-    # at most twice the buckets' error (weight_error=2.5%, grid_error=4): the defaults since
-    # 2026-11-28, third session.
+    # at most twice the buckets' error (weight_error=2.5%, grid_error=4; opt-in: MF every 10
+    # iterations went past its limit, docs/benchmarks.md "An error allowance for the weights").
     rows.append(Setting("grouped", 3, "midrange", "tensor", relative="on", keyframe_bits=12,
                         ratio_bits=1, intra="on", grid="auto", min_tensor=256, moment_bits=2,
                         keyframe_interval="auto", refresh_interval=5, weight_error=2.5))

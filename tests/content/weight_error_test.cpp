@@ -65,9 +65,10 @@ chain_result run_chain(double weight_error, float step_scale, int refresh_interv
 
 }  // namespace
 
-TEST_CASE("weight_error: small steps take a coarser grid up to the allowance, large ones keep "
-          "the buckets' error",
-          "[content][weight_error]") {
+TEST_CASE(
+    "weight_error: small steps take a coarser grid up to the allowance, large ones keep "
+    "the buckets' error",
+    "[content][weight_error]") {
   // Steps of 2% of the weights' RMS: the buckets leave about 0.3%.
   const auto off = run_chain(0, 1.0f, 0);
   const auto on = run_chain(0.025, 1.0f, 0);
@@ -92,7 +93,8 @@ TEST_CASE("weight_error: small steps take a coarser grid up to the allowance, la
   CHECK(big_on.worst_error == big_off.worst_error);
 }
 
-TEST_CASE("weight_error: a refresh keeps the buckets' error at its bits", "[content][weight_error]") {
+TEST_CASE("weight_error: a refresh keeps the buckets' error at its bits",
+          "[content][weight_error]") {
   const auto off = run_chain(0, 1.0f, 4);
   const auto on = run_chain(0.025, 1.0f, 4);
   REQUIRE(on.coding.size() == 7);

@@ -223,8 +223,8 @@ TEST_CASE("grid: a larger error bound takes a coarser grid with fewer bits", "[g
     std::size_t bytes_before = buckets.frame.size();
     for (double scale : {1.0, 2.0, 4.0}) {
       CAPTURE(scale);
-      const auto table = select_difference(stats, 3, representative::midrange,
-                                           error_allowance{1e30, scale});
+      const auto table =
+          select_difference(stats, 3, representative::midrange, error_allowance{1e30, scale});
       REQUIRE(table.grid != 0);
       coded c;
       c.table = table;
@@ -245,8 +245,7 @@ TEST_CASE("grid: a larger error bound takes a coarser grid with fewer bits", "[g
   }
 }
 
-TEST_CASE("grid: an error allowance is the floor within the buckets' error and the cap",
-          "[grid]") {
+TEST_CASE("grid: an error allowance is the floor within the buckets' error and the cap", "[grid]") {
   CHECK(error_allowance{}.bound(2.0) == 2.0);
   CHECK(error_allowance{1.0, 4}.bound(2.0) == 2.0);  // a floor below the buckets' error
   CHECK(error_allowance{5.0, 4}.bound(2.0) == 5.0);

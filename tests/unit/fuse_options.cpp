@@ -11,7 +11,6 @@
 using ckpt::fs::content_options;
 using ckpt::fs::fuse::daemon_options;
 using ckpt::fs::fuse::kDefaultRefreshInterval;
-using ckpt::fs::fuse::kDefaultWeightError;
 using ckpt::fs::fuse::parse_command_line;
 using ckpt::fs::fuse::usage_error;
 using ckpt::fs::fuse::usage_text;
@@ -44,8 +43,8 @@ TEST_CASE("fuse options: no -o gives content_options' defaults", "[fuse]") {
   CHECK(d.content.refresh_interval == kDefaultRefreshInterval);
   CHECK(def.keyframe_interval == 20);
   CHECK(def.refresh_interval == 0);
-  // The weights' error allowance: the mount's 2.5%, the library's none.
-  CHECK(d.content.weight_error == kDefaultWeightError);
+  // The weights' error allowance: none unless asked for (matrix factorisation's accuracy limit).
+  CHECK(d.content.weight_error == 0);
   CHECK(d.content.grid_error == def.grid_error);
   CHECK(def.weight_error == 0);
   CHECK(d.content.paper_coding == def.paper_coding);
@@ -124,9 +123,9 @@ TEST_CASE("fuse options: weight_error takes off or a percentage, grid_error a fa
   CHECK(parse_o("weight_error=5").content.weight_error == Approx(0.05));
   CHECK(parse_o("grid_error=1").content.grid_error == 1);
   CHECK(parse_o("grid_error=16").content.grid_error == 16);
-  for (const char* bad : {"weight_error=30%", "weight_error=-1", "weight_error=x",
-                          "weight_error=%", "weight_error", "grid_error=0.5",
-                          "grid_error=100", "grid_error=", "grid_error"})
+  for (const char* bad :
+       {"weight_error=30%", "weight_error=-1", "weight_error=x", "weight_error=%", "weight_error",
+        "grid_error=0.5", "grid_error=100", "grid_error=", "grid_error"})
     CHECK_THROWS_AS(parse_o(bad), usage_error);
   CHECK_THROWS_WITH(parse_o("weight_error=50"),
                     Catch::Contains("weight_error (off, or a percentage from 0.01 to 20"));
