@@ -13,21 +13,6 @@
 using namespace ckpt;
 using namespace ckpt::test;
 
-namespace {
-
-// Relative L2 distance of two float vectors.
-double rel_l2(const std::vector<float>& got, const std::vector<float>& want) {
-  double num = 0, den = 0;
-  for (std::size_t i = 0; i < want.size(); ++i) {
-    const double d = double(got[i]) - want[i];
-    num += d * d;
-    den += double(want[i]) * want[i];
-  }
-  return std::sqrt(num / den);
-}
-
-}  // namespace
-
 TEST_CASE("keyframe_interval auto: 1 GiB over the checkpoint's size within 20..1000",
           "[content][chain]") {
   fs::content_options opt;

@@ -4,6 +4,7 @@
 // a drifting two-tensor model, and whole-version reads.
 #include <boost/filesystem.hpp>
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -84,6 +85,17 @@ inline bytes safetensors(const std::vector<std::pair<std::string, std::vector<fl
 
 // A weight vector that drifts like a trained layer's: values from N(0, 0.05), and each step()
 // adds N(0, 1e-3) x scale to every one. The generator is the test's, shared by its tensors.
+// Relative L2 distance of two float vectors: sqrt(sum (got - want)^2 / sum want^2).
+inline double rel_l2(const std::vector<float>& got, const std::vector<float>& want) {
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    const double d = double(got[i]) - want[i];
+    num += d * d;
+    den += double(want[i]) * want[i];
+  }
+  return std::sqrt(num / den);
+}
+
 struct drifting_weights {
   std::vector<float> values;
   drifting_weights(std::size_t n, std::mt19937_64& rng) : values(n) {

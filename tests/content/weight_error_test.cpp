@@ -15,16 +15,6 @@ using namespace ckpt::test;
 
 namespace {
 
-double rel_l2(const std::vector<float>& got, const std::vector<float>& want) {
-  double num = 0, den = 0;
-  for (std::size_t i = 0; i < want.size(); ++i) {
-    const double d = double(got[i]) - want[i];
-    num += d * d;
-    den += double(want[i]) * want[i];
-  }
-  return std::sqrt(num / den);
-}
-
 struct chain_result {
   std::uint64_t delta_tensor_bytes = 0;
   double worst_error = 0;  // relative L2 of the weights, over the deltas

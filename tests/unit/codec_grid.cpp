@@ -24,21 +24,29 @@ struct coded {
   quant_table table;
 };
 
-coded code(const pair_data& p, dtype t, int bits, double step, int round_bits = 0) {
+// The pair coded with `table` (its bits), decoded back into `out`.
+coded code_with(const pair_data& p, dtype t, const quant_table& table, int round_bits = 0) {
   const delta_input in{t, p.cur, p.base};
   coded c;
-  const auto stats = gather_stats(std::span(&in, 1), true, delta_kind::difference);
-  c.table = step > 0 ? select_grid(stats, bits, step)
-                     : select_buckets(stats, bits, representative::midrange);
+  c.table = table;
   c.recon.resize(p.cur.size());
   lossy_params lp;
-  lp.bits = bits;
+  lp.bits = table.bits;
   lp.rep = representative::midrange;
   lp.round_bits = round_bits;
   c.frame = encode_delta(in, c.table, lp, c.recon, 1u << 16);
   c.out.resize(p.cur.size());
   decode(c.frame, p.base, c.out);
   return c;
+}
+
+coded code(const pair_data& p, dtype t, int bits, double step, int round_bits = 0) {
+  const delta_input in{t, p.cur, p.base};
+  const auto stats = gather_stats(std::span(&in, 1), true, delta_kind::difference);
+  return code_with(p, t,
+                   step > 0 ? select_grid(stats, bits, step)
+                            : select_buckets(stats, bits, representative::midrange),
+                   round_bits);
 }
 
 double rms_delta(const pair_data& p, dtype t) {
@@ -226,13 +234,7 @@ TEST_CASE("grid: a larger error bound takes a coarser grid with fewer bits", "[g
       const auto table =
           select_difference(stats, 3, representative::midrange, error_allowance{1e30, scale});
       REQUIRE(table.grid != 0);
-      coded c;
-      c.table = table;
-      c.recon.resize(p.cur.size());
-      lossy_params lp;
-      lp.bits = 3;
-      lp.rep = representative::midrange;
-      c.frame = encode_delta(in, table, lp, c.recon, 1u << 16);
+      const coded c = code_with(p, dtype::f32, table);
       CAPTURE(c.frame.size(), bytes_before, mse(p, c.recon), mse(p, buckets.out));
       // Each doubling of the bound is about half a bit an element fewer (a step sqrt(2) times
       // larger), within the bound it names (the estimate's, checked here on the coded slab with
@@ -272,13 +274,7 @@ TEST_CASE("grid: an error allowance is the floor within the buckets' error and t
   const auto table =
       select_difference(stats, 3, representative::midrange, error_allowance{floor, 4});
   REQUIRE(table.grid != 0);
-  coded c;
-  c.table = table;
-  c.recon.resize(p.cur.size());
-  lossy_params lp;
-  lp.bits = 3;
-  lp.rep = representative::midrange;
-  c.frame = encode_delta(in, table, lp, c.recon, 1u << 16);
+  const coded c = code_with(p, dtype::f32, table);
   CAPTURE(c.frame.size(), buckets.frame.size(), mse(p, c.recon), floor);
   CHECK(mse(p, c.recon) <= 1.1 * floor);
   CHECK(mse(p, c.recon) > 0.5 * floor);
@@ -294,13 +290,7 @@ TEST_CASE("grid: select_difference takes the grid where it saves bits at the buc
     const auto stats = gather_stats(std::span(&in, 1), true, delta_kind::difference);
     const auto chosen = select_difference(stats, 3, representative::midrange);
     const auto buckets = code(p, dtype::f32, 3, 0.0);
-    coded c;
-    c.table = chosen;
-    c.recon.resize(p.cur.size());
-    lossy_params lp;
-    lp.bits = 3;
-    lp.rep = representative::midrange;
-    c.frame = encode_delta(in, chosen, lp, c.recon, 1u << 16);
+    const coded c = code_with(p, dtype::f32, chosen);
     CAPTURE(c.frame.size(), buckets.frame.size(), mse(p, c.recon), mse(p, buckets.out));
     // Measured: a grid in both, 12% (Gaussian) and 8% (heavy tails) fewer bytes at 2% less error.
     CHECK(chosen.grid != 0);
