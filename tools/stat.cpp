@@ -72,9 +72,15 @@ void print_text(const std::string& arg, const nlohmann::json& info) {
     } else {
       std::string s;
       for (const auto& [k, v] : c->items()) {
-        // weight_error is a fraction in the JSON and a percentage in -o weight_error.
-        const std::string text =
-            k == "weight_error" && v.is_number() ? percent_text(v.get<double>()) : scalar_text(v);
+        // As -o takes them: weight_error is a fraction in the JSON and a percentage in -o
+        // weight_error, grid_error a factor ("4", not "4.0").
+        std::string text = scalar_text(v);
+        if (k == "weight_error" && v.is_number()) text = percent_text(v.get<double>());
+        if (k == "grid_error" && v.is_number()) {
+          char buf[32];
+          std::snprintf(buf, sizeof buf, "%g", v.get<double>());
+          text = buf;
+        }
         s += (s.empty() ? "" : " ") + k + "=" + text;
       }
       std::printf("coding:   %s\n", s.c_str());

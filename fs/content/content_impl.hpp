@@ -516,6 +516,9 @@ struct content_store::impl {
     bool first_moment = false;
     // Difference slabs (which have a base) coded with codec::max_bits (base_choice::refresh).
     bool refresh = false;
+    // Not optimizer state (is_optimizer_state): the weights' error allowance applies
+    // (content_options::weight_error).
+    bool weights = false;
     // The frame reads back other than the bytes written: its reconstruction goes to the head.
     bool rewrites() const noexcept { return base_tensor || keep_bits || values; }
   };

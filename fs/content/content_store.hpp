@@ -127,7 +127,7 @@ struct content_options {
   // paper's coding or scope, and with bits = 1; ratio and intra slabs always do.
   static constexpr double kAutoGrid = -1;
   double grid_step = kAutoGrid;
-  // With grid=auto, a difference slab (weights, SGD's momentum) whose buckets would leave an
+  // With grid=auto, a weights' difference slab (not optimizer state) whose buckets would leave an
   // error below weight_error times the RMS of its values may take a coarser grid, up to that
   // error and at most grid_error times the buckets' mean square error (codec::error_allowance):
   // where checkpoints come often or training moves slowly (a step small against the weights),
@@ -138,11 +138,11 @@ struct content_options {
   // went past it even at 1% (benchmarks.md, "An error allowance for the weights").
   double weight_error = 0;
   double grid_error = 4;
-  // The error a difference slab with values `values` may carry (table_for): none beyond the
-  // buckets' unless weight_error applies.
+  // The error a weights' difference slab with values `values` may carry (table_for): none
+  // beyond the buckets' unless weight_error applies (empty `values`: optimizer state, none).
   codec::error_allowance allowance_for(codec::dtype type, std::span<const std::byte> values,
                                        bool refresh) const noexcept {
-    if (!(weight_error > 0) || refresh || type != codec::dtype::f32) return {};
+    if (!(weight_error > 0) || refresh || type != codec::dtype::f32 || values.empty()) return {};
     return {weight_error * weight_error * codec::sampled_mean_square(type, values), grid_error};
   }
   // Record each frame's block index (chunked cold reads). false only in tests, to write objects

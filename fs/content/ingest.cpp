@@ -35,7 +35,8 @@ namespace {
 // the buckets by estimate with grid=auto (content_options::grid_step), else the buckets, fewer
 // of them for intra slabs (fewer still for a first moment: content_options::intra_buckets).
 // `type`: the slab's dtype, or nullopt for a table shared by tensors. `second_moment`: ratio
-// tables have ratio_bits (content_options::ratio_bits).
+// tables have ratio_bits (content_options::ratio_bits). `values`: a weights' slab (not optimizer
+// state), which the weights' error allowance applies to; empty: none.
 codec::quant_table table_for(const content_options& opt, const codec::delta_stats& s,
                              codec::delta_kind kind, std::optional<codec::dtype> type,
                              bool second_moment, bool first_moment, bool refresh = false,
@@ -202,7 +203,8 @@ content_store::impl::tensor_result content_store::impl::encode_tensor(
           shared_tables && !j.values
               ? (*shared_tables)[shared_slot(kind, j.second_moment, opt)]
               : table_for(opt, codec::gather_stats(std::span(&in, 1), range, kind), kind, j.type,
-                          j.second_moment, j.first_moment, j.refresh, cur);
+                          j.second_moment, j.first_moment, j.refresh,
+                          j.weights ? std::span<const std::byte>(cur) : std::span<const std::byte>());
       res.any_ratio |= table.kind == codec::delta_kind::ratio;
       res.intra_slabs += table.kind == codec::delta_kind::intra;
       res.grid_slabs += table.grid != 0;
@@ -503,6 +505,7 @@ content_store::impl::tensor_job content_store::impl::job_for(
   if (opt.exact_optimizer && is_optimizer_state(role)) j.base_tensor.reset();
   j.second_moment = is_second_moment(role);
   j.first_moment = is_first_moment(role);
+  j.weights = !is_optimizer_state(role);
   const int kb = opt.keyframe_bits;
   // Second moments keep fewer bits on a lossy chain (content_options::moment_bits).
   const int keep = kb && opt.moment_bits && j.second_moment ? std::min(kb, opt.moment_bits) : kb;

@@ -89,8 +89,10 @@ struct coding_params {
   // A refresh (content_options::refresh_interval): its difference frames' bits, more than
   // `bits` (absent: 0, not a refresh). Informational: each block names its own bits.
   int refresh_bits = 0;
-  // grid=auto's error allowance (content_options::weight_error, grid_error) where it applied
-  // (absent: 0, the buckets' error). Informational: each block names its own table.
+  // The mount's weight_error and grid_error (content_options) in a delta coded with them: with
+  // grid=auto, not a refresh (absent: 0, the buckets' error). Informational: the allowance
+  // itself is per slab (fp32 weights' slabs of at least codec::kGridMinElements), and each
+  // block names its own table.
   double weight_error = 0;
   double grid_error = 0;
 };

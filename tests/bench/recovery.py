@@ -1147,6 +1147,8 @@ def parse_args():
             r = re.search(r"-R(\d+)(?=-we|-ge|$)", n)
             w = re.search(r"-we(\d+(?:\.\d+)?)(?=-ge|$)", n)
             g = re.search(r"-ge(\d+(?:\.\d+)?)$", n)
+            if g and not w:
+                p.error(f"{n}: -ge<factor> caps -we<percent> and needs it")
             if not (k or r or w or g) or n in {s.name for s in settings}:
                 continue
             kv = None if not k else k.group(1) if k.group(1) == "auto" else int(k.group(1))
