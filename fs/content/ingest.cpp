@@ -202,9 +202,10 @@ content_store::impl::tensor_result content_store::impl::encode_tensor(
       const codec::quant_table table =
           shared_tables && !j.values
               ? (*shared_tables)[shared_slot(kind, j.second_moment, opt)]
-              : table_for(opt, codec::gather_stats(std::span(&in, 1), range, kind), kind, j.type,
-                          j.second_moment, j.first_moment, j.refresh,
-                          j.weights ? std::span<const std::byte>(cur) : std::span<const std::byte>());
+              : table_for(
+                    opt, codec::gather_stats(std::span(&in, 1), range, kind), kind, j.type,
+                    j.second_moment, j.first_moment, j.refresh,
+                    j.weights ? std::span<const std::byte>(cur) : std::span<const std::byte>());
       res.any_ratio |= table.kind == codec::delta_kind::ratio;
       res.intra_slabs += table.kind == codec::delta_kind::intra;
       res.grid_slabs += table.grid != 0;

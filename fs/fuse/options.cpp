@@ -170,11 +170,10 @@ void take_option(daemon_options& d, const std::string& o) {
       if (val.size() < 2 || val.back() != '%')
         throw usage_error("invalid value '" + std::string(val) + "' for -o weight_error (" +
                           std::string(expect) + ")");
-      d.content.weight_error =
-          parse_number(
-              val.substr(0, val.size() - 1), key, [](double v) { return v >= 0.01 && v <= 20; },
-              expect) /
-          100;
+      d.content.weight_error = parse_number(
+                                   val.substr(0, val.size() - 1), key,
+                                   [](double v) { return v >= 0.01 && v <= 20; }, expect) /
+                               100;
     }
   } else if (key == "grid_error") {
     need_value();

@@ -44,8 +44,8 @@ chain_result run_chain(double weight_error, float step_scale, int refresh_interv
   for (int v = 0; v < 8; ++v) {
     w.step(rng, step_scale);
     m.step(rng, step_scale);
-    const bytes file = safetensors(
-        {{"layer.weight", w.values}, {"optimizer.state.0.momentum_buffer", m.values}});
+    const bytes file =
+        safetensors({{"layer.weight", w.values}, {"optimizer.state.0.momentum_buffer", m.values}});
     const auto ref = s.content.put("run/model.safetensors", format::memory_source(file));
     const auto detail = s.content.detail(ref);
     REQUIRE(detail.info.kind == (v == 0 ? "keyframe" : "delta"));
@@ -100,7 +100,8 @@ TEST_CASE(
   CHECK(big_on.worst_error == big_off.worst_error);
 }
 
-TEST_CASE("weight_error: a refresh keeps the buckets' error at its bits", "[content][weight_error]") {
+TEST_CASE("weight_error: a refresh keeps the buckets' error at its bits",
+          "[content][weight_error]") {
   const auto off = run_chain(0, 1.0f, 4);
   const auto on = run_chain(0.025, 1.0f, 4);
   REQUIRE(on.coding.size() == 7);

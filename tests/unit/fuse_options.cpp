@@ -124,8 +124,8 @@ TEST_CASE("fuse options: weight_error takes off or a percentage, grid_error a fa
   CHECK(parse_o("grid_error=1").content.grid_error == 1);
   CHECK(parse_o("grid_error=16").content.grid_error == 16);
   for (const char* bad : {"weight_error=30%", "weight_error=-1%", "weight_error=x%",
-                          "weight_error=%", "weight_error=2.5%%", "weight_error",
-                          "grid_error=0.5", "grid_error=100", "grid_error=", "grid_error"})
+                          "weight_error=%", "weight_error=2.5%%", "weight_error", "grid_error=0.5",
+                          "grid_error=100", "grid_error=", "grid_error"})
     CHECK_THROWS_AS(parse_o(bad), usage_error);
   // A number without its sign is refused, not taken as a percentage of a percent.
   CHECK_THROWS_WITH(parse_o("weight_error=0.025"),
