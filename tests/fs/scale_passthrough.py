@@ -103,7 +103,11 @@ def test_reads(binary, ckptctl, tmp):
     print(f"reads: newest version identical with passthrough, passthrough=off, heads=off; daemon "
           f"CPU for a 256 MiB read {cpu_pt:.2f} s with passthrough, {cpu_off:.2f} s without")
     if kernel_has_passthrough():
-        assert cpu_pt <= max(0.05, cpu_off / 4), (
+        # The floor: CPU time comes in 10 ms ticks and includes the open, the lookups and the
+        # backing file's setup; on a loaded 2-core CI machine those alone measured 0.06 s, where
+        # serving the 256 MiB through the daemon cost 0.11 s (fast, from the page cache) to
+        # several tenths.
+        assert cpu_pt <= max(0.1, cpu_off / 4), (
             f"the daemon spent {cpu_pt:.2f} s on a passthrough read ({cpu_off:.2f} s without)")
     else:
         print(f"reads: kernel {platform.release()} has no FUSE passthrough: CPU not checked")
