@@ -5,6 +5,7 @@
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <optional>
 #include <string_view>
 
@@ -96,6 +97,26 @@ constexpr std::uint16_t f32_to_f16(float f) noexcept {
 
 constexpr float bf16_to_f32(std::uint16_t h) noexcept {
   return std::bit_cast<float>(std::uint32_t(h) << 16);
+}
+
+// Element i of a float tensor's bytes, widened to binary32 (0 for dtype::bytes). For loops that
+// look at any float dtype outside the coders' vector kernels.
+inline float load_f32(dtype t, const std::byte* p) noexcept {
+  switch (t) {
+    case dtype::f32: {
+      float f;
+      std::memcpy(&f, p, 4);
+      return f;
+    }
+    case dtype::f16:
+    case dtype::bf16: {
+      std::uint16_t h;
+      std::memcpy(&h, p, 2);
+      return t == dtype::f16 ? f16_to_f32(h) : bf16_to_f32(h);
+    }
+    default:
+      return 0;
+  }
 }
 
 // binary32 -> bfloat16, round to nearest even; NaN stays NaN (quiet), never rounds to Inf.

@@ -16,29 +16,11 @@
 namespace ckpt::codec {
 namespace {
 
-float load(dtype t, const std::byte* p) noexcept {
-  switch (t) {
-    case dtype::f32: {
-      float f;
-      std::memcpy(&f, p, 4);
-      return f;
-    }
-    case dtype::f16:
-    case dtype::bf16: {
-      std::uint16_t h;
-      std::memcpy(&h, p, 2);
-      return t == dtype::f16 ? f16_to_f32(h) : bf16_to_f32(h);
-    }
-    default:
-      return 0;
-  }
-}
-
 error_sums piece_sums(dtype t, const std::byte* cur, const std::byte* recon, std::size_t n) {
   const std::size_t es = element_size(t);
   error_sums s;
   for (std::size_t i = 0; i < n; ++i) {
-    const double u = load(t, cur + i * es), r = load(t, recon + i * es);
+    const double u = load_f32(t, cur + i * es), r = load_f32(t, recon + i * es);
     if (!std::isfinite(u) || !std::isfinite(r)) continue;
     s.err += (r - u) * (r - u);
     s.ref += u * u;

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
-#include <cstring>
 #include <vector>
 
 #include "codec/error.hpp"
@@ -521,23 +520,7 @@ double sampled_mean_square(dtype t, std::span<const std::byte> values) noexcept 
   for (std::size_t first = 0; first < n; first += run * every) {
     const std::size_t last = std::min(n, first + run);
     for (std::size_t i = first; i < last; ++i) {
-      double v;
-      if (t == dtype::f32) {
-        float f;
-        std::memcpy(&f, values.data() + 4 * i, 4);
-        v = f;
-      } else {
-        std::uint16_t h;
-        std::memcpy(&h, values.data() + 2 * i, 2);
-        if (t == dtype::f16) {
-          v = f16_to_f32(h);
-        } else {
-          const std::uint32_t bits32 = std::uint32_t(h) << 16;
-          float f;
-          std::memcpy(&f, &bits32, 4);
-          v = f;
-        }
-      }
+      const double v = load_f32(t, values.data() + i * element_size(t));
       if (!std::isfinite(v)) continue;
       sum += v * v;
       ++count;

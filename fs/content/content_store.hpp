@@ -135,7 +135,8 @@ struct content_options {
   // not changed. Not in refreshes, which are there to take the error down. 0 (the default, the
   // mount's too): the buckets' error everywhere. Opt-in: on the recovery benchmark matrix
   // factorisation saved every 10 iterations, at its accuracy limit with the buckets' error,
-  // went past it even at 1% (benchmarks.md, "An error allowance for the weights").
+  // went past it at 2.5% and 1.5% and reached it at 1% (benchmarks.md, "An error allowance
+  // for the weights").
   double weight_error = 0;
   double grid_error = 4;
   // The error a weights' difference slab with values `values` may carry (table_for): none
