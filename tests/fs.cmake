@@ -10,7 +10,7 @@ if(NOT TARGET ckptfs)
 endif()
 set(fs_tests ${CMAKE_CURRENT_SOURCE_DIR}/fs)
 foreach(name patterns differential faults concurrency mmap_reads ordinary distcp sharded rotation
-             distcp_rotation cold_reads)
+             distcp_rotation cold_reads read_after_close)
   add_test(NAME fs.${name} COMMAND /usr/bin/python3 ${fs_tests}/${name}.py $<TARGET_FILE:ckptfs>)
   # Exit 77 (no /dev/fuse, not root) is a skip, not a pass.
   set_tests_properties(fs.${name} PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77)

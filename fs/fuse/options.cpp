@@ -167,13 +167,19 @@ void take_option(daemon_options& d, const std::string& o) {
     if (val == "off" || val == "0") {
       d.content.weight_error = 0;
     } else {
-      if (val.size() < 2 || val.back() != '%')
-        throw usage_error("invalid value '" + std::string(val) + "' for -o weight_error (" +
-                          std::string(expect) + ")");
-      d.content.weight_error = parse_number(
-                                   val.substr(0, val.size() - 1), key,
-                                   [](double v) { return v >= 0.01 && v <= 20; }, expect) /
-                               100;
+      const auto refuse = [&] {
+        return usage_error("invalid value '" + std::string(val) + "' for -o weight_error (" +
+                           std::string(expect) + ")");
+      };
+      if (val.size() < 2 || val.back() != '%') throw refuse();
+      try {  // the message quotes the value as given, with its sign
+        d.content.weight_error = parse_number(
+                                     val.substr(0, val.size() - 1), key,
+                                     [](double v) { return v >= 0.01 && v <= 20; }, expect) /
+                                 100;
+      } catch (const usage_error&) {
+        throw refuse();
+      }
     }
   } else if (key == "grid_error") {
     need_value();

@@ -250,6 +250,10 @@ class filesystem {
     std::uint64_t nlookup = 0;
     std::uint32_t opens = 0;    // file and directory handles
     std::uint32_t writers = 0;  // writable file handles
+    // Writable handles closed at least once (FLUSH) and not written since: when it equals
+    // `writers`, the writer has most likely closed the file and its RELEASE is on its way.
+    std::uint32_t writers_closed = 0;
+    bool release_wait_spent = false;  // a reader waited for that RELEASE in vain (see open)
     // Shared: a commit hands it to the content store, which may keep it as a head image.
     std::shared_ptr<write_buffer> buf;
     bool loaded = false;   // buf holds the file's bytes (else reads go to the committed version)
@@ -284,6 +288,8 @@ class filesystem {
   struct handle {
     ino_t ino = 0;
     bool writable = false;
+    // Writable, flushed (a close()) and not written since: counted in runtime::writers_closed.
+    bool closed = false;
     bool dir = false;
     std::shared_ptr<const content_reader> reader;
     content_ref reader_ref;
@@ -301,6 +307,7 @@ class filesystem {
   struct stat entry_of(ino_t ino);            // mu_ held; counts a lookup
   runtime& rt(ino_t ino) { return rt_[ino]; }
   void wait_idle(lock_t& lk, ino_t ino);         // waits while the inode is pending
+  void wait_for_release(lock_t& lk, ino_t ino);  // a reader after close: see filesystem_files.cpp
   void load(lock_t& lk, ino_t ino);              // fills buf from the committed version
   void maybe_drop(ino_t ino);                    // mu_ held: frees an inode nothing uses
   void release_content(const content_ref& ref);  // mu_ held: unref after the next sync

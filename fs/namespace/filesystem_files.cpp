@@ -20,13 +20,38 @@ namespace ckpt::fs {
 
 // ---- files ----
 
+// A reader opening a file its writer has just closed. close() returns once the kernel's FLUSH
+// is answered, but the RELEASE that starts the commit follows asynchronously: a read in between
+// would be served the bytes as written and a later read the version as stored, which differ for
+// a lossy coded checkpoint (torch.save, then torch.load to check it). So the reader waits for
+// the RELEASE, and then for the commit, as a reader after it does. A writer whose handle stays
+// open (a dup() in another process, a mapping) ends the wait at the deadline, once per round of
+// writes: that reader gets the bytes as written, as every reader before the writer's close does.
+void filesystem::wait_for_release(lock_t& lk, ino_t ino) {
+  constexpr auto deadline = std::chrono::seconds(1);
+  const auto closing = [&] {
+    auto it = rt_.find(ino);
+    if (it == rt_.end()) return false;
+    const runtime& r = it->second;
+    return r.buf && r.dirty && r.writers > 0 && r.writers_closed == r.writers &&
+           !r.release_wait_spent;
+  };
+  if (!closing()) return;
+  if (!idle_cv_.wait_for(lk, deadline, [&] { return !closing(); })) {
+    rt(ino).release_wait_spent = true;
+    return;
+  }
+  wait_idle(lk, ino);
+}
+
 open_result filesystem::open(ino_t ino, int flags) {
   lock_t lk(mu_);
   wait_idle(lk, ino);
+  bool writable = (flags & O_ACCMODE) != O_RDONLY;
+  if (!writable) wait_for_release(lk, ino);
   const inode& n = tree_.get(ino);
   if (n.is_dir()) fail(EISDIR, "open of a directory");
   if (!n.is_reg()) fail(ENXIO, "special files are not served");
-  bool writable = (flags & O_ACCMODE) != O_RDONLY;
   runtime& r = rt(ino);
   open_result res;
   if (writable) {
@@ -177,6 +202,11 @@ void filesystem::write(std::uint64_t fh, std::uint64_t offset, std::span<const s
   runtime& r = rt(ino);
   r.buf->write(offset, data);
   r.dirty = true;
+  if (handle& h = handle_at(fh); h.closed) {  // written after a close: not closing after all
+    h.closed = false;
+    --r.writers_closed;
+    r.release_wait_spent = false;
+  }
   r.mtime = now();
   maybe_stream(r);
   if (kill_priv) {
@@ -256,6 +286,11 @@ std::uint64_t filesystem::lseek(std::uint64_t fh, std::uint64_t offset, int when
 
 void filesystem::flush(std::uint64_t fh) {
   std::lock_guard lk(mu_);
+  // Before the report, which throws: the close() happened whatever it returns.
+  if (handle& h = handle_at(fh); h.writable && !h.closed) {
+    h.closed = true;
+    ++rt(h.ino).writers_closed;
+  }
   report_commit_error(fh);
 }
 
@@ -361,6 +396,8 @@ void filesystem::release(std::uint64_t fh) {
   ino_t ino = h.ino;
   runtime& r = rt(ino);
   --r.opens;
+  if (h.closed) --r.writers_closed;
+  if (h.writable) idle_cv_.notify_all();  // a reader may wait for this release (wait_for_release)
   if (h.writable && --r.writers == 0) {
     const inode* n = tree_.find(ino);
     if (r.dirty && r.loaded && n && n->nlink > 0) {

@@ -131,6 +131,10 @@ TEST_CASE("fuse options: weight_error takes off or a percentage, grid_error a fa
   CHECK_THROWS_WITH(parse_o("weight_error=0.025"),
                     Catch::Contains("invalid value '0.025' for -o weight_error (off, or a "
                                     "percentage from 0.01% to 20%"));
+  CHECK_THROWS_WITH(parse_o("weight_error=2.5%%"),
+                    Catch::Contains("invalid value '2.5%%' for -o weight_error"));
+  CHECK_THROWS_WITH(parse_o("weight_error=30%"),
+                    Catch::Contains("invalid value '30%' for -o weight_error"));
 }
 
 TEST_CASE("fuse options: ratio_bits 1..4 are taken, default 1, others refused", "[fuse]") {
