@@ -374,6 +374,25 @@ struct content_store::impl {
                     std::span<std::byte> out);
   std::uint64_t chain_chunk_bytes(std::uint64_t v, std::size_t t);
 
+  // ---- retention.cpp, verify_chain.cpp ----
+  // content_store::verify; without `frames`, --deep stops before the tensor frames (the exact
+  // regions are decoded), which verify_chain decodes along the chain.
+  std::string verify_version(std::uint64_t v, bool deep, bool frames,
+                             const std::function<void(std::uint64_t)>& progress);
+  // A frame's slabs as verify decodes them (per_slab blocks of block_bytes each; a slab is
+  // kSlabBytes where the block size divides it), or what is wrong with its block index.
+  struct frame_slabs {
+    std::uint64_t block_bytes = 0;
+    std::size_t per_slab = 0;
+    std::string problem;
+  };
+  static frame_slabs slabs_of(const tensor_frame& f, const format::tensor_info& t);
+  // Reads blocks [b0, b1) of frame `f` (of tensor `t`, in the object of `item`) into `enc`,
+  // checked against the frame's block index; returns what is wrong, or "".
+  std::string read_indexed_blocks(const cache_item& item, const tensor_frame& f,
+                                  const format::tensor_info& t, std::size_t b0, std::size_t b1,
+                                  std::vector<std::byte>& enc);
+
   // ---- lineage_registry.cpp (callers hold mu where noted) ----
   version_rec get(std::uint64_t v) const;
   version_rec get_for_read(std::uint64_t v) const;

@@ -428,6 +428,17 @@ class content_store {
   // Returns "" when sound, else what is wrong. Bases are not checked (the caller walks chains).
   std::string verify(std::uint64_t version, bool deep,
                      const std::function<void(std::uint64_t bytes)>& progress = {});
+  // verify(v, true) for each version of a chain, each one's base the version before it (the
+  // first one's base is read as reads do). The tensor frames are decoded slab by slab along the
+  // chain, each slab of a version on top of the same slab of the version before, just decoded:
+  // n versions decode each slab n times, where n calls of verify() decode it up to n²/2 times
+  // once a tensor is larger than the cache (each call decodes its base's chain again). Memory:
+  // one slab set, as verify(). Returns a problem per version, in `chain`'s order ("" if sound);
+  // a damaged version's successors in the chain are damaged too. `progress` gets the encoded
+  // bytes of each slab decoded.
+  std::vector<std::string> verify_chain(
+      std::span<const std::uint64_t> chain,
+      const std::function<void(std::uint64_t bytes)>& progress = {});
   // Objects in the store that no version references and no put is writing: left by a crash
   // between an object's write and its record, or by a failed removal. Removes them unless
   // `dry_run`; returns (count, disk bytes).

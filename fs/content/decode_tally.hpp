@@ -4,7 +4,9 @@
 // before their reader was done with them (read-ahead decoding what the reader did not want yet,
 // or a chunk cache too small for the readers), or read again later by another load; single
 // blocks decoded, not cached, for the kernel's reads away from the reader; and the frames
-// decoded through base chains for both (one per version of the chain that was not cached).
+// decoded through base chains for both (one per version of the chain that was not cached), and
+// for bases read a slab at a time without a head image or a cached tensor (a delta's encode,
+// verify of one version).
 //
 // "Before" is within memory: the tally remembers the last chunks decoded in a direct-mapped
 // table of kSlots fingerprints (512 KiB), so a repeat whose slot another chunk took since is not

@@ -113,8 +113,9 @@ void content_store::impl::read_recon_slab(std::uint64_t base, std::size_t tensor
     const std::uint64_t cb = chain_chunk_bytes(base, tensor);
     if (cb && offset % cb == 0) {
       for (std::uint64_t at = 0; at < out.size(); at += cb)
-        decode_chunk_into(base, tensor, std::size_t((offset + at) / cb),
-                          out.subspan(at, std::min<std::uint64_t>(cb, out.size() - at)), true);
+        decodes.frames(
+            decode_chunk_into(base, tensor, std::size_t((offset + at) / cb),
+                              out.subspan(at, std::min<std::uint64_t>(cb, out.size() - at)), true));
       return;
     }
     whole = tensor_recon(base, tensor);  // versions from before block indexes

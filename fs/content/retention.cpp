@@ -188,7 +188,12 @@ void content_store::impl::copy_encoded(const cache_item& from, std::uint64_t at,
 
 std::string content_store::verify(std::uint64_t v, bool deep,
                                   const std::function<void(std::uint64_t)>& progress) {
-  auto& m = *impl_;
+  return impl_->verify_version(v, deep, deep, progress);
+}
+
+std::string content_store::impl::verify_version(
+    std::uint64_t v, bool deep, bool frames, const std::function<void(std::uint64_t)>& progress) {
+  auto& m = *this;
   version_rec r;
   try {
     r = m.get(v);
@@ -206,7 +211,7 @@ std::string content_store::verify(std::uint64_t v, bool deep,
     // Parse the metadata from disk (a cached copy would hide damage).
     m.cache.erase({v, k_meta, r.obj.id});
     const auto item = m.meta_of(v);
-    if (item->obj_id != r.obj.id) return verify(v, deep, progress);  // rewritten meanwhile
+    if (item->obj_id != r.obj.id) return verify_version(v, deep, frames, progress);  // rewritten
     const version_meta& meta = *item->meta;
     const std::uint64_t area = item->data_bytes;
     if (meta.size != r.size) return "metadata size differs from the record";
@@ -245,7 +250,7 @@ std::string content_store::verify(std::uint64_t v, bool deep,
       if (released_meanwhile) break;
       if (!donor_meta.count(x.src)) donor_meta[x.src] = m.meta_of(x.src);
     }
-    if (released_meanwhile) return verify(v, deep, progress);
+    if (released_meanwhile) return verify_version(v, deep, frames, progress);
     const auto owner = [&](const exact_region& x) { return x.src ? donor_meta.at(x.src) : item; };
     for (const auto& x : regions)
       if (x.data_at + x.encoded_bytes > owner(x)->data_bytes)
@@ -275,6 +280,7 @@ std::string content_store::verify(std::uint64_t v, bool deep,
       }
       if (decoded != x.length) return "an exact region decodes to the wrong length";
     }
+    if (!frames) return {};
     for (const auto& f : meta.tensors) {
       const auto& t = meta.layout.tensors.at(f.tensor);
       if (f.blocks.empty()) {
@@ -295,35 +301,20 @@ std::string content_store::verify(std::uint64_t v, bool deep,
       }
       // Decode this version's blocks from disk a slab at a time, on top of the same slab of the
       // base's reconstruction (its head image, the cache, or its own chain), into one digest.
-      const std::uint64_t block_bytes =
-          std::uint64_t(f.block_elements) * codec::element_size(f.type);
-      if (!block_bytes) return "tensor '" + t.name + "' has an empty block index";
-      const std::size_t per_slab =
-          std::size_t(std::max<std::uint64_t>(1, kSlabBytes / block_bytes));
-      if (per_slab * block_bytes > kSlabBytes ||
-          f.blocks.size() != (t.length + block_bytes - 1) / block_bytes)
-        return "tensor '" + t.name + "' has a block index that does not match its size";
+      const auto geometry = slabs_of(f, t);
+      if (!geometry.problem.empty()) return geometry.problem;
+      const std::uint64_t block_bytes = geometry.block_bytes;
+      const std::size_t per_slab = geometry.per_slab;
       XXH3_state_t digest;
       XXH3_64bits_reset(&digest);
       std::shared_ptr<const cache_item> base_whole;
       for (std::size_t b0 = 0; b0 < f.blocks.size(); b0 += per_slab) {
         const std::size_t b1 = std::min(b0 + per_slab, f.blocks.size());
-        const std::uint64_t from = f.blocks[b0];
-        const std::uint64_t to = b1 < f.blocks.size() ? f.blocks[b1] : f.encoded_bytes;
         const std::uint64_t at = b0 * block_bytes;
         const std::size_t n =
             std::size_t(std::min<std::uint64_t>(t.length - at, (b1 - b0) * block_bytes));
-        if (to < from || to > f.encoded_bytes)
-          return "tensor '" + t.name + "' has a block index that does not match its frame";
-        slab.enc.resize(std::size_t(to - from));
-        m.objects.read(item->obj_id, item->data_base + f.data_at + from, slab.enc);
-        // A block index that is well-formed but wrong would serve shifted blocks whose own
-        // checksums pass: compare it with the blocks' headers.
-        const auto fi = codec::index_frame(slab.enc);
-        bool same = fi.block_elements == f.block_elements && fi.offsets.size() == b1 - b0;
-        for (std::size_t i = 0; same && i < fi.offsets.size(); ++i)
-          same = fi.offsets[i] + from == f.blocks[b0 + i];
-        if (!same) return "tensor '" + t.name + "' has a block index that does not match its frame";
+        if (auto bad = m.read_indexed_blocks(*item, f, t, b0, b1, slab.enc); !bad.empty())
+          return bad;
         const std::span<std::byte> out(slab.recon.data(), n);
         if (decodes_from_base(f, t.length)) {  // as reads decode it
           const std::span<std::byte> base(slab.base.data(), n);
@@ -348,6 +339,40 @@ std::string content_store::verify(std::uint64_t v, bool deep,
   } catch (const std::exception& e) {
     return e.what();
   }
+  return {};
+}
+
+content_store::impl::frame_slabs content_store::impl::slabs_of(const tensor_frame& f,
+                                                               const format::tensor_info& t) {
+  frame_slabs g;
+  g.block_bytes = std::uint64_t(f.block_elements) * codec::element_size(f.type);
+  if (!g.block_bytes) {
+    g.problem = "tensor '" + t.name + "' has an empty block index";
+    return g;
+  }
+  g.per_slab = std::size_t(std::max<std::uint64_t>(1, kSlabBytes / g.block_bytes));
+  if (g.per_slab * g.block_bytes > kSlabBytes ||
+      f.blocks.size() != (t.length + g.block_bytes - 1) / g.block_bytes)
+    g.problem = "tensor '" + t.name + "' has a block index that does not match its size";
+  return g;
+}
+
+std::string content_store::impl::read_indexed_blocks(const cache_item& item, const tensor_frame& f,
+                                                     const format::tensor_info& t, std::size_t b0,
+                                                     std::size_t b1, std::vector<std::byte>& enc) {
+  const std::uint64_t from = f.blocks[b0];
+  const std::uint64_t to = b1 < f.blocks.size() ? f.blocks[b1] : f.encoded_bytes;
+  if (to < from || to > f.encoded_bytes)
+    return "tensor '" + t.name + "' has a block index that does not match its frame";
+  enc.resize(std::size_t(to - from));
+  objects.read(item.obj_id, item.data_base + f.data_at + from, enc);
+  // A block index that is well-formed but wrong would serve shifted blocks whose own checksums
+  // pass: compare it with the blocks' headers.
+  const auto fi = codec::index_frame(enc);
+  bool same = fi.block_elements == f.block_elements && fi.offsets.size() == b1 - b0;
+  for (std::size_t i = 0; same && i < fi.offsets.size(); ++i)
+    same = fi.offsets[i] + from == f.blocks[b0 + i];
+  if (!same) return "tensor '" + t.name + "' has a block index that does not match its frame";
   return {};
 }
 

@@ -100,8 +100,8 @@ TEST_CASE("a checkpoint far larger than the cache streams through put and rekey 
     const bfs::path file = d.path / ("step_" + std::to_string(step) + ".safetensors");
     write_safetensors(file, tensors, n, step);
     const format::source src = format::file_source(file.string());
+    reset_peak_rss();  // then the baseline: the peak since the reset is at least that
     const std::uint64_t before = current_rss();
-    reset_peak_rss();
     refs.push_back(s.content.put("run/step_" + std::to_string(step) + ".safetensors", src));
     const std::uint64_t grew = peak_rss() - before;
     INFO("version " << step << ": peak RSS grew by " << (grew >> 20) << " MiB");
@@ -132,8 +132,8 @@ TEST_CASE("a checkpoint far larger than the cache streams through put and rekey 
   }
   // prune's rewrite of v2 as a keyframe: also a slab at a time; it reads the same afterwards.
   const std::uint64_t digest_before = digest_of(s.content, refs[1], served);
-  const std::uint64_t before = current_rss();
   reset_peak_rss();
+  const std::uint64_t before = current_rss();
   CHECK(s.content.rekey(refs[1].version) > 0);
   const std::uint64_t grew = peak_rss() - before;
   INFO("rekey: peak RSS grew by " << (grew >> 20) << " MiB");
