@@ -31,7 +31,8 @@ run; each mounts fresh stores under a temporary directory and always unmounts.
   cli             exit codes (2 usage errors, 1 failures), messages for unknown paths, paths
                   outside ckptfs, offline use of a mounted store (names the daemon's pid and
                   mount point), --help of every command, --json, relative paths from a cwd in the
-                  mount, progress on a terminal only, a daemon without its control socket.
+                  mount, progress on a terminal only, a daemon without its control socket;
+                  stat shows -o weight_error and grid_error as -o takes them.
   status          `ckptctl status` on a live mount (-o cache=192M,buffer=16M,head_min=1M): the
                   budget is cache + buffer + 512 MiB, VmRSS/VmHWM agree with /proc, the head
                   image of the large lineage is published and its bytes are the image file's,
@@ -644,6 +645,19 @@ def scenario_cli(ckptfs, ctl, tmp):
         os.unlink(f"{store}/control.sock")
         r = ctl.run("ls", mnt, rc=1)
         assert "cannot reach the ckptfs daemon" in r.stderr, r.stderr
+    # The opt-in error allowance, as -o takes it: a percentage and a factor in stat's text.
+    store2, mnt2 = f"{tmp}/store_we", f"{tmp}/mnt_we"
+    os.makedirs(mnt2)
+    with mounted(ckptfs, store2, mnt2, "weight_error=2.5%,grid_error=3"):
+        trainer = Trainer()
+        record = {"sha": {}, "object": {}, "order": []}
+        for i in range(2):
+            save_version(trainer, mnt2, store2, "run_a", i, record)
+        path = f"{mnt2}/run_a/step_001.pt"
+        coding = ctl.json("stat", path)["coding"]
+        assert coding.get("weight_error") == 0.025 and coding.get("grid_error") == 3, coding
+        text = ctl.run("stat", path).stdout
+        assert " weight_error=2.5%" in text and " grid_error=3 " in text, text
     # Offline while another offline ckptctl holds the store: told to wait, not to use a mount.
     # (A stand-in process named ckptctl holds the lock, as a long offline verify would.)
     fake = shutil.copy("/bin/sleep", f"{tmp}/ckptctl")
