@@ -19,7 +19,7 @@ namespace ckpt::fs {
 
 namespace {
 
-struct link {
+struct chain_link {
   version_rec rec;
   std::shared_ptr<const cache_item> item;
   bool walkable = false;  // checked, unchanged since, every frame block-indexed
@@ -34,20 +34,25 @@ std::vector<std::string> content_store::verify_chain(
   auto& m = *impl_;
   const std::size_t n = chain.size();
   std::vector<std::string> problems(n);
-  std::vector<link> links(n);
-  impl::read_guard guard(m);
+  std::vector<chain_link> links(n);
 
   // Each version's own checks (objects, metadata, references, exact regions decoded), then the
-  // record and metadata the walk decodes. A version rewritten meanwhile, or with frames from
-  // before block indexes, is verified on its own, and the tracks go around it.
+  // record and metadata the walk decodes. A version rewritten meanwhile (its object is not the
+  // one checked), or with frames from before block indexes, is verified on its own, and the
+  // tracks go around it. The metadata of the whole chain is held until the walk is done.
   for (std::size_t i = 0; i < n; ++i) {
-    problems[i] = m.verify_version(chain[i], true, false, {});
-    if (!problems[i].empty()) continue;
-    link& l = links[i];
+    chain_link& l = links[i];
     try {
       l.rec = m.get(chain[i]);
+    } catch (const std::exception&) {
+    }
+    problems[i] = m.verify_version(chain[i], true, false, {});
+    if (!problems[i].empty()) continue;
+    try {
+      const std::uint64_t checked = l.rec.obj.id;
+      l.rec = m.get(chain[i]);
       l.item = m.meta_of(chain[i]);
-      l.walkable = l.item->obj_id == l.rec.obj.id;
+      l.walkable = l.rec.obj.id == checked && l.item->obj_id == checked;
       for (const auto& f : l.item->meta->tensors) l.walkable = l.walkable && !f.blocks.empty();
     } catch (const std::exception&) {
       l.walkable = false;
@@ -74,15 +79,25 @@ std::vector<std::string> content_store::verify_chain(
         successors[i][frames[k].base_tensor].push_back(k);  // popped from the back: lowest first
   }
 
-  const encode_slots::lease slot = m.slots.acquire();
-  encode_slots::slabs& slab = slot.get();
   const auto base_damaged = [&](std::size_t i) {
     return i > 0 && !problems[i - 1].empty() && links[i].rec.base == chain[i - 1];
   };
+  const auto damaged_base_text = [&](std::size_t i) {
+    return "its base version " + std::to_string(chain[i - 1]) + " is damaged";
+  };
   for (std::size_t i = 0; i < n; ++i) {
-    if (!links[i].walkable || !problems[i].empty() || base_damaged(i)) continue;
+    if (base_damaged(i)) {  // also two or more versions past the damage: nothing to decode
+      problems[i] = damaged_base_text(i);
+      continue;
+    }
+    if (!links[i].walkable || !problems[i].empty()) continue;
     for (std::size_t k = 0; k < taken[i].size(); ++k) {
       if (taken[i][k]) continue;
+      // Per track, not for the whole chain: a put's encode gets the slot and a prune's removals
+      // their turn in between.
+      impl::read_guard guard(m);
+      const encode_slots::lease slot = m.slots.acquire();
+      encode_slots::slabs& slab = slot.get();
       taken[i][k] = true;
       const auto geometry = impl::slabs_of(frame({i, k}), tensor({i, k}));
       if (!geometry.problem.empty()) {
@@ -155,8 +170,7 @@ std::vector<std::string> content_store::verify_chain(
   // A damaged version's dependents decode on top of it: damaged too, whatever else they hold
   // (as verify's callers report them).
   for (std::size_t i = 1; i < n; ++i)
-    if (base_damaged(i))
-      problems[i] = "its base version " + std::to_string(chain[i - 1]) + " is damaged";
+    if (base_damaged(i)) problems[i] = damaged_base_text(i);
   return problems;
 }
 

@@ -308,6 +308,9 @@ class filesystem {
   runtime& rt(ino_t ino) { return rt_[ino]; }
   void wait_idle(lock_t& lk, ino_t ino);         // waits while the inode is pending
   void wait_for_release(lock_t& lk, ino_t ino);  // a reader after close: see filesystem_files.cpp
+  // mu_ held. The file changed (write, fallocate, truncate), through handle `fh` if given: that
+  // handle is no longer closing, and a new round of writes may be waited for again.
+  void note_modified(runtime& r, std::optional<std::uint64_t> fh);
   void load(lock_t& lk, ino_t ino);              // fills buf from the committed version
   void maybe_drop(ino_t ino);                    // mu_ held: frees an inode nothing uses
   void release_content(const content_ref& ref);  // mu_ held: unref after the next sync
@@ -348,6 +351,9 @@ class filesystem {
 
   std::mutex mu_;                    // namespace, runtime and handles
   std::condition_variable idle_cv_;  // a pending inode became idle
+  // Readers waiting in wait_for_release: at most half the FUSE loop's threads, so that the
+  // RELEASEs they wait for always find a thread to serve them.
+  std::uint32_t release_waiters_ = 0;
   namespace_tree tree_;
   std::unordered_map<ino_t, runtime> rt_;
   std::unordered_map<std::uint64_t, handle> handles_;

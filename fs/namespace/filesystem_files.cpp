@@ -27,8 +27,10 @@ namespace ckpt::fs {
 // the RELEASE, and then for the commit, as a reader after it does. A writer whose handle stays
 // open (a dup() in another process, a mapping) ends the wait at the deadline, once per round of
 // writes: that reader gets the bytes as written, as every reader before the writer's close does.
+// So does a reader beyond kMaxWaiters at once (the loop has 16 threads: fs/fuse/main.cpp).
 void filesystem::wait_for_release(lock_t& lk, ino_t ino) {
   constexpr auto deadline = std::chrono::seconds(1);
+  constexpr std::uint32_t kMaxWaiters = 8;
   const auto closing = [&] {
     auto it = rt_.find(ino);
     if (it == rt_.end()) return false;
@@ -36,12 +38,25 @@ void filesystem::wait_for_release(lock_t& lk, ino_t ino) {
     return r.buf && r.dirty && r.writers > 0 && r.writers_closed == r.writers &&
            !r.release_wait_spent;
   };
-  if (!closing()) return;
-  if (!idle_cv_.wait_for(lk, deadline, [&] { return !closing(); })) {
+  if (!closing() || release_waiters_ >= kMaxWaiters) return;
+  ++release_waiters_;
+  const bool released = idle_cv_.wait_for(lk, deadline, [&] { return !closing(); });
+  --release_waiters_;
+  if (!released) {
     rt(ino).release_wait_spent = true;
     return;
   }
   wait_idle(lk, ino);
+}
+
+void filesystem::note_modified(runtime& r, std::optional<std::uint64_t> fh) {
+  r.release_wait_spent = false;
+  if (!fh) return;
+  if (handle& h = handle_at(*fh); h.closed) {  // changed after a close: not closing after all
+    h.closed = false;
+    --r.writers_closed;
+    idle_cv_.notify_all();  // a reader waiting for this writer's release reads the buffer now
+  }
 }
 
 open_result filesystem::open(ino_t ino, int flags) {
@@ -66,6 +81,7 @@ open_result filesystem::open(ino_t ino, int flags) {
       r.mtime = now();
     }
     ++r.writers;
+    r.release_wait_spent = false;  // a new round of writes
     res.direct_io = true;
   } else {
     if (!r.buf) res.image = content_.published_head(n.content);
@@ -202,11 +218,7 @@ void filesystem::write(std::uint64_t fh, std::uint64_t offset, std::span<const s
   runtime& r = rt(ino);
   r.buf->write(offset, data);
   r.dirty = true;
-  if (handle& h = handle_at(fh); h.closed) {  // written after a close: not closing after all
-    h.closed = false;
-    --r.writers_closed;
-    r.release_wait_spent = false;
-  }
+  note_modified(r, fh);
   r.mtime = now();
   maybe_stream(r);
   if (kill_priv) {
@@ -252,6 +264,7 @@ void filesystem::fallocate(std::uint64_t fh, int mode, std::uint64_t offset, std
   // Like ext4, every successful fallocate marks the file modified (mtime and ctime).
   r.dirty = true;
   r.mtime = now();
+  note_modified(r, fh);
 }
 
 std::uint64_t filesystem::lseek(std::uint64_t fh, std::uint64_t offset, int whence) {
@@ -399,6 +412,7 @@ void filesystem::release(std::uint64_t fh) {
   if (h.closed) --r.writers_closed;
   if (h.writable) idle_cv_.notify_all();  // a reader may wait for this release (wait_for_release)
   if (h.writable && --r.writers == 0) {
+    r.release_wait_spent = false;  // the round is over: its commit starts here
     const inode* n = tree_.find(ino);
     if (r.dirty && r.loaded && n && n->nlink > 0) {
       // Hand the buffer to a worker: close() does not wait for encoding. Everything that can

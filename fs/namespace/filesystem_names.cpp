@@ -63,7 +63,6 @@ struct stat filesystem::setattr(ino_t ino, const attr_change& change,
     if (n.is_dir()) fail(EISDIR, "truncate of a directory");
     if (!n.is_reg()) fail(EINVAL, "truncate of a special file");
     if (*size > max_file_size) fail(EFBIG, "truncate past the maximum file size");
-    (void)fh;
     runtime& r = rt(ino);
     if (r.buf && r.writers) {
       // Open for writing: truncate the buffer; the commit at release stores it.
@@ -76,6 +75,9 @@ struct stat filesystem::setattr(ino_t ino, const attr_change& change,
       r2.buf->truncate(*size);
       r2.dirty = true;
       r2.mtime = now();
+      // ftruncate through a writable handle (a path truncate names none).
+      const bool by_writer = fh && handles_.count(*fh) && handles_.at(*fh).writable;
+      note_modified(r2, by_writer ? fh : std::nullopt);
     } else if (*size != n.content.size) {
       content_ref old = n.content;
       if (*size == 0) {

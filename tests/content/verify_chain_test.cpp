@@ -104,6 +104,15 @@ TEST_CASE("verify_chain decodes each slab of a chain once and finds what verify 
   CHECK(found[3] == s.content.verify(chain[3], true, {}));
   for (std::size_t i = 4; i < chain.size(); ++i)
     CHECK(found[i] == "its base version " + std::to_string(chain[i - 1]) + " is damaged");
+
+  // Damage below a chain: its own checks pass, and its first version fails while its tracks
+  // decode their base (the walk's failure path); the version above it is damaged through it.
+  const std::vector<std::uint64_t> above{chain[4], chain[5]};
+  s.content.drop_caches();
+  const auto walked = s.content.verify_chain(above);
+  INFO(walked[0]);
+  CHECK(walked[0].find("checksum") != std::string::npos);
+  CHECK(walked[1] == "its base version " + std::to_string(chain[4]) + " is damaged");
 }
 
 TEST_CASE("verify_chain of an empty chain and of a single keyframe", "[content][verify]") {

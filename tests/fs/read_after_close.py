@@ -12,7 +12,7 @@ for a while after the writer's close():
     checks that they differ: the checkpoint is coded lossily);
   - held 4 s (past the 1 s deadline): the reader gets the bytes as written without waiting for
     the child, a second reader does not wait again, and once the child is gone the file reads as
-    stored;
+    stored; the next round of writes to it is waited for again;
   - torch.save then at once torch.load/sha256, over a lineage of ten versions: the same bytes as
     after a remount.
 
@@ -105,7 +105,14 @@ def main():
             while (stored := sha256(path)) == written and time.monotonic() < deadline:
                 time.sleep(0.1)
             assert stored != written, "after the release: the version as stored"
-            after["long.pt"] = stored
+            # The next round of writes is waited for again.
+            data = raw_bytes(state(8))
+            pid = write_held(path, data, 0.25)
+            now, _ = timed_sha(path)
+            os.waitpid(pid, 0)
+            assert now != hashlib.sha256(data).hexdigest(), "the next round: bytes as written"
+            assert now == sha256(path), "the next round: read right after close() differs"
+            after["long.pt"] = now
 
             # A real client: torch.save, then torch.load and sha256 at once.
             os.makedirs(f"{mnt}/run")
