@@ -433,9 +433,9 @@ class content_store {
   // chain, each slab of a version on top of the same slab of the version before, just decoded:
   // n versions decode each slab n times, where n calls of verify() decode it up to n²/2 times
   // once a tensor is larger than the cache (each call decodes its base's chain again). Memory:
-  // one slab set, as verify(). Returns a problem per version, in `chain`'s order ("" if sound);
-  // a damaged version's successors in the chain are damaged too. `progress` gets the encoded
-  // bytes of each slab decoded.
+  // one encode slot's slab set, taken for one slab at a time, and the chain's metadata. Returns a
+  // problem per version, in `chain`'s order ("" if sound); a damaged version's successors in the
+  // chain are damaged too. `progress` gets the encoded bytes of each slab decoded.
   std::vector<std::string> verify_chain(
       std::span<const std::uint64_t> chain,
       const std::function<void(std::uint64_t bytes)>& progress = {});

@@ -85,6 +85,12 @@ std::vector<std::string> content_store::verify_chain(
   const auto damaged_base_text = [&](std::size_t i) {
     return "its base version " + std::to_string(chain[i - 1]) + " is damaged";
   };
+  // The tracks, from the versions' own checks.
+  struct track {
+    std::vector<frame_at> frames;
+    impl::frame_slabs geometry;
+  };
+  std::vector<track> tracks;
   for (std::size_t i = 0; i < n; ++i) {
     if (base_damaged(i)) {  // also two or more versions past the damage: nothing to decode
       problems[i] = damaged_base_text(i);
@@ -93,51 +99,63 @@ std::vector<std::string> content_store::verify_chain(
     if (!links[i].walkable || !problems[i].empty()) continue;
     for (std::size_t k = 0; k < taken[i].size(); ++k) {
       if (taken[i][k]) continue;
-      // Per track, not for the whole chain: a put's encode gets the slot and a prune's removals
-      // their turn in between.
-      impl::read_guard guard(m);
-      const encode_slots::lease slot = m.slots.acquire();
-      encode_slots::slabs& slab = slot.get();
       taken[i][k] = true;
-      const auto geometry = impl::slabs_of(frame({i, k}), tensor({i, k}));
-      if (!geometry.problem.empty()) {
-        problems[i] = geometry.problem;
+      track tr{{{i, k}}, impl::slabs_of(frame({i, k}), tensor({i, k}))};
+      if (!tr.geometry.problem.empty()) {
+        problems[i] = tr.geometry.problem;
         continue;
       }
-      // The track: the same slab geometry and length all along, else the next version's frame
-      // starts a track of its own (reading its base as reads do).
-      std::vector<frame_at> track{{i, k}};
+      // The same slab geometry and length all along, else the next version's frame starts a
+      // track of its own (reading its base as reads do).
       for (std::size_t j = i + 1; j < n && problems[j].empty(); ++j) {
-        auto it = successors[j].find(frame(track.back()).tensor);
+        auto it = successors[j].find(frame(tr.frames.back()).tensor);
         if (it == successors[j].end() || it->second.empty()) break;
         const frame_at next{j, it->second.back()};
         const auto g = impl::slabs_of(frame(next), tensor(next));
-        if (!g.problem.empty() || g.block_bytes != geometry.block_bytes ||
-            g.per_slab != geometry.per_slab || tensor(next).length != tensor({i, k}).length)
+        if (!g.problem.empty() || g.block_bytes != tr.geometry.block_bytes ||
+            g.per_slab != tr.geometry.per_slab || tensor(next).length != tensor({i, k}).length)
           break;
         it->second.pop_back();
         taken[j][next.second] = true;
-        track.push_back(next);
+        tr.frames.push_back(next);
       }
+      tracks.push_back(std::move(tr));
+    }
+  }
 
-      const std::uint64_t length = tensor({i, k}).length;
-      const std::uint64_t slab_bytes = geometry.per_slab * geometry.block_bytes;
-      std::vector<XXH3_state_t> digests(track.size());
-      for (auto& d : digests) XXH3_64bits_reset(&d);
-      std::size_t alive = track.size();  // a failure ends the track there
+  // One track at a time, holding an encode slot for one slab across it at a time, so that on a
+  // live mount a put's encode gets the slot in between. (Tracks are independent and could be
+  // decoded on several threads: a second one gained 3–10% on the 2-core VM, where the walk
+  // reads its objects from the disk at about 0.45 GB/s and decodes faster; benchmarks.md,
+  // "verify --deep along the chain".)
+  std::vector<std::vector<std::pair<std::size_t, std::string>>> found(tracks.size());
+  const auto walk = [&](std::size_t ti) {
+    const track& tr = tracks[ti];
+    auto& out_problems = found[ti];
+    const std::uint64_t length = tensor(tr.frames[0]).length;
+    const std::uint64_t slab_bytes = tr.geometry.per_slab * tr.geometry.block_bytes;
+    std::vector<XXH3_state_t> digests(tr.frames.size());
+    for (auto& d : digests) XXH3_64bits_reset(&d);
+    std::size_t alive = tr.frames.size();  // a failure ends the track there
+    try {
+      impl::read_guard guard(m);
       std::shared_ptr<const cache_item> base_whole;
       for (std::uint64_t at = 0, b0 = 0; at < length && alive > 0;
-           at += slab_bytes, b0 += geometry.per_slab) {
+           at += slab_bytes, b0 += tr.geometry.per_slab) {
+        const encode_slots::lease slot = m.slots.acquire();
+        encode_slots::slabs& slab = slot.get();
         const std::size_t bytes = std::size_t(std::min(slab_bytes, length - at));
         std::span<std::byte> below(slab.base.data(), bytes), out(slab.recon.data(), bytes);
+        std::uint64_t decoded = 0;
         for (std::size_t t = 0; t < alive; ++t) {
-          const std::size_t j = track[t].first;
-          const tensor_frame& f = frame(track[t]);
-          const std::size_t b1 = std::min<std::size_t>(b0 + geometry.per_slab, f.blocks.size());
+          const std::size_t j = tr.frames[t].first;
+          const tensor_frame& f = frame(tr.frames[t]);
+          const std::size_t b1 = std::min<std::size_t>(b0 + tr.geometry.per_slab, f.blocks.size());
           try {
-            auto bad = m.read_indexed_blocks(*links[j].item, f, tensor(track[t]), b0, b1, slab.enc);
+            auto bad =
+                m.read_indexed_blocks(*links[j].item, f, tensor(tr.frames[t]), b0, b1, slab.enc);
             if (!bad.empty()) {
-              problems[j] = std::move(bad);
+              out_problems.emplace_back(j, std::move(bad));
               alive = t;
               break;
             }
@@ -150,23 +168,39 @@ std::vector<std::string> content_store::verify_chain(
               codec::decode(slab.enc, {}, out);
             }
           } catch (const std::exception& e) {
-            problems[j] = e.what();
+            out_problems.emplace_back(j, e.what());
             alive = t;
             break;
           }
           XXH3_64bits_update(&digests[t], out.data(), out.size());
           std::swap(below, out);  // this version's slab is the next one's base
-          if (progress) progress(slab.enc.size());
+          decoded += slab.enc.size();
         }
+        if (progress) progress(decoded);
       }
-      for (std::size_t t = 0; t < alive; ++t) {
-        const tensor_frame& f = frame(track[t]);
-        if (f.digest && XXH3_64bits_digest(&digests[t]) != f.digest)
-          problems[track[t].first] =
-              "tensor '" + tensor(track[t]).name + "' does not decode to its recorded digest";
-      }
+    } catch (const std::exception& e) {  // the slot or the guard: the track is not verified
+      out_problems.emplace_back(tr.frames[0].first, e.what());
+      alive = 0;
+    }
+    for (std::size_t t = 0; t < alive; ++t) {
+      const tensor_frame& f = frame(tr.frames[t]);
+      if (f.digest && XXH3_64bits_digest(&digests[t]) != f.digest)
+        out_problems.emplace_back(
+            tr.frames[t].first,
+            "tensor '" + tensor(tr.frames[t]).name + "' does not decode to its recorded digest");
+    }
+  };
+  for (std::size_t ti = 0; ti < tracks.size(); ++ti) {
+    try {
+      walk(ti);
+    } catch (const std::exception& e) {  // out of memory for its digests: not verified
+      found[ti].emplace_back(tracks[ti].frames[0].first, e.what());
     }
   }
+  for (const auto& track_found : found)
+    for (const auto& [j, text] : track_found)
+      if (problems[j].empty()) problems[j] = text;
+
   // A damaged version's dependents decode on top of it: damaged too, whatever else they hold
   // (as verify's callers report them).
   for (std::size_t i = 1; i < n; ++i)
