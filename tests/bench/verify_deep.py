@@ -21,14 +21,11 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fs"))
+here = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, here)
+sys.path.insert(0, os.path.join(here, "..", "fs"))
 from ckptfs_testlib import mounted, require_fuse  # noqa: E402
-
-
-def drop_caches():
-    os.sync()
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3\n")
+from fs_speed import drop_caches  # noqa: E402
 
 
 def timed_verify(ctl, target):
