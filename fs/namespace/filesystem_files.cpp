@@ -24,9 +24,10 @@ namespace ckpt::fs {
 // is answered, but the RELEASE that starts the commit follows asynchronously: a read in between
 // would be served the bytes as written and a later read the version as stored, which differ for
 // a lossy coded checkpoint (torch.save, then torch.load to check it). So the reader waits for
-// the RELEASE, and then for the commit, as a reader after it does. A writer whose handle stays
-// open (a dup() in another process, a mapping) ends the wait at the deadline, once per round of
-// writes: that reader gets the bytes as written, as every reader before the writer's close does.
+// the RELEASE, and then for the commit, as a reader after it does. A writer's handle that stays
+// open after a close() of another descriptor of it (a dup(), in the same process or a child; a
+// mapping) ends the wait at the deadline, once per round of writes: that reader gets the bytes
+// as written, as every reader before the writer's last close does.
 // So does a reader beyond kMaxWaiters at once (the loop has 16 threads: fs/fuse/main.cpp).
 void filesystem::wait_for_release(lock_t& lk, ino_t ino) {
   constexpr auto deadline = std::chrono::seconds(1);
