@@ -611,9 +611,10 @@ json admin_service::handle(const json& req, const progress_fn& progress_in) {
         done += chain_bytes;
         progress("verify --deep", done, total);
       }
-      // A damaged base's dependents in other chains (forks) are damaged too.
+      // A damaged base's dependents in other chains (forks) are damaged too, and said so (their
+      // own decode through it failed for that reason), as within a chain.
       for (const auto& v : s.versions)
-        if (v.base && bad.count(v.base) && !bad.count(v.version))
+        if (v.base && bad.count(v.base))
           bad[v.version] = "its base version " + std::to_string(v.base) + " is damaged";
     } else {
       for (const auto& v : s.versions) {
