@@ -128,10 +128,11 @@ std::vector<std::string> content_store::verify_chain(
   // decoded on several threads: a second one gained 3–10% on the 2-core VM, where the walk
   // reads its objects from the disk at about 0.45 GB/s and decodes faster; benchmarks.md,
   // "verify --deep along the chain".)
-  std::vector<std::vector<std::pair<std::size_t, std::string>>> found(tracks.size());
-  const auto walk = [&](std::size_t ti) {
-    const track& tr = tracks[ti];
-    auto& out_problems = found[ti];
+  // A version's first problem is the one reported.
+  const auto note = [&](std::size_t j, std::string text) {
+    if (problems[j].empty()) problems[j] = std::move(text);
+  };
+  const auto walk = [&](const track& tr) {
     const std::uint64_t length = tensor(tr.frames[0]).length;
     const std::uint64_t slab_bytes = tr.geometry.per_slab * tr.geometry.block_bytes;
     std::vector<XXH3_state_t> digests(tr.frames.size());
@@ -155,7 +156,7 @@ std::vector<std::string> content_store::verify_chain(
             auto bad =
                 m.read_indexed_blocks(*links[j].item, f, tensor(tr.frames[t]), b0, b1, slab.enc);
             if (!bad.empty()) {
-              out_problems.emplace_back(j, std::move(bad));
+              note(j, std::move(bad));
               alive = t;
               break;
             }
@@ -168,7 +169,7 @@ std::vector<std::string> content_store::verify_chain(
               codec::decode(slab.enc, {}, out);
             }
           } catch (const std::exception& e) {
-            out_problems.emplace_back(j, e.what());
+            note(j, e.what());
             alive = t;
             break;
           }
@@ -179,27 +180,23 @@ std::vector<std::string> content_store::verify_chain(
         if (progress) progress(decoded);
       }
     } catch (const std::exception& e) {  // the slot or the guard: the track is not verified
-      out_problems.emplace_back(tr.frames[0].first, e.what());
+      note(tr.frames[0].first, e.what());
       alive = 0;
     }
     for (std::size_t t = 0; t < alive; ++t) {
       const tensor_frame& f = frame(tr.frames[t]);
       if (f.digest && XXH3_64bits_digest(&digests[t]) != f.digest)
-        out_problems.emplace_back(
-            tr.frames[t].first,
-            "tensor '" + tensor(tr.frames[t]).name + "' does not decode to its recorded digest");
+        note(tr.frames[t].first,
+             "tensor '" + tensor(tr.frames[t]).name + "' does not decode to its recorded digest");
     }
   };
-  for (std::size_t ti = 0; ti < tracks.size(); ++ti) {
+  for (const auto& tr : tracks) {
     try {
-      walk(ti);
+      walk(tr);
     } catch (const std::exception& e) {  // out of memory for its digests: not verified
-      found[ti].emplace_back(tracks[ti].frames[0].first, e.what());
+      note(tr.frames[0].first, e.what());
     }
   }
-  for (const auto& track_found : found)
-    for (const auto& [j, text] : track_found)
-      if (problems[j].empty()) problems[j] = text;
 
   // A damaged version's dependents decode on top of it: damaged too, whatever else they hold
   // (as verify's callers report them).

@@ -140,22 +140,14 @@ TEST_CASE("objects handed back after a failed sync are removed by the next one",
   s.content.return_unneeded_objects(taken);
   REQUIRE(s.content.has_unneeded_objects());
   s.content.collect_garbage(false);  // gc must not take them either: their record is not durable
-  for (auto id : taken) {
-    char name[32];
-    std::snprintf(name, sizeof name, "%016llx.obj", static_cast<unsigned long long>(id));
-    REQUIRE(bfs::exists(a.path / "objects" / name));
-  }
+  for (auto id : taken) REQUIRE(bfs::exists(object_file(a.path, id)));
   auto again = s.content.take_unneeded_objects();
   std::sort(taken.begin(), taken.end());
   std::sort(again.begin(), again.end());
   REQUIRE(again == taken);
   s.journal.sync();
   s.content.remove_objects(again);
-  for (auto id : taken) {
-    char name[32];
-    std::snprintf(name, sizeof name, "%016llx.obj", static_cast<unsigned long long>(id));
-    CHECK(!bfs::exists(a.path / "objects" / name));
-  }
+  for (auto id : taken) CHECK(!bfs::exists(object_file(a.path, id)));
   CHECK_NOTHROW(read_all(s.content, r1));
   CHECK_NOTHROW(read_all(s.content, r2));
 }

@@ -77,9 +77,7 @@ std::vector<std::byte> as_bytes(const std::string& s) {
 namespace {
 // The payload size of object `obj` in the store at `d`.
 std::uint64_t object_size(const temp_dir& d, std::uint64_t obj) {
-  char name[32];
-  std::snprintf(name, sizeof name, "%016llx.obj", static_cast<unsigned long long>(obj));
-  return bfs::file_size(d.path / "objects" / name) - 64;  // object framing
+  return bfs::file_size(object_file(d.path, obj)) - 64;  // object framing
 }
 
 // The metadata of version r's object, as a reader finds it; `dictionary`: its base's inline

@@ -190,9 +190,7 @@ TEST_CASE("a damaged object makes that version fail cleanly, others still read",
   // Flip one byte in the middle of a's object file (the first object written).
   const auto ids = s.objects.list();
   REQUIRE(ids.size() == 2);
-  char name[32];
-  std::snprintf(name, sizeof name, "%016llx.obj", static_cast<unsigned long long>(ids.front()));
-  const bfs::path victim = d.path / "objects" / name;
+  const bfs::path victim = object_file(d.path, ids.front());
   REQUIRE(bfs::exists(victim));
   // Every byte of the object matters: flip each position in turn (restoring it after).
   const auto size = bfs::file_size(victim);

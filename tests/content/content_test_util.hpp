@@ -5,6 +5,7 @@
 #include <boost/filesystem.hpp>
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -30,6 +31,13 @@ struct temp_dir {
   temp_dir(const temp_dir&) = delete;
   temp_dir& operator=(const temp_dir&) = delete;
 };
+
+// The file of object `id` in the store at `store` (object_store's `%016llx.obj`).
+inline bfs::path object_file(const bfs::path& store, std::uint64_t id) {
+  char name[32];
+  std::snprintf(name, sizeof name, "%016llx.obj", static_cast<unsigned long long>(id));
+  return store / "objects" / name;
+}
 
 // A store opened on a directory, as the daemon does: objects, journal, replay, content store.
 struct opened {

@@ -4,7 +4,6 @@
 // a sound chain is sound, a damaged version and the ones coded on top of it are reported.
 #include <boost/filesystem.hpp>
 #include <catch2/catch.hpp>
-#include <cstdio>
 #include <fstream>
 #include <random>
 
@@ -23,9 +22,7 @@ namespace {
 
 // Flips one bit in the middle of an object's file.
 void flip_bit(const bfs::path& store, std::uint64_t object) {
-  char name[32];
-  std::snprintf(name, sizeof name, "%016llx.obj", static_cast<unsigned long long>(object));
-  const bfs::path p = store / "objects" / name;
+  const bfs::path p = object_file(store, object);
   REQUIRE(bfs::exists(p));
   std::fstream f(p.string(), std::ios::in | std::ios::out | std::ios::binary);
   const auto at = std::streamoff(bfs::file_size(p) / 2);
