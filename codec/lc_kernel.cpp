@@ -210,9 +210,10 @@ void decode_groups(const std::byte* base_b, std::size_t n, const std::uint8_t* g
   const std::size_t full = n / k;
   std::size_t g = 0;
 #if defined(__AVX2__)
-  // fp32 with 2 or 4 symbols a group (b = 3, 4 and b = 2): eight elements per step, their
-  // representatives loaded straight from the table rows; the same IEEE add/mul as reconstruct.
-  if constexpr (T == dtype::f32 && (K == 2 || K == 4)) {
+  // fp32 with 2, 4 or 8 symbols a group (b = 3, 4; b = 2; b = 1, Adam's v at ratio_bits=1):
+  // eight elements per step, their representatives loaded straight from the table rows; the
+  // same IEEE add/mul as reconstruct.
+  if constexpr (T == dtype::f32 && (K == 2 || K == 4 || K == 8)) {
     const __m128i drop_v = _mm_cvtsi32_si128(drop);
     const __m256i half_less_one = _mm256_set1_epi32(drop ? (1 << (drop - 1)) - 1 : 0);
     const __m256i keep_mask = _mm256_set1_epi32(drop ? ~((1 << drop) - 1) : -1);
@@ -227,8 +228,10 @@ void decode_groups(const std::byte* base_b, std::size_t n, const std::uint8_t* g
                            reinterpret_cast<const double*>(table[groups[a + 1]])));
         };
         r = _mm256_set_m128(pair(g + 2), pair(g));
-      } else {  // two groups: the first four floats of two rows
+      } else if constexpr (K == 4) {  // two groups: the first four floats of two rows
         r = _mm256_set_m128(_mm_load_ps(table[groups[g + 1]]), _mm_load_ps(table[groups[g]]));
+      } else {  // one group: a whole row
+        r = _mm256_load_ps(table[groups[g]]);
       }
       const __m256 x = _mm256_loadu_ps(b + g * K);
       __m256 v = D == delta_kind::difference ? _mm256_add_ps(x, r) : _mm256_mul_ps(x, r);
@@ -259,7 +262,7 @@ void decode_groups(const std::byte* base_b, std::size_t n, const std::uint8_t* g
 template <dtype T, delta_kind D, int K>
 bool decode_fused(const std::byte* base, std::size_t n, const std::uint8_t* groups, int bits, int k,
                   const float* rep, int drop, std::byte* out) {
-  if constexpr (T == dtype::f32 && (K == 2 || K == 4)) {
+  if constexpr (T == dtype::f32 && (K == 2 || K == 4 || K == 8)) {
     if (drop) {
       decode_groups<T, D, K, true>(base, n, groups, bits, k, rep, drop, out);
       return true;
@@ -269,7 +272,7 @@ bool decode_fused(const std::byte* base, std::size_t n, const std::uint8_t* grou
   return false;
 }
 
-// Returns whether the elements came out rounded (fp32 with 2 or 4 symbols a group, the
+// Returns whether the elements came out rounded (fp32 with 2, 4 or 8 symbols a group, the
 // mount's coding); the caller rounds the others in a second pass.
 template <dtype T, delta_kind D>
 bool decode_k(const std::byte* base, std::size_t n, const std::uint8_t* groups, int bits, int k,

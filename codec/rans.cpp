@@ -190,7 +190,27 @@ void decode(std::span<const std::byte> in, std::span<std::uint8_t> out) {
     }
     return s;
   };
+  // After a step a state is at least freq * (kLow >> scale_bits) >= 2^8, so it takes at most two
+  // bytes to get back above kLow: while eight bytes remain, four steps need no bounds checks and
+  // no branches (a renormalisation branch is taken at random, about once every few symbols).
+  auto step_unchecked = [&](std::uint32_t& st) -> std::uint8_t {
+    const std::uint32_t slot = st & mask;
+    const std::uint8_t s = slot_symbol[slot];
+    st = freq[s] * (st >> scale_bits) + slot - cum[s];
+    const std::uint32_t one = st < kLow, two = st < (kLow >> 8);
+    const std::uint32_t next2 = (std::uint32_t(p[0]) << 8) | p[1];
+    const std::uint32_t st1 = (st << 8) | p[0], st2 = (st << 16) | next2;
+    st = two ? st2 : one ? st1 : st;
+    p += one + two;
+    return s;
+  };
   std::size_t i = 0;
+  for (; i + kStates <= n && end - p >= 2 * kStates; i += kStates) {
+    out[i] = step_unchecked(x[0]);
+    out[i + 1] = step_unchecked(x[1]);
+    out[i + 2] = step_unchecked(x[2]);
+    out[i + 3] = step_unchecked(x[3]);
+  }
   for (; i + kStates <= n; i += kStates) {
     out[i] = step(x[0]);
     out[i + 1] = step(x[1]);

@@ -1,5 +1,6 @@
 // The byte entropy coders: Huffman (4 streams, length-limited), rANS, and the per-stream choice.
 #include <catch2/catch.hpp>
+#include <cstring>
 #include <random>
 
 #include "codec/entropy.hpp"
@@ -141,6 +142,44 @@ TEST_CASE("truncated or damaged entropy streams are refused without crashing", "
       bad[rng() % bad.size()] ^= std::byte(1u << (rng() % 8));
       try {
         decode_bytes(bad, out);
+      } catch (const ckpt::corrupt_error&) {
+      }
+    }
+  }
+}
+
+TEST_CASE("rans: a stream cut short or damaged is refused, never read past", "[entropy]") {
+  // The decoder's fast loop reads up to two bytes a step without bounds checks while eight
+  // remain: every cut of the stream (its length field rewritten, so that the payload parses)
+  // must end in corrupt_error, from the checked tail, not in a read past the stream. Rare
+  // symbols (frequency 1) make steps that take two bytes at once.
+  for (auto [p0, alphabet] : {std::pair{0.97, 256}, std::pair{0.9999, 256}, std::pair{0.5, 4}}) {
+    const auto in = skewed(30000, p0, alphabet, 12);
+    std::vector<std::byte> enc;
+    rans::encode(in, rans::normalize(histogram(in)), enc);
+    const std::size_t table = 1 + 3 * (std::size_t(std::to_integer<int>(enc[0])) + 1);
+    std::uint32_t len;
+    std::memcpy(&len, enc.data() + table, 4);
+    REQUIRE(table + 4 + len == enc.size());
+    std::vector<std::uint8_t> out(in.size());
+    rans::decode(enc, out);
+    REQUIRE(out == in);
+    for (std::uint32_t cut = 0; cut < len; cut += 1 + cut / 16) {
+      INFO("p0 " << p0 << " cut " << cut << " of " << len);
+      // The shortened stream in a buffer of its own size, as a block's payload would hold it.
+      std::vector<std::byte> part(enc.begin(), enc.begin() + std::ptrdiff_t(table + 4 + cut));
+      std::memcpy(part.data() + table, &cut, 4);
+      REQUIRE_THROWS_AS(rans::decode(part, out), ckpt::corrupt_error);
+    }
+    std::mt19937 rng(9);
+    for (int i = 0; i < 200; ++i) {
+      auto bad = enc;
+      const std::size_t at = table + 4 + rng() % len;
+      bad[at] ^= std::byte(1u << (rng() % 8));
+      // A flip in the stream either throws or decodes to other symbols (the block checksum
+      // catches those); a flip in the first state's bytes may leave it below its range.
+      try {
+        rans::decode(bad, out);
       } catch (const ckpt::corrupt_error&) {
       }
     }
