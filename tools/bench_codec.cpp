@@ -10,6 +10,7 @@
 #include <boost/filesystem.hpp>
 #include <boost/filesystem/fstream.hpp>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -47,6 +48,7 @@ struct mode {
   bool relative = false;  // nonnegative tensors as ratios (the mount's relative=on)
   int round_bits = 0;     // reconstructions rounded (a chain on a lossy keyframe), the base too
   bool grid = false;      // difference tables by codec::select_difference (the mount's grid=auto)
+  bool v_only = false;    // only on Adam's v (the mount codes other tensors otherwise)
 };
 
 struct options {
@@ -89,6 +91,31 @@ dataset synthetic(const std::string& kind, std::size_t n, dtype t) {
     // Round-tripped through the 16-bit type, prev must be what a reader would have seen.
     d.name += "-" + std::string(name(t));
   }
+  return d;
+}
+
+// Adam's second moment between two saves: v' = β2·v + (1 − β2)·g² with β2 = 0.999, 200 steps
+// apart, each element's gradient scale drifting between the saves (log-normal, σ = 0.7), the
+// previous version rounded to moment_bits = 2 (the mount's chain keeps v at 2 mantissa bits).
+// Four tensors, so that the per-tensor modes (the mount's) run on it too.
+dataset adam_v(std::size_t n, dtype t) {
+  std::mt19937_64 rng(3);
+  std::normal_distribution<float> grad(0.0f, 1.0f), drift(0.0f, 0.7f);
+  std::lognormal_distribution<float> scale(-7.0f, 1.0f);  // per-element gradient scale
+  std::vector<float> prev(n), cur(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const float s = scale(rng), s_next = s * std::exp(drift(rng));
+    const float v = s * s;
+    prev[i] = v;
+    // 200 steps of the recurrence in closed form for the decay; the new gradients' mean square.
+    const float decay = 0.81865f;  // 0.999^200
+    const float g = s_next * grad(rng);
+    cur[i] = decay * v + (1.0f - decay) * (s_next * s_next + 0.1f * g * g);
+  }
+  dataset d{"adam-v", t, convert(prev, t), convert(cur, t), {}};
+  round_mantissa(t, d.prev, d.prev, 2);
+  for (int q = 0; q < 4; ++q) d.tensor_elements.push_back(n / 4 + (q == 3 ? n % 4 : 0));
+  if (t != dtype::f32) d.name += "-" + std::string(name(t));
   return d;
 }
 
@@ -280,6 +307,13 @@ std::vector<mode> modes(bool per_tensor_available) {
     r.name = "grouped-tensor-rel-round12-grid";
     r.grid = true;
     m.push_back(r);
+    // Adam's v as the mount codes it: 1-bit ratios (ratio_bits=1), rounded to 2 mantissa bits
+    // (moment_bits=2), eight symbols a group.
+    mode v{"v-ratio1-round2", 1, 8, entropy_policy::best, bucket_scope::tensor};
+    v.relative = true;
+    v.round_bits = 2;
+    v.v_only = true;
+    m.push_back(v);
   }
   mode l;
   l.name = "lossless";
@@ -301,6 +335,7 @@ void run(const options& o) {
   std::vector<dataset> sets;
   sets.push_back(synthetic("gauss", o.elements, *t));
   sets.push_back(synthetic("laplace", o.elements, *t));
+  sets.push_back(adam_v(o.elements, *t));
   if (!o.data_dir.empty()) {
     std::vector<fs::path> metas;
     for (const auto& e : fs::directory_iterator(o.data_dir))
@@ -317,6 +352,7 @@ void run(const options& o) {
     tbb::task_arena arena(threads);
     for (const auto& d : sets) {
       for (const auto& m : modes(d.tensor_elements.size() > 1)) {
+        if (m.v_only && d.name.rfind("adam-v", 0) != 0) continue;
         result r;
         arena.execute([&] {
           r = m.kind == mode::lossy      ? run_lossy(d, m, o)
