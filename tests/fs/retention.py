@@ -722,11 +722,20 @@ def scenario_status(ckptfs, ctl, tmp):
         newest = f"{mnt}/run_a/step_002.pt"  # ~3 MiB of tensors: past head_min; run_b is not
         image_size = os.path.getsize(newest)
 
-        def published():
-            st = ctl.json("status", mnt)
-            return st if st["heads"]["published"] >= 1 and st["heads"]["memory_bytes"] == 0 \
-                else None
-        st = wait_for("the head image to be published", published)
+        def settled():
+            # A read waits for its file's commit, not for what follows it (the head image's
+            # publication, the commit's bookkeeping, a staging file's removal): the daemon is
+            # asked until all of that is done, then every count below must be exact.
+            st = last[0] = ctl.json("status", mnt)
+            idle = st["heads"]["published"] >= 1 and st["heads"]["memory_bytes"] == 0 and \
+                st["commits"] == {"queued": 0, "running": 0} and \
+                st["encodes"]["in_use"] == 0 and st["scratch"]["bytes"] == image_size
+            return st if idle else None
+        last = [None]
+        try:
+            st = wait_for("the head image to be published and the daemon idle", settled)
+        except AssertionError as e:
+            raise AssertionError(f"{e}; the last status: {last[0]}") from None
         assert st["pid"] == daemon.pid, st
         assert st["store"] == store and st["mountpoint"] == mnt, st
         bound = cache + buffer + 512 * mib
