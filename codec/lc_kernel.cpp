@@ -219,28 +219,30 @@ void decode_groups(const std::byte* base_b, std::size_t n, const std::uint8_t* g
   std::size_t g = 0;
 #if defined(__AVX2__)
   // fp32 with 2, 4 or 8 symbols a group (b = 3, 4; b = 2; b = 1, Adam's v at ratio_bits=1):
-  // eight elements per step, their representatives loaded straight from the table rows; the
-  // same IEEE add/mul as reconstruct.
+  // eight elements per step. Their symbols are shifted out of the step's group bytes lane by
+  // lane and pick their representatives by a register permute (two for 16 of them), which beat
+  // loading rows of the table; the same IEEE add/mul as reconstruct.
   if constexpr (T == dtype::f32 && (K == 2 || K == 4 || K == 8)) {
     const __m128i drop_v = _mm_cvtsi32_si128(drop);
     const __m256i half_less_one = _mm256_set1_epi32(drop ? (1 << (drop - 1)) - 1 : 0);
     const __m256i keep_mask = _mm256_set1_epi32(drop ? ~((1 << drop) - 1) : -1);
     const float* b = reinterpret_cast<const float*>(base_b);
     float* o = reinterpret_cast<float*>(out_b);
+    alignas(32) std::int32_t shift[8];
+    for (int j = 0; j < 8; ++j) shift[j] = (j / K) * 8 + (j % K) * bits;
+    const __m256i shifts = _mm256_load_si256(reinterpret_cast<const __m256i*>(shift));
+    const __m256i symbol_mask = _mm256_set1_epi32(int(mask));
+    const __m256 rep_lo = _mm256_loadu_ps(rep), rep_hi = _mm256_loadu_ps(rep + 8);
+    const bool sixteen = bits == 4;
     for (; g + 8 / K <= full; g += 8 / K) {
-      __m256 r;
-      if constexpr (K == 2) {  // four groups: the first two floats of four rows
-        auto pair = [&](std::size_t a) {
-          return _mm_castpd_ps(
-              _mm_loadh_pd(_mm_load_sd(reinterpret_cast<const double*>(table[groups[a]])),
-                           reinterpret_cast<const double*>(table[groups[a + 1]])));
-        };
-        r = _mm256_set_m128(pair(g + 2), pair(g));
-      } else if constexpr (K == 4) {  // two groups: the first four floats of two rows
-        r = _mm256_set_m128(_mm_load_ps(table[groups[g + 1]]), _mm_load_ps(table[groups[g]]));
-      } else {  // one group: a whole row
-        r = _mm256_load_ps(table[groups[g]]);
-      }
+      std::uint32_t word = 0;
+      std::memcpy(&word, groups + g, 8 / K);
+      const __m256i idx =
+          _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(int(word)), shifts), symbol_mask);
+      __m256 r = _mm256_permutevar8x32_ps(rep_lo, idx);
+      if (sixteen)  // symbols 8..15 from the upper eight, chosen by the symbol's bit 3
+        r = _mm256_blendv_ps(r, _mm256_permutevar8x32_ps(rep_hi, idx),
+                             _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)));
       const __m256 x = _mm256_loadu_ps(b + g * K);
       __m256 v = D == delta_kind::difference ? _mm256_add_ps(x, r) : _mm256_mul_ps(x, r);
       if constexpr (Round) v = round8(v, drop_v, half_less_one, keep_mask);
