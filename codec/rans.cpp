@@ -191,9 +191,14 @@ void decode(std::span<const std::byte> in, std::span<std::uint8_t> out) {
     return s;
   };
   // After a step a state is at least freq * (kLow >> scale_bits) >= 2^8, so it takes at most two
-  // bytes to get back above kLow: while eight bytes remain, four steps need no bounds checks and
-  // no branches (a renormalisation branch is taken at random, about once every few symbols).
-  auto step_unchecked = [&](std::uint32_t& st) -> std::uint8_t {
+  // bytes to get back above kLow: while eight bytes remain, four steps need no bounds checks.
+  // Where a stream spends under 3/4 of a bit a symbol a state renormalises rarely and a branch
+  // predicts it; above that the branch goes either way at random and a select is faster.
+  // Measured on one core: 410-470 M symbols/s with the select at any density; with the branch
+  // 690 at 0.004 bits a symbol, 620 at 0.27 and 155 at 4. GCC 12 compiles step_select's
+  // ternaries to conditional moves here; in a templated lambda shared with step_branch it made
+  // branches of them again (and masks or shifts instead cost 2x), so the two stay apart.
+  auto step_select = [&](std::uint32_t& st) -> std::uint8_t {
     const std::uint32_t slot = st & mask;
     const std::uint8_t s = slot_symbol[slot];
     st = freq[s] * (st >> scale_bits) + slot - cum[s];
@@ -204,12 +209,31 @@ void decode(std::span<const std::byte> in, std::span<std::uint8_t> out) {
     p += one + two;
     return s;
   };
+  auto step_branch = [&](std::uint32_t& st) -> std::uint8_t {
+    const std::uint32_t slot = st & mask;
+    const std::uint8_t s = slot_symbol[slot];
+    st = freq[s] * (st >> scale_bits) + slot - cum[s];
+    if (st < kLow) {
+      st = (st << 8) | *p++;
+      if (st < kLow) st = (st << 8) | *p++;
+    }
+    return s;
+  };
   std::size_t i = 0;
-  for (; i + kStates <= n && end - p >= 2 * kStates; i += kStates) {
-    out[i] = step_unchecked(x[0]);
-    out[i + 1] = step_unchecked(x[1]);
-    out[i + 2] = step_unchecked(x[2]);
-    out[i + 3] = step_unchecked(x[3]);
+  if (std::uint64_t(stream.size()) * 32 < std::uint64_t(n) * 3) {
+    for (; i + kStates <= n && end - p >= 2 * kStates; i += kStates) {
+      out[i] = step_branch(x[0]);
+      out[i + 1] = step_branch(x[1]);
+      out[i + 2] = step_branch(x[2]);
+      out[i + 3] = step_branch(x[3]);
+    }
+  } else {
+    for (; i + kStates <= n && end - p >= 2 * kStates; i += kStates) {
+      out[i] = step_select(x[0]);
+      out[i + 1] = step_select(x[1]);
+      out[i + 2] = step_select(x[2]);
+      out[i + 3] = step_select(x[3]);
+    }
   }
   for (; i + kStates <= n; i += kStates) {
     out[i] = step(x[0]);
