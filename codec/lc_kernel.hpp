@@ -28,7 +28,8 @@ void lc_encode_symbols(dtype t, const std::byte* cur, const std::byte* base, std
 void pack_groups(const std::uint8_t* symbols, std::size_t n, int bits, int k, std::uint8_t* groups);
 
 // out[i] = reconstruct<t, kind>(base[i], rep[symbol i]) with symbols unpacked from groups, each
-// rounded to round_bits mantissa bits (round_word) when round_bits > 0.
+// rounded to round_bits mantissa bits (round_word) when round_bits > 0. `rep` holds
+// 1 << max_bits floats whatever `bits` is (the vector kernel loads them all).
 void lc_decode_symbols(dtype t, delta_kind kind, const std::byte* base, std::size_t n,
                        const std::uint8_t* groups, int bits, int k, const float* rep,
                        int round_bits, std::byte* out);

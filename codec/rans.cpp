@@ -167,6 +167,10 @@ void decode(std::span<const std::byte> in, std::span<std::uint8_t> out) {
   for (int s = 0; s < 256; ++s)
     if (freq[s]) std::memset(slot_symbol.data() + cum[s], s, freq[s]);
 
+  // Its data pointer in a register: the stores to `out` may alias a thread_local vector's, which
+  // made every step reload it from thread-local storage.
+  const std::uint8_t* const symbol_of = slot_symbol.data();
+
   const std::uint32_t len = r.get<std::uint32_t>();
   auto stream = r.get_bytes(len);
   const auto* p = reinterpret_cast<const std::uint8_t*>(stream.data());
@@ -182,7 +186,7 @@ void decode(std::span<const std::byte> in, std::span<std::uint8_t> out) {
   constexpr std::uint32_t mask = kTotal - 1;
   auto step = [&](std::uint32_t& st) -> std::uint8_t {
     const std::uint32_t slot = st & mask;
-    const std::uint8_t s = slot_symbol[slot];
+    const std::uint8_t s = symbol_of[slot];
     st = freq[s] * (st >> scale_bits) + slot - cum[s];
     while (st < kLow) {
       if (p == end) throw corrupt_error("rans: stream ends early");
@@ -195,12 +199,13 @@ void decode(std::span<const std::byte> in, std::span<std::uint8_t> out) {
   // Where a stream spends under 3/4 of a bit a symbol a state renormalises rarely and a branch
   // predicts it; above that the branch goes either way at random and a select is faster.
   // Measured on one core: 410-470 M symbols/s with the select at any density; with the branch
-  // 690 at 0.004 bits a symbol, 620 at 0.27 and 155 at 4. GCC 12 compiles step_select's
-  // ternaries to conditional moves here; in a templated lambda shared with step_branch it made
-  // branches of them again (and masks or shifts instead cost 2x), so the two stay apart.
+  // 690 at 0.004 bits a symbol, 620 at 0.27 and 155 at 4. GCC 12 compiles step_select with a
+  // conditional move for the one-byte case and a branch for the rarer two-byte one; in a
+  // templated lambda shared with step_branch it branched on both again (and masks or shifts
+  // instead cost 2x), so the two stay apart.
   auto step_select = [&](std::uint32_t& st) -> std::uint8_t {
     const std::uint32_t slot = st & mask;
-    const std::uint8_t s = slot_symbol[slot];
+    const std::uint8_t s = symbol_of[slot];
     st = freq[s] * (st >> scale_bits) + slot - cum[s];
     const std::uint32_t one = st < kLow, two = st < (kLow >> 8);
     const std::uint32_t next2 = (std::uint32_t(p[0]) << 8) | p[1];
@@ -211,7 +216,7 @@ void decode(std::span<const std::byte> in, std::span<std::uint8_t> out) {
   };
   auto step_branch = [&](std::uint32_t& st) -> std::uint8_t {
     const std::uint32_t slot = st & mask;
-    const std::uint8_t s = slot_symbol[slot];
+    const std::uint8_t s = symbol_of[slot];
     st = freq[s] * (st >> scale_bits) + slot - cum[s];
     if (st < kLow) {
       st = (st << 8) | *p++;

@@ -107,7 +107,8 @@ dataset adam_v(std::size_t n, dtype t) {
     const float s = scale(rng), s_next = s * std::exp(drift(rng));
     const float v = s * s;
     prev[i] = v;
-    // 200 steps of the recurrence in closed form for the decay; the new gradients' mean square.
+    // 200 steps of the recurrence in closed form for the decay; the new gradients' mean square,
+    // plus the noise of one of them.
     const float decay = 0.81865f;  // 0.999^200
     const float g = s_next * grad(rng);
     cur[i] = decay * v + (1.0f - decay) * (s_next * s_next + 0.1f * g * g);
