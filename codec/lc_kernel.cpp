@@ -210,11 +210,23 @@ void decode_groups(const std::byte* base_b, std::size_t n, const std::uint8_t* g
   const S* base = reinterpret_cast<const S*>(base_b);
   S* out = reinterpret_cast<S*>(out_b);
   const int k = K ? K : k_runtime;
-  // One lookup per group gives its k representatives: a fixed output stride of k elements.
-  alignas(32) float table[256][8];
   const unsigned mask = (1u << bits) - 1;
-  for (unsigned g = 0; g < 256; ++g)
-    for (int j = 0; j < 8; ++j) table[g][j] = j < k ? rep[(g >> (j * bits)) & mask] : 0.0f;
+#if defined(__AVX2__)
+  constexpr bool vector = T == dtype::f32 && (K == 2 || K == 4 || K == 8);
+#else
+  constexpr bool vector = false;
+#endif
+  // One lookup per group gives its k representatives: a fixed output stride of k elements. The
+  // vector kernel needs no table (its last few groups take their symbols apart one by one);
+  // building it cost a 1 MiB block under 1% of its decode.
+  alignas(32) float table[vector ? 1 : 256][8];
+  if constexpr (!vector)
+    for (unsigned g = 0; g < 256; ++g)
+      for (int j = 0; j < 8; ++j) table[g][j] = j < k ? rep[(g >> (j * bits)) & mask] : 0.0f;
+  const auto rep_of = [&](std::uint8_t group, int j) -> float {
+    if constexpr (vector) return rep[(unsigned(group) >> (j * bits)) & mask];
+    return table[group][j];
+  };
   const std::size_t full = n / k;
   std::size_t g = 0;
 #if defined(__AVX2__)
@@ -251,20 +263,20 @@ void decode_groups(const std::byte* base_b, std::size_t n, const std::uint8_t* g
   }
 #endif
   for (; g < full; ++g) {
-    const float* r = table[groups[g]];
+    const std::uint8_t grp = groups[g];
     S* o = out + g * k;
     const S* bs = base + g * k;
     if constexpr (K != 0) {
       for (int j = 0; j < K; ++j)
-        o[j] = rounded<T>(reconstruct<T, D>(bs[j], r[j]), Round ? drop : 0);
+        o[j] = rounded<T>(reconstruct<T, D>(bs[j], rep_of(grp, j)), Round ? drop : 0);
     } else {
       for (int j = 0; j < k; ++j)
-        o[j] = rounded<T>(reconstruct<T, D>(bs[j], r[j]), Round ? drop : 0);
+        o[j] = rounded<T>(reconstruct<T, D>(bs[j], rep_of(grp, j)), Round ? drop : 0);
     }
   }
   for (std::size_t i = full * k; i < n; ++i)
-    out[i] =
-        rounded<T>(reconstruct<T, D>(base[i], table[groups[full]][i - full * k]), Round ? drop : 0);
+    out[i] = rounded<T>(reconstruct<T, D>(base[i], rep_of(groups[full], int(i - full * k))),
+                        Round ? drop : 0);
 }
 
 // K symbols a group with every element rounded by `drop` bits: in the kernel's registers for
