@@ -234,7 +234,7 @@ void decode_groups(const std::byte* base_b, std::size_t n, const std::uint8_t* g
   // eight elements per step. Their symbols are shifted out of the step's group bytes lane by
   // lane and pick their representatives by a register permute (two for 16 of them), which beat
   // loading rows of the table; the same IEEE add/mul as reconstruct.
-  if constexpr (T == dtype::f32 && (K == 2 || K == 4 || K == 8)) {
+  if constexpr (vector) {
     const __m128i drop_v = _mm_cvtsi32_si128(drop);
     const __m256i half_less_one = _mm256_set1_epi32(drop ? (1 << (drop - 1)) - 1 : 0);
     const __m256i keep_mask = _mm256_set1_epi32(drop ? ~((1 << drop) - 1) : -1);

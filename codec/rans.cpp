@@ -184,10 +184,15 @@ void decode(std::span<const std::byte> in, std::span<std::uint8_t> out) {
   }
   const std::size_t n = out.size();
   constexpr std::uint32_t mask = kTotal - 1;
-  auto step = [&](std::uint32_t& st) -> std::uint8_t {
+  // A state's next symbol, and the state without it (below kLow if it needs bytes).
+  const auto pop = [&](std::uint32_t& st) -> std::uint8_t {
     const std::uint32_t slot = st & mask;
     const std::uint8_t s = symbol_of[slot];
     st = freq[s] * (st >> scale_bits) + slot - cum[s];
+    return s;
+  };
+  auto step = [&](std::uint32_t& st) -> std::uint8_t {
+    const std::uint8_t s = pop(st);
     while (st < kLow) {
       if (p == end) throw corrupt_error("rans: stream ends early");
       st = (st << 8) | *p++;
@@ -204,9 +209,7 @@ void decode(std::span<const std::byte> in, std::span<std::uint8_t> out) {
   // templated lambda shared with step_branch it branched on both again (and masks or shifts
   // instead cost 2x), so the two stay apart.
   auto step_select = [&](std::uint32_t& st) -> std::uint8_t {
-    const std::uint32_t slot = st & mask;
-    const std::uint8_t s = symbol_of[slot];
-    st = freq[s] * (st >> scale_bits) + slot - cum[s];
+    const std::uint8_t s = pop(st);
     const std::uint32_t one = st < kLow, two = st < (kLow >> 8);
     const std::uint32_t next2 = (std::uint32_t(p[0]) << 8) | p[1];
     const std::uint32_t st1 = (st << 8) | p[0], st2 = (st << 16) | next2;
@@ -215,9 +218,7 @@ void decode(std::span<const std::byte> in, std::span<std::uint8_t> out) {
     return s;
   };
   auto step_branch = [&](std::uint32_t& st) -> std::uint8_t {
-    const std::uint32_t slot = st & mask;
-    const std::uint8_t s = symbol_of[slot];
-    st = freq[s] * (st >> scale_bits) + slot - cum[s];
+    const std::uint8_t s = pop(st);
     if (st < kLow) {
       st = (st << 8) | *p++;
       if (st < kLow) st = (st << 8) | *p++;

@@ -135,10 +135,11 @@ std::vector<std::string> content_store::verify_chain(
   const auto walk = [&](const track& tr) {
     const std::uint64_t length = tensor(tr.frames[0]).length;
     const std::uint64_t slab_bytes = tr.geometry.per_slab * tr.geometry.block_bytes;
-    std::vector<XXH3_state_t> digests(tr.frames.size());
-    for (auto& d : digests) XXH3_64bits_reset(&d);
+    std::vector<XXH3_state_t> digests;
     std::size_t alive = tr.frames.size();  // a failure ends the track there
     try {
+      digests.resize(tr.frames.size());
+      for (auto& d : digests) XXH3_64bits_reset(&d);
       impl::read_guard guard(m);
       std::shared_ptr<const cache_item> base_whole;
       for (std::uint64_t at = 0, b0 = 0; at < length && alive > 0;
@@ -179,7 +180,7 @@ std::vector<std::string> content_store::verify_chain(
         }
         if (progress) progress(decoded);
       }
-    } catch (const std::exception& e) {  // the slot or the guard: the track is not verified
+    } catch (const std::exception& e) {  // its digests, the slot or the guard: not verified
       note(tr.frames[0].first, e.what());
       alive = 0;
     }
@@ -190,13 +191,7 @@ std::vector<std::string> content_store::verify_chain(
              "tensor '" + tensor(tr.frames[t]).name + "' does not decode to its recorded digest");
     }
   };
-  for (const auto& tr : tracks) {
-    try {
-      walk(tr);
-    } catch (const std::exception& e) {  // out of memory for its digests: not verified
-      note(tr.frames[0].first, e.what());
-    }
-  }
+  for (const auto& tr : tracks) walk(tr);
 
   // A damaged version's dependents decode on top of it: damaged too, whatever else they hold
   // (as verify's callers report them).
