@@ -1,16 +1,17 @@
 // Streaming writes (content_store.hpp, "Streaming writes"): a torch.save file encoded while it is
 // written. The stream's thread walks the archive's records as they arrive
 // (format::torch_zip_walker), picks the base once data.pkl is in, and codes each tensor the moment
-// its bytes are written: the frames go into the version's object, the reconstruction over the
-// staged bytes. At the commit (put with the stream) the same thread recognises the finished
-// file, checks that it is the archive it walked and that nothing it read was rewritten, and then
-// only writes the exact regions and the record: the object is written by one thread from start to
-// end (its writer's io_uring accepts one submitter). Anything else drops the stream's work: the
-// file is stored as an ordinary put stores it.
+// its bytes are written: the frames go into the version's object, and with head images the
+// reconstruction over the staged bytes (the image to be). At the commit (put with the stream) the
+// same thread recognises the finished file, checks that it is the archive it walked and that
+// nothing it read was rewritten, and then only writes the exact regions and the record: the object
+// is written by one thread from start to end (its writer's io_uring accepts one submitter).
+// Anything else drops the stream's work: the file is stored as an ordinary put stores it.
 //
 // A DCP shard (`*.distcp`) is walked archive by archive (format::distcp_walker). Its lineage
 // signature needs every tensor, so its base is picked by its path once head_min of its tensors
 // are walked (choose_shard_base, which must hold all of them), and its lineage at the commit.
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -102,8 +103,15 @@ void content_store::impl::run_stream(stream& s) {
     const format::source data(kUnknownSize, [&staged](std::uint64_t off, std::span<std::byte> out) {
       staged.read_fully(off, out);
     });
-    if (!heads) {
-      s.declined_ = "head images off";
+    // Without head images a stream's reconstruction goes nowhere but into the object, so it is
+    // worth following only a checkpoint the commit would not keep in the cache either (larger
+    // than half of it, put()'s rule): there the commit would decode the base through its chain
+    // after the last byte anyway, and the file would wait in the staging file to be read back.
+    // A DCP shard's size is known only at its end: left to the commit.
+    const std::uint64_t least =
+        heads ? opt.head_min : std::max(opt.head_min, cache.budget() / 2 + 1);
+    if (!heads && s.distcp_) {
+      s.declined_ = "head images off (a DCP shard's size is known at its end)";
       return;
     }
     if (opt.scope != codec::bucket_scope::tensor) {
@@ -136,8 +144,8 @@ void content_store::impl::run_stream(stream& s) {
       t = held[held_next++];
     } else {
       walk.emplace(src, opt.recognise());
-      if (walk->predicted_bytes(true) < opt.head_min) {
-        s.declined_ = "smaller than head_min";
+      if (walk->predicted_bytes(true) < least) {
+        s.declined_ = heads ? "smaller than head_min" : "head images off, and the cache keeps it";
         return;
       }
       // The first record tells the order of the rest: the layout's tensor order, which the
@@ -210,8 +218,9 @@ void content_store::impl::run_stream(stream& s) {
       tensor_job j =
           job_for(index, *t, base_meta.get(), base_by_name, previous.get(), &previous_by_name);
       j.refresh = s.bc_.refresh;
+      // The reconstruction replaces the written bytes only where they become the head image.
       const auto sink = [&](std::uint64_t off, std::span<const std::byte> recon) {
-        if (j.rewrites()) staged.overwrite(t->offset + off, recon);
+        if (heads && j.rewrites()) staged.overwrite(t->offset + off, recon);
         staged.settle(t->offset + off + recon.size());
       };
       s.results_.back() =
@@ -324,7 +333,7 @@ std::optional<content_ref> content_store::impl::finish_stream(stream& s, std::st
     }
     note_rounding(meta);
     member_crcs(meta, layout, tensor_crc, replaced, src,
-                std::span<std::byte>(slab.cur.data(), kSlabBytes), &staged);
+                std::span<std::byte>(slab.cur.data(), kSlabBytes), heads ? &staged : nullptr);
   }
   meta.layout = std::move(layout);
 
@@ -349,7 +358,7 @@ std::optional<content_ref> content_store::impl::finish_stream(stream& s, std::st
     lineage_lock.unlock();
   }
   return record_version(path, std::move(meta), out, 0, s.lineage_id_, s.bc_, *s.pin_, {},
-                        s.staged_);
+                        heads ? s.staged_ : nullptr);
 }
 
 std::shared_ptr<content_store::stream> content_store::start_stream(

@@ -25,10 +25,11 @@ At the end, after a remount and drop_caches, torch.load of the newest and the ol
 checkpoint from each mount and from the plain directory (timed, and checked against what was
 saved with fs_scale.check's tolerances).
 
-Usage: fs_rotation_scale.py CKPTFS_BINARY [--gib 2] [--saves 12] [--keep 3]
+Usage: fs_rotation_scale.py CKPTFS_BINARY [OTHER_BINARY ...] [--gib 2] [--saves 12] [--keep 3]
                             [--config "" --config heads=off ...] [--dir /var/tmp] [--json PATH]
 --config: mount options of one mount, comma-separated ("" for the defaults); give it once per
-mount (default: the defaults and heads=off, both at cache=512M,buffer=256M).
+mount (default: the defaults and heads=off, both at cache=512M,buffer=256M). With several
+binaries (builds to compare, each with its ckptctl beside it) every config is mounted with each.
 Needs root (FUSE, drop_caches), free disk under --dir of about (2 + 2 per config) x --keep x
 --gib, and RAM for the state plus the daemons' budgets. Run by /usr/bin/python3 (torch 1.13).
 """
@@ -112,7 +113,7 @@ def settle(ckptctl, mnt, store, deadline_s=900):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("ckptfs")
+    ap.add_argument("ckptfs", nargs="+")
     ap.add_argument("--gib", type=float, default=2.0)
     ap.add_argument("--saves", type=int, default=12)
     ap.add_argument("--keep", type=int, default=3)
@@ -123,7 +124,6 @@ def main():
     if a.keep < 1 or a.saves <= a.keep:
         sys.exit("need --saves > --keep >= 1")
     configs = a.config if a.config is not None else DEFAULT_CONFIGS
-    ckptctl = os.path.join(os.path.dirname(os.path.abspath(a.ckptfs)), "ckptctl")
     os.environ.setdefault("CKPTFS_TEST_DEADLINE", str(int(3600 + 60 * a.saves * a.gib)))
     fs_scale.Interrupts.install()
     work = os.path.join(a.dir, f"ckptfs-rotation-scale-{os.getpid()}")
@@ -132,7 +132,7 @@ def main():
                "configs": configs, "saves": []}
     print(f"command: {results['command']}\ndate:    {results['date']}", flush=True)
     try:
-        run(a, configs, ckptctl, work, results)
+        run(a, configs, work, results)
     finally:
         fs_scale.unmount_all_under(work)
         shutil.rmtree(work, ignore_errors=True)
@@ -141,12 +141,17 @@ def main():
             json.dump(results, f, indent=1)
 
 
-def run(a, configs, ckptctl, work, results):
+def run(a, configs, work, results):
     plain = os.path.join(work, "plain")
     os.makedirs(plain)
-    sides = [{"opts": c, "store": os.path.join(work, f"store{i}"),
+    pairs = [(b, c) for b in a.ckptfs for c in configs]
+    sides = [{"binary": b, "opts": c, "store": os.path.join(work, f"store{i}"),
+              "ckptctl": os.path.join(os.path.dirname(os.path.abspath(b)), "ckptctl"),
               "mnt": os.path.join(work, f"mnt{i}"), "written": 0, "heads_written": 0}
-             for i, c in enumerate(configs)]
+             for i, (b, c) in enumerate(pairs)]
+    results["sides"] = [{"binary": s["binary"], "opts": s["opts"]} for s in sides]
+    for i, s in enumerate(sides):
+        print(f"[{i}] {s['binary']} {s['opts'] or 'defaults'}", flush=True)
     for s in sides:
         os.makedirs(s["mnt"])
     state = fs_scale.TrainingState(int(a.gib * GiB), seed=17)
@@ -156,7 +161,7 @@ def run(a, configs, ckptctl, work, results):
     with contextlib.ExitStack() as stack:
         for s in sides:
             opts = [o for o in s["opts"].split(",") if o]
-            s["proc"] = stack.enter_context(mounted(a.ckptfs, s["store"], s["mnt"], *opts))
+            s["proc"] = stack.enter_context(mounted(s["binary"], s["store"], s["mnt"], *opts))
         for step in range(1, a.saves + 1):
             if step > 1:
                 state.advance()
@@ -181,9 +186,9 @@ def run(a, configs, ckptctl, work, results):
             for i, s in enumerate(sides):
                 if rotate(s["mnt"], a.keep) != kept:
                     raise RuntimeError(f"{s['mnt']}: kept other checkpoints than the plain side")
-                status, waited = settle(ckptctl, s["mnt"], s["store"])
+                status, waited = settle(s["ckptctl"], s["mnt"], s["store"])
                 # After the settle: a new version's head image is published by then.
-                new = [ctl(ckptctl, "stat", os.path.join(s["mnt"], f"checkpoint-{step}", n))
+                new = [ctl(s["ckptctl"], "stat", os.path.join(s["mnt"], f"checkpoint-{step}", n))
                        for n in FILES]
                 s["written"] += sum(x["stored_bytes"] for x in new)
                 s["heads_written"] += sum(x.get("head_bytes", 0) for x in new)
@@ -237,7 +242,7 @@ def loads(a, sides, plain, kept, refs, results):
         line = [f"load checkpoint-{step}: plain {plain_s:.2f} s"]
         for i, s in enumerate(sides):
             opts = [o for o in s["opts"].split(",") if o]
-            with mounted(a.ckptfs, s["store"], s["mnt"], *opts):
+            with mounted(s["binary"], s["store"], s["mnt"], *opts):
                 drop_caches()
                 t = time.perf_counter()
                 got = load_checkpoint(s["mnt"], step)

@@ -82,11 +82,16 @@ std::shared_ptr<fs::write_buffer> fresh_buffer(const temp_dir& d) {
 }
 
 // Waits until the stream following `buf` has coded something: a delta's reconstruction is in
-// the buffer. False after 10 s.
-bool coded_something(const fs::write_buffer& buf) {
-  for (int i = 0; i < 2000 && !buf.modified(); ++i)
+// the buffer, or (given the store and its streamed_bytes before the stream started; without
+// head images nothing goes into the buffer) a tensor is coded. False after 10 s.
+bool coded_something(const fs::write_buffer& buf, const fs::content_store* c = nullptr,
+                     std::uint64_t streamed_before = 0) {
+  const auto coded = [&] {
+    return buf.modified() || (c && c->usage().streamed_bytes > streamed_before);
+  };
+  for (int i = 0; i < 2000 && !coded(); ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  return buf.modified();
+  return coded();
 }
 
 // Writes `file` into `buf` in 64 KiB pieces while a stream follows it, then commits.
@@ -135,9 +140,10 @@ void check_streamed_matches_plain(
     fs::content_ref a;
     if (streamed_version(v)) {
       auto buf = fresh_buffer(streamed_dir);
+      const std::uint64_t before = streamed.content.usage().streamed_bytes;
       // A delta's stream has coded something before the file is complete.
       a = stream_in(streamed.content, path, file, buf,
-                    [&] { CHECK((v == 0 || coded_something(*buf))); });
+                    [&] { CHECK((v == 0 || coded_something(*buf, &streamed.content, before))); });
       ++streams;
     } else {
       a = plain_put(streamed.content, streamed_dir, path, file);
@@ -215,6 +221,54 @@ TEST_CASE("a streamed lossy keyframe is rounded as a put rounds it, in the buffe
   }
   CHECK(streamed.content.usage().streamed_puts == 3);
   CHECK(streamed.content.usage().streams_dropped == 0);
+}
+
+TEST_CASE("without head images, a checkpoint larger than half the cache is streamed",
+          "[content][stream]") {
+  // Such a checkpoint's reconstruction is not kept in the cache by a commit either: the stream
+  // codes it while it is written, against a base decoded through its chain, stores what put()
+  // stores and leaves the written bytes as they are (no image to make). One the cache would
+  // keep (the next version's base) is left to the commit, which keeps it.
+  const auto heads_off = [](std::uint64_t cache) {
+    return [cache](fs::content_options& o) {
+      o.heads_dir.clear();
+      o.cache_bytes = cache;
+    };
+  };
+  model m;  // 2.4 MB of tensors a version
+  SECTION("larger than half the cache: streamed") {
+    check_streamed_matches_plain(
+        [&] { return m.step(); }, [](int v) { return "run/ckpt_" + std::to_string(v) + ".pt"; },
+        [](int) { return true; }, "torch_zip", heads_off(std::uint64_t(4) << 20));
+    temp_dir d;
+    auto o = options(d);
+    heads_off(std::uint64_t(4) << 20)(o);
+    opened s(d.path, o);
+    for (int v = 0; v < 3; ++v) {
+      const bytes file = m.step();
+      auto buf = fresh_buffer(d);
+      const auto r = stream_in(s.content, "run/b.pt", file, buf);
+      CHECK(s.content.info(r).kind == (v == 0 ? "keyframe" : "delta"));
+      CHECK(!buf->modified());
+      bytes in_buffer(file.size());
+      buf->read_fully(0, in_buffer);
+      CHECK((in_buffer == file));  // a bool: Catch would print both sides
+    }
+    CHECK(s.content.usage().streamed_puts == 3);
+    CHECK(s.content.usage().heads == 0);
+  }
+  SECTION("kept by the cache: left to the commit") {
+    temp_dir d;
+    auto o = options(d);
+    heads_off(std::uint64_t(64) << 20)(o);
+    opened s(d.path, o);
+    for (int v = 0; v < 3; ++v) {
+      const auto r = stream_in(s.content, "run/c.pt", m.step(), fresh_buffer(d));
+      CHECK(s.content.info(r).kind == (v == 0 ? "keyframe" : "delta"));
+    }
+    CHECK(s.content.usage().streamed_puts == 0);
+    CHECK(s.content.usage().streams_dropped == 0);
+  }
 }
 
 TEST_CASE("a file renamed while a stream follows it joins its new name's lineage",
