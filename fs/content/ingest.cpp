@@ -100,6 +100,10 @@ exact_region content_store::impl::write_exact_region(const format::source& src,
 void content_store::impl::read_recon_slab(std::uint64_t base, std::size_t tensor,
                                           std::uint64_t offset, std::span<std::byte> out,
                                           std::shared_ptr<const cache_item>& whole) {
+  // The whole chain decode under one guard: a stream holds its lineage's lock only while it
+  // picks its base, so a rekey in the chain (rotation) may commit meanwhile and free the
+  // versions below it; their objects stay until this decode is done.
+  read_guard guard(*this);
   if (heads && !whole) {
     if (const auto h = heads->get(base)) {  // the lineage head: no decoding at all
       h->read(meta_of(base)->meta->layout.tensors.at(tensor).offset + offset, out);
