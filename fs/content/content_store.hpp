@@ -305,16 +305,17 @@ class content_store {
   // (staged->begin_stream() done by the caller); a thread of the stream's own then reads the
   // archive's records as they arrive (waiting with staged_file::await), picks the base, and codes
   // each tensor against it the moment its bytes are in, writing the frames into the version's
-  // object and the reconstruction over the staged bytes (the head image to be). The lineage is not
-  // locked meanwhile, and no working memory is held while it waits: an encode slot is taken per
-  // slab.
+  // object and, with head images, the reconstruction over the staged bytes (the image to be).
+  // The lineage is not locked meanwhile, and no working memory is held while it waits: an encode
+  // slot is taken per slab.
   //
   // put(path, staged, stream) finishes it (it calls staged->complete_stream()): when the finished
   // file is the archive the stream predicted and nothing it read was rewritten (staged->stale()),
   // only the rest (the last tensors, the exact regions, the record) is left to do; otherwise the
   // stream's work is dropped and the file is stored as put() stores it. A stream that declines
   // (not a torch.save archive, or not a shard of several; compressible tensors below head_min;
-  // heads off) ends without doing anything. A shard's base is chosen by its path before its
+  // with heads off, a shard, or tensors the commit would keep in the cache: no more than half
+  // its budget) ends without doing anything. A shard's base is chosen by its path before its
   // lineage signature is known (choose_shard_base), once head_min of its tensors are walked.
   // Destroying an unfinished stream cancels it and waits for its thread; its partial object is
   // removed.

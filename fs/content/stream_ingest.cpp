@@ -282,9 +282,9 @@ std::optional<content_ref> content_store::impl::finish_stream(stream& s, std::st
 
   // The lineage was chosen by the signature of the predicted record order. If the archive came
   // in another order, a keyframe's work is redone if it changed nothing in the buffer; a delta's
-  // (and a lossy keyframe's, which rounded the buffer) is kept (a delta's base, matched by tensor
-  // name, is a valid base) and recorded in the lineage of the real signature, where the next put
-  // of this file looks for it.
+  // (with or without head images) and a lossy keyframe's that rounded the buffer are kept (a
+  // delta's base, matched by tensor name, is a valid base) and recorded in the lineage of the
+  // real signature, where the next put of this file looks for it.
   // A DCP shard's lineage is known only now: its base was chosen by its path.
   const std::uint64_t real_signature = lineage_signature(layout);
   if (s.distcp_) {
@@ -305,7 +305,7 @@ std::optional<content_ref> content_store::impl::finish_stream(stream& s, std::st
       log("DCP shard " + s.path_ + " was coded against version " + std::to_string(s.bc_.base) +
           ", whose layout differs from the finished shard's");
   } else if (real_signature != s.signature_) {
-    if (!staged.modified()) {
+    if (s.meta_.kind != version_kind::delta && !staged.modified()) {
       why = "its records came in another order than predicted";
       return std::nullopt;
     }

@@ -434,7 +434,7 @@ std::string usage_text(std::string_view program) {
          "  -o stream=on|off       on (default): a large torch.save file or DCP shard is\n"
          "                         delta-coded while it is written, so that little is left\n"
          "                         for the close or fsync (with heads=off: torch.save files\n"
-         "                         over half of cache=); off: coded after its last byte\n"
+         "                         over about half of cache=); off: coded after its last byte\n"
          "  -o reads=MODE          direct (default): torch checkpoints are read past the kernel\n"
          "                         page cache, from the daemon's caches into the reader's buffer\n"
          "                         (shared mmap works on kernel 6.6+, else fails: ENODEV);\n"

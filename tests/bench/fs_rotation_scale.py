@@ -18,7 +18,9 @@ steady), per config:
   - rewrites (a kept delta rewritten as a keyframe so that the deleted versions below it can go),
     bytes they wrote and freed (at most 1/reclaim= of it, by design);
   - bytes written to the store: the new versions' stored bytes, the rewrites', and head images
-    (a full-size image of each new version that gets one);
+    (a full-size image of each new version that gets one); and what the daemon wrote to the
+    disk in all (/proc/PID/io write_bytes: also the staging file, which holds what does not fit
+    in buffer= until the commit, and becomes the head image where there is one);
   - the daemon's peak RSS (VmHWM, reset before the save) over the save and its rotation work,
     against its budget (cache + buffer + 512 MiB).
 At the end, after a remount and drop_caches, torch.load of the newest and the oldest kept
@@ -86,6 +88,15 @@ def rotate(root, keep):
     return [int(d.split("-")[1]) for d in dirs[-keep:]]
 
 
+def disk_writes(pid):
+    """Bytes a process has caused to be written to storage (/proc/PID/io write_bytes)."""
+    with open(f"/proc/{pid}/io") as f:
+        for line in f:
+            if line.startswith("write_bytes:"):
+                return int(line.split()[1])
+    return 0
+
+
 def allocated(path):
     return fs_scale.du(path)[1] if os.path.exists(path) else 0
 
@@ -147,7 +158,8 @@ def run(a, configs, work, results):
     pairs = [(b, c) for b in a.ckptfs for c in configs]
     sides = [{"binary": b, "opts": c, "store": os.path.join(work, f"store{i}"),
               "ckptctl": os.path.join(os.path.dirname(os.path.abspath(b)), "ckptctl"),
-              "mnt": os.path.join(work, f"mnt{i}"), "written": 0, "heads_written": 0}
+              "mnt": os.path.join(work, f"mnt{i}"), "written": 0, "heads_written": 0,
+              "disk_written": 0}
              for i, (b, c) in enumerate(pairs)]
     results["sides"] = [{"binary": s["binary"], "opts": s["opts"]} for s in sides]
     for i, s in enumerate(sides):
@@ -162,6 +174,7 @@ def run(a, configs, work, results):
         for s in sides:
             opts = [o for o in s["opts"].split(",") if o]
             s["proc"] = stack.enter_context(mounted(s["binary"], s["store"], s["mnt"], *opts))
+            s["io_start"] = disk_writes(s["proc"].pid)
         for step in range(1, a.saves + 1):
             if step > 1:
                 state.advance()
@@ -192,6 +205,7 @@ def run(a, configs, work, results):
                        for n in FILES]
                 s["written"] += sum(x["stored_bytes"] for x in new)
                 s["heads_written"] += sum(x.get("head_bytes", 0) for x in new)
+                s["disk_written"] = disk_writes(s["proc"].pid) - s["io_start"]
                 rot = status["rotation"]
                 c = {"opts": s["opts"], "save_s": s["save_s"], "kinds": [x["kind"] for x in new],
                      "store_bytes": allocated(s["store"]),
@@ -201,6 +215,7 @@ def run(a, configs, work, results):
                      "rewrite_freed_bytes": rot["freed_bytes"],
                      "written_bytes": s["written"] + rot["written_bytes"],
                      "heads_written_bytes": s["heads_written"],
+                     "disk_written_bytes": s["disk_written"],
                      "peak_rss": peak_rss(s["proc"].pid),
                      "budget": status["budget"]["bound_bytes"]}
                 c["ratio"] = plain_bytes / c["store_bytes"]
@@ -222,8 +237,9 @@ def run(a, configs, work, results):
                   f"freeing {fr / GiB:.2f}) + {last['heads_written_bytes'] / GiB:.2f} GiB of head "
                   f"images, against {plain_written / GiB:.2f} GiB to plain: "
                   f"{last['written_bytes'] / plain_written:.2f}x, with images "
-                  f"{(last['written_bytes'] + last['heads_written_bytes']) / plain_written:.2f}x",
-                  flush=True)
+                  f"{(last['written_bytes'] + last['heads_written_bytes']) / plain_written:.2f}x; "
+                  f"the daemon wrote {last['disk_written_bytes'] / GiB:.2f} GiB to the disk in all "
+                  f"({last['disk_written_bytes'] / plain_written:.2f}x)", flush=True)
     del state
     gc.collect()
     loads(a, sides, plain, kept, refs, results)
