@@ -108,8 +108,6 @@ void content_store::impl::run_stream(stream& s) {
     // than half of it, put()'s rule): there the commit would decode the base through its chain
     // after the last byte anyway, and the file would wait in the staging file to be read back.
     // A DCP shard's size is known only at its end: left to the commit.
-    const std::uint64_t least =
-        heads ? opt.head_min : std::max(opt.head_min, cache.budget() / 2 + 1);
     if (!heads && s.distcp_) {
       s.declined_ = "head images off (a DCP shard's size is known at its end)";
       return;
@@ -144,6 +142,8 @@ void content_store::impl::run_stream(stream& s) {
       t = held[held_next++];
     } else {
       walk.emplace(src, opt.recognise());
+      const std::uint64_t least =
+          heads ? opt.head_min : std::max(opt.head_min, cache.budget() / 2 + 1);
       if (walk->predicted_bytes(true) < least) {
         s.declined_ = heads ? "smaller than head_min" : "head images off, and the cache keeps it";
         return;

@@ -49,7 +49,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "fs"))
 import fs_scale  # noqa: E402
-from ckptfs_testlib import mounted, peak_rss, reset_peak_rss  # noqa: E402
+from ckptfs_testlib import (mounted, peak_rss, reset_peak_rss, rotate_checkpoints,  # noqa: E402
+                            settle_rotation)
 from fs_speed import drop_caches  # noqa: E402
 
 GiB = 2**30
@@ -79,15 +80,6 @@ def load_checkpoint(root, step):
     return loaded
 
 
-def rotate(root, keep):
-    """Trainer._rotate_checkpoints: the oldest checkpoint-N directories beyond `keep` go."""
-    dirs = sorted((d for d in os.listdir(root) if d.startswith("checkpoint-")),
-                  key=lambda d: int(d.split("-")[1]))
-    for d in dirs[:-keep]:
-        shutil.rmtree(os.path.join(root, d))
-    return [int(d.split("-")[1]) for d in dirs[-keep:]]
-
-
 def disk_writes(pid):
     """Bytes a process has caused to be written to storage (/proc/PID/io write_bytes)."""
     with open(f"/proc/{pid}/io") as f:
@@ -104,22 +96,6 @@ def allocated(path):
 def ctl(ckptctl, *args):
     out = subprocess.run([ckptctl, *args, "--json"], check=True, capture_output=True, text=True)
     return json.loads(out.stdout)
-
-
-def settle(ckptctl, mnt, store, deadline_s=900):
-    """Waits until the daemon has looked at the deletions and done its rewrites: nothing pending
-    and the store's size the same twice in a row (unrefs follow the journal sync, the rewriter
-    looks once a second). Returns (status, seconds waited)."""
-    t = time.perf_counter()
-    last = None
-    while time.perf_counter() - t < deadline_s:
-        time.sleep(1.0)
-        s = ctl(ckptctl, "status", mnt)
-        now = allocated(store)
-        if not s["rotation"]["pending"] and now == last:
-            return s, time.perf_counter() - t
-        last = now
-    raise RuntimeError(f"{mnt}: rotation work not settled in {deadline_s} s")
 
 
 def main():
@@ -191,15 +167,19 @@ def run(a, configs, work, results):
                 s["save_s"] = save_checkpoint(state.sd, s["mnt"], step)
             for name in FILES:
                 plain_written += os.path.getsize(os.path.join(plain, f"checkpoint-{step}", name))
-            kept = rotate(plain, a.keep)
+            kept = [int(d.split("-")[1]) for d in rotate_checkpoints(plain, a.keep)]
             refs = {j: r for j, r in refs.items() if j in kept}
             plain_bytes = allocated(plain)
             row["plain_bytes"] = plain_bytes
             line = [f"save {step:2d}: plain {row['plain_save_s']:5.1f} s, {plain_bytes / GiB:.2f} GiB"]
             for i, s in enumerate(sides):
-                if rotate(s["mnt"], a.keep) != kept:
+                if [int(d.split("-")[1]) for d in rotate_checkpoints(s["mnt"], a.keep)] != kept:
                     raise RuntimeError(f"{s['mnt']}: kept other checkpoints than the plain side")
-                status, waited = settle(s["ckptctl"], s["mnt"], s["store"])
+                # The whole store watched: a new head image is published by then too.
+                t = time.perf_counter()
+                status = settle_rotation(s["ckptctl"], s["mnt"], s["store"], deadline_s=900,
+                                         watched=s["store"])
+                waited = time.perf_counter() - t
                 # After the settle: a new version's head image is published by then.
                 new = [ctl(s["ckptctl"], "stat", os.path.join(s["mnt"], f"checkpoint-{step}", n))
                        for n in FILES]

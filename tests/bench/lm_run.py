@@ -71,7 +71,8 @@ import time
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fs"))
-from ckptfs_testlib import daemon_log, du, flat_tensors, info, mounted, require_fuse  # noqa: E402
+from ckptfs_testlib import (daemon_log, du, flat_tensors, info, mounted, require_fuse,  # noqa: E402
+                            rotate_checkpoints, settle_rotation)
 
 CORPUS = "/usr/share/perl/5.36.0/pod"
 KEEP = 3
@@ -246,12 +247,6 @@ def tensor_class(name):
         "optimizer (other)" if name.startswith("optimizer.pt.") else "weights")
 
 
-def rotate(root):
-    dirs = sorted((d for d in os.listdir(root) if d.startswith("checkpoint-")),
-                  key=lambda d: int(d.split("-")[1]))
-    for d in dirs[:-KEEP]:
-        shutil.rmtree(os.path.join(root, d))
-
 # --------------------------------------------------------------------------------------------
 # Runs
 
@@ -282,20 +277,6 @@ def options(setting):
 def store_bytes(store):
     return du(os.path.join(store, "objects")) + (
         du(os.path.join(store, "heads")) if os.path.isdir(os.path.join(store, "heads")) else 0)
-
-
-def settle(ctl, mnt, store):
-    """Until the daemon has looked at deletions and done its rotation rewrites."""
-    deadline, last = time.monotonic() + 60, None
-    while time.monotonic() < deadline:
-        time.sleep(1.2)
-        s = json.loads(subprocess.run([ctl, "status", "--json", mnt], check=True,
-                                      capture_output=True, text=True).stdout)
-        now = du(os.path.join(store, "objects"))
-        if not s["rotation"]["pending"] and now == last:
-            return s
-        last = now
-    raise AssertionError("the daemon did not settle its rotation work in 60 s")
 
 
 def ratio_run(binary, work, setting, ref, checks, label):
@@ -383,9 +364,9 @@ def rotation_run(binary, work, setting, ref):
                 for name in state:
                     new_bytes += info(f"{mnt}/checkpoint-{step}/{name}")["stored_bytes"]
                     plain_written += os.path.getsize(f"{plain}/checkpoint-{step}/{name}")
-                rotate(mnt)
-                rotate(plain)
-                s = settle(ctl_of(binary), mnt, store)
+                rotate_checkpoints(mnt, KEEP)
+                rotate_checkpoints(plain, KEEP)
+                s = settle_rotation(ctl_of(binary), mnt, store)
                 ratios.append(du(plain) / store_bytes(store))
             written = [s["rotation"]["written_bytes"], s["rotation"]["freed_bytes"]]
     finally:

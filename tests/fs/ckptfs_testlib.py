@@ -6,6 +6,7 @@ import contextlib
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -291,3 +292,31 @@ def closed_loop_bound(u, base_read, mode):
     is within |u| there and within |u - base_read| in any slab coded against its base."""
     bound = (u.double() - base_read.double()).abs()
     return bound.maximum(u.double().abs()) if "intra" in mode else bound
+
+
+def rotate_checkpoints(root, keep, prefix="checkpoint-"):
+    """Trainer._rotate_checkpoints: the oldest directories `<prefix><step>` beyond the newest
+    `keep` go; returns the kept ones' names."""
+    dirs = sorted((d for d in os.listdir(root) if d.startswith(prefix)),
+                  key=lambda d: int(d[len(prefix):]))
+    for d in dirs[:-keep]:
+        shutil.rmtree(os.path.join(root, d))
+    return dirs[-keep:]
+
+
+def settle_rotation(ctl, mnt, store, deadline_s=60, watched=None):
+    """Waits until the daemon has looked at the deletions and done its rewrites: nothing pending
+    and the bytes under `watched` (default STORE/objects) the same twice in a row (the unrefs
+    come after the journal sync, 1 s; the rewriter looks once a second). Returns the status."""
+    watched = watched or os.path.join(store, "objects")
+    deadline = time.monotonic() + deadline_s
+    last = None
+    while time.monotonic() < deadline:
+        time.sleep(1.2)
+        s = json.loads(subprocess.run([ctl, "status", "--json", mnt], check=True,
+                                      capture_output=True, text=True).stdout)
+        now = du(watched)
+        if not s["rotation"]["pending"] and now == last:
+            return s
+        last = now
+    raise AssertionError(f"the daemon did not settle its rotation work in {deadline_s} s")

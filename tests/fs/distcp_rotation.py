@@ -31,9 +31,10 @@ import tempfile
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ckptfs_testlib import daemon_log, du, info, mounted, require_fuse  # noqa: E402
+from ckptfs_testlib import (daemon_log, du, info, mounted, require_fuse,  # noqa: E402
+                            rotate_checkpoints, settle_rotation)
 from distcp import RANKS, read_step, train_states, write_step  # noqa: E402
-from rotation import KEEP, rotate, settle  # noqa: E402
+from rotation import KEEP  # noqa: E402
 
 STEPS, FACTOR = 10, 1.25
 
@@ -70,9 +71,9 @@ def run(binary, ctl, work, label, opts, target):
                 keyframe.setdefault(r, vi["stored_bytes"])
                 new_bytes += vi["stored_bytes"]
             plain_written += sum(os.path.getsize(p) for p in shards(plain, step))
-            kept = rotate(mnt, "step_")
-            assert rotate(plain, "step_") == kept
-            s = settle(ctl, mnt, store)
+            kept = rotate_checkpoints(mnt, KEEP, "step_")
+            assert rotate_checkpoints(plain, KEEP, "step_") == kept
+            s = settle_rotation(ctl, mnt, store)
             live = sum(info(p)["stored_bytes"] for d in kept
                        for p in shards(mnt, int(d.split("_")[1])))
             objects = du(f"{store}/objects")

@@ -28,16 +28,14 @@ that these small files get one as checkpoints over 64M do), counting STORE/heads
 """
 import json
 import os
-import shutil
-import subprocess
 import sys
 import tempfile
-import time
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ckptfs_testlib import daemon_log, du, flat_tensors, info, mounted, require_fuse  # noqa: E402
+from ckptfs_testlib import (daemon_log, du, flat_tensors, info, mounted, require_fuse,  # noqa: E402
+                            rotate_checkpoints, settle_rotation)
 from digits_lib import adamw_digits  # noqa: E402
 
 SAVES, KEEP, FACTOR = 12, 3, 1.25
@@ -59,37 +57,6 @@ def save(root, step, model_state, opt_state):
             os.fsync(f.fileno())
     with open(f"{d}/trainer_state.json", "w") as f:
         json.dump({"global_step": step}, f)
-
-
-def rotate(root, prefix="checkpoint-"):
-    """Trainer._rotate_checkpoints: the oldest directories `<prefix><step>` beyond the newest KEEP
-    go; returns the kept ones."""
-    dirs = sorted((d for d in os.listdir(root) if d.startswith(prefix)),
-                  key=lambda d: int(d[len(prefix):]))
-    for d in dirs[:-KEEP]:
-        shutil.rmtree(f"{root}/{d}")
-    return dirs[-KEEP:]
-
-
-def status(ctl, mnt):
-    out = subprocess.run([ctl, "status", "--json", mnt], check=True, capture_output=True,
-                         text=True).stdout
-    return json.loads(out)
-
-
-def settle(ctl, mnt, store):
-    """Waits until the daemon has looked at the deletions and done its rewrites: the unrefs come
-    after the journal sync (1 s), the rewriter looks once a second."""
-    deadline = time.monotonic() + 60
-    last = None
-    while time.monotonic() < deadline:
-        time.sleep(1.2)
-        s = status(ctl, mnt)
-        now = du(f"{store}/objects")
-        if not s["rotation"]["pending"] and now == last:
-            return s
-        last = now
-    raise AssertionError("the daemon did not settle its rotation work in 60 s")
 
 
 def load_kept(mnt, kept):
@@ -123,9 +90,9 @@ def run(binary, work, label, opts, heads=False, need_rewrites=True, target=False
                 keyframe.setdefault(name, vi["stored_bytes"])
                 new_bytes += vi["stored_bytes"]
                 plain_written += os.path.getsize(f"{plain}/checkpoint-{step}/{name}")
-            kept = rotate(mnt)
-            assert rotate(plain) == kept
-            s = settle(ctl, mnt, store)
+            kept = rotate_checkpoints(mnt, KEEP)
+            assert rotate_checkpoints(plain, KEEP) == kept
+            s = settle_rotation(ctl, mnt, store)
             live = sum(info(f"{mnt}/{d}/{n}")["stored_bytes"] for d in kept
                        for n in ("model.pt", "optimizer.pt"))
             objects = du(f"{store}/objects") + (du(f"{store}/heads") if heads else 0)
