@@ -314,9 +314,9 @@ class content_store {
   // only the rest (the last tensors, the exact regions, the record) is left to do; otherwise the
   // stream's work is dropped and the file is stored as put() stores it. A stream that declines
   // (not a torch.save archive, or not a shard of several; compressible tensors below head_min;
-  // with heads off, a shard, or tensors the commit would keep in the cache: no more than half
-  // its budget) ends without doing anything. A shard's base is chosen by its path before its
-  // lineage signature is known (choose_shard_base), once head_min of its tensors are walked.
+  // with heads off, tensors the commit would keep in the cache: no more than half its budget)
+  // ends without doing anything. A shard's base is chosen by its path before its lineage
+  // signature is known (choose_shard_base), once that many of its tensors' bytes are walked.
   // Destroying an unfinished stream cancels it and waits for its thread; its partial object is
   // removed.
   class stream;

@@ -104,14 +104,14 @@ void content_store::impl::run_stream(stream& s) {
       staged.read_fully(off, out);
     });
     // Without head images a stream's reconstruction goes nowhere but into the object, so it is
-    // worth following only a checkpoint the commit would not keep in the cache either (larger
-    // than half of it, put()'s rule): there the commit would decode the base through its chain
-    // after the last byte anyway, and the file would wait in the staging file to be read back.
-    // A DCP shard's size is known only at its end: left to the commit.
-    if (!heads && s.distcp_) {
-      s.declined_ = "head images off (a DCP shard's size is known at its end)";
-      return;
-    }
+    // worth following only a checkpoint the commit would not keep in the cache either (more
+    // compressible bytes than half of it, put()'s rule): there the commit would decode the base
+    // through its chain after the last byte anyway, and the file would wait in the staging file
+    // to be read back. With head images, one of head_min (put()'s rule for making an image).
+    const std::uint64_t least =
+        heads ? opt.head_min : std::max(opt.head_min, cache.budget() / 2 + 1);
+    const char* const too_small =
+        heads ? "smaller than head_min" : "head images off, and the cache keeps it";
     if (opt.scope != codec::bucket_scope::tensor) {
       s.declined_ = "checkpoint-scope buckets need every tensor first";
       return;
@@ -123,16 +123,18 @@ void content_store::impl::run_stream(stream& s) {
     std::size_t held_next = 0;
     if (s.distcp_) {
       // Its archives one after the other; the lineage (by signature) is known at the commit.
-      // Its tensors are walked, not coded, until they make head_min (a smaller shard is left
-      // to the commit, as a smaller torch.save file is): the base is then chosen to agree with
-      // every compressible tensor walked so far (DCP writes them largest or smallest first,
-      // by writer thread count and device).
+      // Its size is known only at its end: its tensors are walked, not coded, until they make
+      // `least` (a smaller shard is left to the commit, as a smaller torch.save file is). The
+      // base is then chosen to agree with every compressible tensor walked so far (DCP writes
+      // them largest or smallest first, by writer thread count and device). Bytes written
+      // meanwhile wait in the write buffer, spilled past its budget, as they would for the
+      // commit.
       shard.emplace(padded, opt.recognise());
       std::uint64_t compressible = 0;
-      while (compressible == 0 || compressible < opt.head_min) {
+      while (compressible == 0 || compressible < least) {
         auto u = shard->next();
         if (!u) {
-          s.declined_ = compressible ? "a shard smaller than head_min" : "no compressible tensors";
+          s.declined_ = compressible ? too_small : "no compressible tensors";
           return;
         }
         if (u->compress) compressible += u->length;
@@ -142,10 +144,8 @@ void content_store::impl::run_stream(stream& s) {
       t = held[held_next++];
     } else {
       walk.emplace(src, opt.recognise());
-      const std::uint64_t least =
-          heads ? opt.head_min : std::max(opt.head_min, cache.budget() / 2 + 1);
       if (walk->predicted_bytes(true) < least) {
-        s.declined_ = heads ? "smaller than head_min" : "head images off, and the cache keeps it";
+        s.declined_ = too_small;
         return;
       }
       // The first record tells the order of the rest: the layout's tensor order, which the

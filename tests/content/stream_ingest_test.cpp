@@ -563,6 +563,56 @@ TEST_CASE("a streamed DCP shard's base: its rank's head, never another rank's or
   }
 }
 
+TEST_CASE("without head images, a DCP shard larger than half the cache is streamed",
+          "[content][stream]") {
+  // As a torch.save file is (above), with the size known only once the shard's tensors are
+  // walked: the stream waits until more than half the cache's budget of compressible bytes is
+  // written before it picks a base; a shard that never gets there is left to the commit.
+  const auto heads_off = [](std::uint64_t cache) {
+    return [cache](fs::content_options& o) {
+      o.heads_dir.clear();
+      o.cache_bytes = cache;
+    };
+  };
+  const bool smallest_first = GENERATE(false, true);
+  INFO("smallest first " << smallest_first);
+  model m;  // 2.4 MB of tensors a shard
+  const auto path_of = [](int v) { return "dcp/step_" + std::to_string(v) + "/__0_0.distcp"; };
+  SECTION("larger than half the cache: streamed, stored as put() stores it") {
+    check_streamed_matches_plain([&] { return shard_step(m, smallest_first); }, path_of,
+                                 [](int) { return true; }, "distcp",
+                                 heads_off(std::uint64_t(4) << 20));
+    temp_dir d;
+    auto o = options(d);
+    heads_off(std::uint64_t(4) << 20)(o);
+    opened s(d.path, o);
+    for (int v = 0; v < 3; ++v) {
+      const bytes file = shard_step(m, smallest_first);
+      auto buf = fresh_buffer(d);
+      const auto r = stream_in(s.content, path_of(v), file, buf);
+      CHECK(s.content.info(r).kind == (v == 0 ? "keyframe" : "delta"));
+      CHECK(!buf->modified());  // no image to make: the written bytes stay as they are
+    }
+    CHECK(s.content.usage().streamed_puts == 3);
+    CHECK(s.content.usage().heads == 0);
+  }
+  SECTION("kept by the cache: left to the commit") {
+    temp_dir d;
+    auto o = options(d);
+    heads_off(std::uint64_t(64) << 20)(o);
+    opened s(d.path, o);
+    for (int v = 0; v < 3; ++v) {
+      const auto r =
+          stream_in(s.content, path_of(v), shard_step(m, smallest_first), fresh_buffer(d));
+      CHECK(s.content.info(r).kind == (v == 0 ? "keyframe" : "delta"));
+      CHECK(s.content.info(r).format == "distcp");
+    }
+    CHECK(s.content.usage().streamed_puts == 0);
+    CHECK(s.content.usage().streams_dropped == 0);
+    CHECK(s.content.usage().cache_bytes >= 2'000'000);  // the newest reconstruction, kept
+  }
+}
+
 namespace {
 
 // DCP's .metadata (pickled as CPython pickles torch's dataclasses: NEWOBJ, then BUILD with the
