@@ -213,6 +213,10 @@ void write_buffer::make_spare(std::map<std::uint64_t, chunk>::iterator old) {
   // Its bytes go to the file now (they would at the head's publication anyway), its memory to
   // spare_: the budget is unchanged, one more chunk counts as spilled.
   if (fd_ < 0) open_staging();
+  // By direct I/O also a chunk the stream has yet to read (newest_full_chunk()), which it then
+  // reads from the disk: through the page cache the writes cost the daemon more CPU than the
+  // read saved whenever the host was short of free memory (docs/benchmarks.md, "DCP shards
+  // streamed with head images off").
   old->second.direct = write_to_file(old->first, old->second);
   spare_ = std::move(old->second.mem);
   old->second.in_file = true;
@@ -232,7 +236,20 @@ bool write_buffer::write_to_file(std::uint64_t index, const chunk& c) const {
 
 std::map<std::uint64_t, write_buffer::chunk>::iterator write_buffer::reusable_chunk() {
   const stream_state st = stream_.load();
-  return st == stream_state::open || st == stream_state::complete ? settled_chunk() : full_chunk();
+  if (st != stream_state::open && st != stream_state::complete) return full_chunk();
+  const auto settled = settled_chunk();
+  return settled != chunks_.end() ? settled : newest_full_chunk();
+}
+
+std::map<std::uint64_t, write_buffer::chunk>::iterator write_buffer::newest_full_chunk() {
+  // A sequential writer's newest full chunk is the one before the chunk being placed; a few
+  // more are looked at for writes a little out of order, no more (this runs for every chunk
+  // placed past the budget, and a writer far from sequential spills raw instead).
+  constexpr int kLook = 8;
+  int looked = 0;
+  for (auto it = chunks_.rbegin(); it != chunks_.rend() && looked < kLook; ++it, ++looked)
+    if (it->second.mem && it->second.filled == chunk_bytes) return std::prev(it.base());
+  return chunks_.end();
 }
 
 std::map<std::uint64_t, write_buffer::chunk>::iterator write_buffer::full_chunk() {

@@ -4,7 +4,8 @@
 // none go to an anonymous staging file (O_TMPFILE in STORE/staging, so a crash leaves nothing
 // behind), at their own offsets. Chunks already in memory stay there (a file a little larger than
 // the budget costs a little disk I/O, not a copy of everything), except while a stream follows
-// the file: chunks it is done with then move to the file to make room (settle()). Chunks are kept
+// the file: chunks it is done with then move to the file to make room (settle()), else, when it
+// is done with none in memory, the newest full chunk (the one it reads last). Chunks are kept
 // in a sparse map: holes cost nothing, whatever the file size (a truncate to 1 TiB is one number).
 //
 // Thread safety: every call locks the buffer (shared for reads), so the content store may read
@@ -141,7 +142,16 @@ class write_buffer final : public staged_file {
   // `stream=off`), which cost more CPU than their encode (docs/benchmarks.md, "Files no stream
   // follows").
   std::map<std::uint64_t, chunk>::iterator full_chunk();
-  // The one of the two above that applies (a stream follows the file, or not).
+  // While a stream follows the file and has settled no chunk in memory (it is far behind its
+  // writer, or still walking a DCP shard's first tensors before it codes): the newest full
+  // chunk in memory, among the last few chunks; none: chunks_.end(). Its bytes are the ones
+  // the stream reads last, so memory keeps those it reads next, and the file gets whole chunks
+  // by direct I/O instead of the writer's pieces through the page cache (a raw spill: the
+  // kernel's page-cache work was 80% of the daemon's CPU while 8 writers saved DCP shards with
+  // heads=off; docs/benchmarks.md, "DCP shards streamed with head images off").
+  std::map<std::uint64_t, chunk>::iterator newest_full_chunk();
+  // The one of the above that applies: a stream follows the file (settled_chunk(), else
+  // newest_full_chunk()), or not (full_chunk()).
   std::map<std::uint64_t, chunk>::iterator reusable_chunk();
   // Writes `old` (reusable_chunk()) to the staging file and keeps its memory in spare_.
   void make_spare(std::map<std::uint64_t, chunk>::iterator old);

@@ -166,6 +166,14 @@ void check_streamed_matches_plain(
   CHECK(streamed.content.usage().streamed_bytes > 0);
 }
 
+// An options tweak: no head images, and a cache of `cache` bytes.
+std::function<void(fs::content_options&)> heads_off(std::uint64_t cache) {
+  return [cache](fs::content_options& o) {
+    o.heads_dir.clear();
+    o.cache_bytes = cache;
+  };
+}
+
 std::size_t object_files(const temp_dir& d) {
   std::size_t n = 0;
   for (const auto& e : bfs::directory_iterator(d.path / "objects")) n += e.path().extension() != "";
@@ -231,12 +239,6 @@ TEST_CASE("without head images, a checkpoint larger than half the cache is strea
   // codes it while it is written, against a base decoded through its chain, stores what put()
   // stores and leaves the written bytes as they are (no image to make). One the cache would
   // keep (the next version's base) is left to the commit, which keeps it.
-  const auto heads_off = [](std::uint64_t cache) {
-    return [cache](fs::content_options& o) {
-      o.heads_dir.clear();
-      o.cache_bytes = cache;
-    };
-  };
   model m;  // 2.4 MB of tensors a version
   SECTION("larger than half the cache: streamed") {
     check_streamed_matches_plain(
@@ -568,12 +570,6 @@ TEST_CASE("without head images, a DCP shard larger than half the cache is stream
   // As a torch.save file is (above), with the size known only once the shard's tensors are
   // walked: the stream waits until more than half the cache's budget of compressible bytes is
   // written before it picks a base; a shard that never gets there is left to the commit.
-  const auto heads_off = [](std::uint64_t cache) {
-    return [cache](fs::content_options& o) {
-      o.heads_dir.clear();
-      o.cache_bytes = cache;
-    };
-  };
   const bool smallest_first = GENERATE(false, true);
   INFO("smallest first " << smallest_first);
   model m;  // 2.4 MB of tensors a shard

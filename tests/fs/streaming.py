@@ -21,8 +21,9 @@ files larger than head_min, and DCP shards, are delta-coded while they are writt
             kinds (keyframe, then deltas), the same served bytes from both mounts (also after a
             remount), every slice loads within the closed-loop bound, and status says the
             streaming mount stored every shard while it was written, the other none. Then the
-            same with -o heads=off,cache=64M: a shard larger than half the cache is streamed
-            too, once its walked tensors pass that size.
+            same with -o heads=off,cache=64M,buffer=16M: a shard larger than half the cache is
+            streamed too, once its walked tensors pass that size (the bytes past buffer= waiting
+            in the staging file meanwhile).
   rewrite   A checkpoint written whole and then changed inside a tensor the stream had already
             read (seek back, write, fsync): the stream's work is dropped (status: 1 redone) and
             the file is stored as its buffer held it: the rewritten elements read back as the new
@@ -344,7 +345,8 @@ def main():
         # 48 MiB of tensors, over half of what cache=64M leaves reconstructions.
         same(binary, ctl, work, ("heads=off", "cache=64M"), read_each=False)
         dcp(binary, ctl, work)
-        dcp(binary, ctl, work, ("heads=off", "cache=64M"), read_each=False)
+        # Past buffer=16M while the stream walks: the newest chunks go to the staging file.
+        dcp(binary, ctl, work, ("heads=off", "cache=64M", "buffer=16M"), read_each=False)
         rewrite(binary, ctl, work)
         unlink(binary, ctl, work)
 

@@ -367,12 +367,16 @@ TEST_CASE("write_buffer: chunks a stream settled make room for new ones instead 
   CHECK(file_chunk(3) == zeros);
   CHECK(budget->used() == 2 * mib);
   CHECK(budget->spilled() == 2 * mib);
-  // Chunk 2 is not settled (the stream is not done with it), and while a stream follows the
-  // file only settled chunks make room: chunk 4 spills raw.
+  // Chunk 2 is not settled (the stream is not done with it, and reads it next): chunk 4 takes
+  // the memory of the newest full chunk, 3, which the stream reads last; chunk 4 does not
+  // spill raw.
   buf.write(4 * mib, chunk_of(4));
   buf.backing_file();
-  CHECK(equal(file_chunk(4), chunk_of(4)));
+  CHECK(equal(file_chunk(3), chunk_of(3)));
+  CHECK(file_chunk(4) == zeros);
   CHECK(file_chunk(2) == zeros);  // chunk 2 still in memory
+  CHECK(budget->used() == 2 * mib);
+  CHECK(budget->spilled() == 3 * mib);
   // Every byte reads as written (chunk 1 as overwritten), wherever it lives.
   std::vector<std::byte> all(5 * mib);
   buf.read_fully(0, all);
@@ -382,7 +386,7 @@ TEST_CASE("write_buffer: chunks a stream settled make room for new ones instead 
   CHECK_FALSE(buf.stale());
   buf.complete_stream();
   buf.end_stream();
-  // No stream any more: full chunks make room again (chunk 2 goes to the file for chunk 5).
+  // No stream any more: the lowest full chunk makes room (chunk 2 goes to the file for chunk 5).
   buf.write(5 * mib, chunk_of(5));
   buf.backing_file();
   CHECK(equal(file_chunk(2), chunk_of(2)));
@@ -437,16 +441,17 @@ TEST_CASE("write_buffer: whole chunks go to the staging file by direct I/O and r
   buf.complete_stream();
   buf.end_stream();
   const int fd = buf.backing_file();
-  if (supports_direct_io(dir.path)) {
-    // Settled chunks went around the page cache, and so did the raw spill of a whole chunk
-    // (through a bounce buffer); the partial last chunk did not.
-    CHECK(resident_pages(fd, 0, 2 * mib) == 0);
-    CHECK(resident_pages(fd, 4 * mib, mib) == 0);
-    CHECK(resident_pages(fd, 5 * mib, 12345) > 0);
-  }
+  const bool direct = supports_direct_io(dir.path);
+  // Settled chunks (0, 1) went around the page cache, and so did the newest full chunks (3,
+  // then 4) that made room for 4 and 5 while the stream was behind; 2 and 5 are in memory.
+  if (direct) CHECK(resident_pages(fd, 0, 5 * mib) == 0);
   // As a head image is published: what is still in memory goes to the file, then the memory.
   buf.copy_memory_to_file();
   buf.drop_memory();
+  if (direct) {
+    CHECK(resident_pages(fd, 0, 5 * mib) == 0);     // chunk 2 whole, by direct I/O too
+    CHECK(resident_pages(fd, 5 * mib, 12345) > 0);  // the partial last chunk is not
+  }
   // The whole file in one read (a run of chunks written directly goes in one direct read), then
   // reads at any offset and length, across chunks and the partial last one, from wherever the
   // bytes are.
