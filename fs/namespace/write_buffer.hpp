@@ -146,9 +146,9 @@ class write_buffer final : public staged_file {
   // writer, or still walking a DCP shard's first tensors before it codes): the newest full
   // chunk in memory, among the last few chunks; none: chunks_.end(). Its bytes are the ones
   // the stream reads last, so memory keeps those it reads next, and the file gets whole chunks
-  // by direct I/O instead of the writer's pieces through the page cache (a raw spill: the
-  // kernel's page-cache work was 80% of the daemon's CPU while 8 writers saved DCP shards with
-  // heads=off; docs/benchmarks.md, "DCP shards streamed with head images off").
+  // by direct I/O instead of the writer's pieces through the page cache (a raw spill: its
+  // copies were 37% of the daemon's CPU while 8 writers saved DCP shards with heads=off;
+  // docs/benchmarks.md, "DCP shards streamed with head images off").
   std::map<std::uint64_t, chunk>::iterator newest_full_chunk();
   // The one of the above that applies: a stream follows the file (settled_chunk(), else
   // newest_full_chunk()), or not (full_chunk()).
