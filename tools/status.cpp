@@ -88,6 +88,9 @@ void print_text(const nlohmann::json& r) {
         static_cast<unsigned long long>(ju64(st, "running")),
         plural(ju64(st, "used"), "file").c_str(), human_bytes(jnum(st, "coded_bytes")).c_str(),
         static_cast<unsigned long long>(ju64(st, "dropped")));
+    if (const std::uint64_t declined = ju64(st, "declined"))
+      std::printf("          %s left to the commit by its stream (the last: %s)\n",
+                  plural(declined, "file").c_str(), jstr(st, "last_declined").c_str());
   }
   if (jbool(heads, "enabled"))
     std::printf("heads:    %s (%llu published), %s in memory, %s on disk (head_min %s)\n",

@@ -296,6 +296,8 @@ json admin_service::status() const {
            {{"running", c.streams_running},
             {"used", c.streamed_puts},
             {"dropped", c.streams_dropped},
+            {"declined", c.streams_declined},
+            {"last_declined", c.last_declined},
             {"coded_bytes", c.streamed_bytes}}},
           {"heads",
            {{"enabled", d.heads},

@@ -599,8 +599,11 @@ struct content_store::impl {
   std::optional<content_ref> finish_stream(content_store::stream& s, std::string_view path,
                                            std::string& why);
   std::atomic<std::uint64_t> streams_running{0}, streamed_puts{0}, streams_dropped{0};
+  std::atomic<std::uint64_t> streams_declined{0};
   std::atomic<std::uint64_t> streamed_bytes{0};  // tensor bytes coded by streams
-  std::function<void(const std::string&)> log;   // set_logger's
+  mutable std::mutex declined_mu;
+  std::string last_declined;  // why the last declined stream declined (declined_mu)
+  std::function<void(const std::string&)> log;  // set_logger's
 
   // ---- retention.cpp ----
   // Appends `len` encoded bytes at data-area offset `at` of the version `from` (a metadata

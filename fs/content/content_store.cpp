@@ -137,6 +137,11 @@ content_store::resources content_store::usage() const {
   r.streams_running = impl_->streams_running.load();
   r.streamed_puts = impl_->streamed_puts.load();
   r.streams_dropped = impl_->streams_dropped.load();
+  r.streams_declined = impl_->streams_declined.load();
+  {
+    std::lock_guard lock(impl_->declined_mu);
+    r.last_declined = impl_->last_declined;
+  }
   r.streamed_bytes = impl_->streamed_bytes.load();
   const decode_tally::counts d = impl_->decodes.get();
   r.chunks_decoded = d.chunks;

@@ -384,10 +384,13 @@ class content_store {
     std::uint64_t chunk_bytes = 0, chunk_budget = 0;  // decoded chunks of cold reads
     std::uint64_t encode_slots = 0, encodes_running = 0, encode_memory = 0;
     std::uint64_t heads = 0, heads_on_disk = 0, head_memory = 0, head_disk_bytes = 0;
-    // Streaming writes: streams running now; since the start, puts that used a stream's work
-    // and streams whose work was dropped (the file changed after it was read, or was not what
-    // the stream predicted).
+    // Streaming writes: streams running now; since the start, puts that used a stream's work,
+    // streams whose work was dropped (the file changed after it was read, or was not what
+    // the stream predicted), and streams that declined (left the file to its commit: too small,
+    // not an archive they can follow), with the last one's reason.
     std::uint64_t streams_running = 0, streamed_puts = 0, streams_dropped = 0;
+    std::uint64_t streams_declined = 0;
+    std::string last_declined;
     std::uint64_t streamed_bytes = 0;  // tensor bytes coded by streams since the start
     // Cold reads since the start (decode_tally.hpp): chunks decoded into the chunk cache and
     // their bytes, of them decoded before (evicted before their readers were done), single

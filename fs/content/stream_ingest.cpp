@@ -405,7 +405,11 @@ content_ref content_store::put(std::string_view path, std::shared_ptr<staged_fil
     }
     return *s->stored_;
   }
-  if (s->declined_.empty()) {
+  if (!s->declined_.empty()) {
+    impl_->streams_declined.fetch_add(1);
+    std::lock_guard lock(impl_->declined_mu);
+    impl_->last_declined = s->declined_;
+  } else {
     impl_->streams_dropped.fetch_add(1);
     if (impl_->log)
       impl_->log("streamed encode of " + std::string(path) + " dropped (" + s->dropped_ +

@@ -162,6 +162,7 @@ void check_streamed_matches_plain(
     if (check) check(v, streamed.content, a);
   }
   CHECK(streamed.content.usage().streams_dropped == 0);
+  CHECK(streamed.content.usage().streams_declined == 0);
   CHECK(streamed.content.usage().streams_running == 0);
   CHECK(streamed.content.usage().streamed_bytes > 0);
 }
@@ -273,6 +274,8 @@ TEST_CASE("without head images, a checkpoint larger than half the cache is strea
     }
     CHECK(s.content.usage().streamed_puts == 0);
     CHECK(s.content.usage().streams_dropped == 0);
+    CHECK(s.content.usage().streams_declined == 3);
+    CHECK(s.content.usage().last_declined == "head images off, and the cache keeps it");
     // The commit kept the newest reconstruction (2.4 MB) in the cache: the next base.
     CHECK(s.content.usage().cache_bytes >= 2'000'000);
   }
@@ -351,6 +354,8 @@ TEST_CASE("a stream declines what it does not stream, and a cancelled one leaves
     CHECK(read_all(s.content, r) == file);  // the first version: a lossless keyframe
     CHECK(s.content.usage().streamed_puts == 0);
     CHECK(s.content.usage().streams_dropped == 0);
+    CHECK(s.content.usage().streams_declined == 1);  // status says so, with the reason
+    CHECK(!s.content.usage().last_declined.empty());
   }
   SECTION("below head_min: declined") {
     fs::content_options opt = options(d);
@@ -359,6 +364,8 @@ TEST_CASE("a stream declines what it does not stream, and a cancelled one leaves
     model m;
     stream_in(s.content, "run/a.pt", m.step(), fresh_buffer(d));
     CHECK(s.content.usage().streamed_puts == 0);
+    CHECK(s.content.usage().streams_declined == 1);
+    CHECK(s.content.usage().last_declined == "smaller than head_min");
   }
   SECTION("cancelled half-way: no object left, the lineage goes on") {
     opened s(d.path, options(d));
@@ -605,6 +612,8 @@ TEST_CASE("without head images, a DCP shard larger than half the cache is stream
     }
     CHECK(s.content.usage().streamed_puts == 0);
     CHECK(s.content.usage().streams_dropped == 0);
+    CHECK(s.content.usage().streams_declined == 3);
+    CHECK(s.content.usage().last_declined == "head images off, and the cache keeps it");
     CHECK(s.content.usage().cache_bytes >= 2'000'000);  // the newest reconstruction, kept
   }
 }

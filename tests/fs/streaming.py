@@ -33,6 +33,8 @@ files larger than head_min, and DCP shards, are delta-coded while they are writt
             and closed: its stream stops at the unlink (status: none running before the close),
             the daemon carries on, and the next save of the run is still a delta on the last
             stored version.
+  declined  A 12 MiB checkpoint (over the 8 MiB at which a stream starts, under head_min=16M):
+            stored at its commit; `ckptctl status` counts it as declined and says why.
   flow      A checkpoint six times buffer= saved twice: the writer waits for its stream
             instead of spilling raw bytes, so the daemon writes the delta's file about once (its
             head image; /proc/PID/io wchar at most 1.35x the file, where raw spills and the
@@ -145,7 +147,8 @@ def same(binary, ctl, work, extra=(), read_each=True):
                 served[m] = [sha256(f"{mnt}/run/step_{k}.pt") for k in range(len(hows))]
             s = status(ctl, mnt)
             want = len(hows) if m == "on" else 0
-            assert s["used"] == want and s["dropped"] == 0, f"stream={m} {extra}: {s}, want {want}"
+            assert s["used"] == want and s["dropped"] == 0 and s["declined"] == 0, \
+                f"stream={m} {extra}: {s}, want {want}"
             read = [sample(torch.load(f"{mnt}/run/step_{k}.pt")) for k in range(len(hows))]
         for k in range(len(hows)):
             check(f"stream={m} v{k}", saved[k], read[k], read[k - 1] if k else None, kinds[m][k])
@@ -204,7 +207,7 @@ def dcp(binary, ctl, work, extra=(), read_each=True):
                 served[m] = [sha256(f"{mnt}/dcp/step_{k}/__0_0.distcp") for k in range(steps)]
             s = status(ctl, mnt)
             want = steps if m == "on" else 0
-            assert s["used"] == want and s["dropped"] == 0, \
+            assert s["used"] == want and s["dropped"] == 0 and s["declined"] == 0, \
                 f"dcp stream={m} {extra}: {s}, want {want} used"
             read = [sample(read_dcp(f"{mnt}/dcp/step_{k}/__0_0.distcp", metas[k]))
                     for k in range(steps)]
@@ -302,6 +305,24 @@ def unlink(binary, ctl, work):
     print("unlink: stream cancelled, the next save a delta on the last stored version")
 
 
+def declined(binary, ctl, work):
+    """A checkpoint a stream starts to follow (over 8 MiB) whose tensors stay below head_min:
+    stored at its commit, and `ckptctl status` says why, in JSON and in text."""
+    state = TrainingState(12 * MiB, params=2, small=4, seed=8)
+    store, mnt = f"{work}/dc-store", f"{work}/dc-mnt"
+    with mounted(binary, store, mnt, *OPTS):
+        save(state.state_dict(), f"{mnt}/small.pt", "fsync")
+        s = status(ctl, mnt)
+        assert s["used"] == 0 and s["declined"] == 1, s
+        assert s["last_declined"] == "smaller than head_min", s
+        text = subprocess.run([ctl, "status", mnt], check=True, capture_output=True,
+                              text=True).stdout
+        assert "1 file left to the commit by its stream (the last: smaller than head_min)" \
+            in text, text
+        assert stat(ctl, f"{mnt}/small.pt")["kind"] == "keyframe"
+    print("declined: a checkpoint below head_min stored at its commit, status says why")
+
+
 def daemon_written(pid):
     for line in open(f"/proc/{pid}/io"):
         if line.startswith("wchar:"):
@@ -349,6 +370,7 @@ def main():
         dcp(binary, ctl, work, ("heads=off", "cache=64M", "buffer=16M"), read_each=False)
         rewrite(binary, ctl, work)
         unlink(binary, ctl, work)
+        declined(binary, ctl, work)
 
 
 if __name__ == "__main__":
