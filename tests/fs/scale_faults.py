@@ -23,6 +23,11 @@ becomes its lineage's head image):
                     left, `ckptctl gc` finds nothing to remove, STORE/heads holds no image but a
                     complete one of a lineage's newest version, and the newest version reads the
                     same with heads=off (decoded through its chain).
+  kill9_heads_off   the same two kills with heads=off,cache=64M (a stream follows a checkpoint
+                    over half of the cache, decoding its base through the chain): the versions
+                    before were streamed (`ckptctl status`), what was fsync'ed reads identical,
+                    nothing half-made is left, no head image appears, and the delta killed right
+                    after its fsync reads within the bound, the same with head images on.
 
 Usage: scale_faults.py CKPTFS CKPTCTL [SCENARIO...]   (as root; Debian's /usr/bin/python3)
 """
@@ -211,6 +216,11 @@ def store_wait_published(scratch_or_store, version, timeout=60):
         time.sleep(0.02)
 
 
+def stream_counts(ckptctl, mnt):
+    r = subprocess.run([ckptctl, "status", "--json", mnt], check=True, capture_output=True)
+    return json.loads(r.stdout)["streams"]
+
+
 def tmp_objects(store):
     return [n for n in os.listdir(f"{store}/objects") if n.endswith(".obj.tmp")]
 
@@ -226,9 +236,9 @@ def streaming(store):
     return False
 
 
-def after_crash(binary, ckptctl, store, mnt, hashes, label):
+def after_crash(binary, ckptctl, store, mnt, hashes, label, opts=()):
     """Remount after a kill -9: what was fsync'ed reads identical, nothing half-made is left."""
-    with mounted(binary, store, mnt):
+    with mounted(binary, store, mnt, *opts):
         assert not tmp_objects(store), f"{label}: *.obj.tmp left after the store was opened"
         for path, h in hashes.items():
             assert sha256(path) == h, f"{label}: fsync'ed {path} changed"
@@ -241,15 +251,13 @@ def after_crash(binary, ckptctl, store, mnt, hashes, label):
     return gc
 
 
-def test_kill9(binary, ckptctl, tmp):
-    store, mnt = f"{tmp}/kill-store", f"{tmp}/kill-mnt"
-    lin = Lineage(ckptctl, seed=30)
-    hashes = {}
-    # Two versions stored and fsync'ed, then killed while the third one's object is streamed.
-    proc = start(binary, store, mnt, "buffer=64M")
+def kill_mid_stream(binary, ckptctl, store, mnt, lin, hashes, opts):
+    """Two versions stored and fsync'ed through a mount with `opts`, then the daemon killed while
+    the third one's object is streamed; checked after a remount with the same options."""
+    proc = start(binary, store, mnt, *opts)
     try:
         wait_mounted(mnt, proc)
-        os.makedirs(f"{mnt}/run")
+        os.makedirs(f"{mnt}/run", exist_ok=True)
         for k in (1, 2):
             path = f"{mnt}/run/step_{k}.pt"
             saved = lin.save(path)
@@ -258,6 +266,9 @@ def test_kill9(binary, ckptctl, tmp):
         dfd = os.open(f"{mnt}/run", os.O_RDONLY)
         os.fsync(dfd)
         os.close(dfd)
+        streams = stream_counts(ckptctl, mnt)
+        assert streams["used"] == 2 and streams["declined"] == 0, \
+            f"versions 1-2 were not streamed with {opts}: {streams}"
         errors = []
         # Raw writes of the serialised checkpoint, as above: a torch.save whose writes fail keeps
         # its zip writer alive in the traceback, and the writer's destructor aborts the
@@ -284,10 +295,17 @@ def test_kill9(binary, ckptctl, tmp):
         kill9(proc, mnt)
     t.join()
     assert errors, "the save of the third version succeeded although the daemon was killed"
-    after_crash(binary, ckptctl, store, mnt, hashes, "killed mid-stream")
-    with mounted(binary, store, mnt):
+    after_crash(binary, ckptctl, store, mnt, hashes, "killed mid-stream", opts)
+    with mounted(binary, store, mnt, *opts):
         p3 = f"{mnt}/run/step_3.pt"
         assert not os.path.exists(p3) or os.path.getsize(p3) == 0, "a half-stored version"
+
+
+def test_kill9(binary, ckptctl, tmp):
+    store, mnt = f"{tmp}/kill-store", f"{tmp}/kill-mnt"
+    lin = Lineage(ckptctl, seed=30)
+    hashes = {}
+    kill_mid_stream(binary, ckptctl, store, mnt, lin, hashes, ["buffer=64M"])
     print("kill9: killed while an object was streamed: fsync'ed versions identical, no .obj.tmp, "
           "gc finds nothing")
 
@@ -329,9 +347,41 @@ def test_kill9(binary, ckptctl, tmp):
           f"through its chain; head images at the kill {heads_at_kill}, after {heads_after}")
 
 
+def test_kill9_heads_off(binary, ckptctl, tmp):
+    """The same with heads=off, where a stream decodes its base through the chain a slab at a
+    time and leaves the written bytes as they are (staging file, no image)."""
+    store, mnt = f"{tmp}/kill-off-store", f"{tmp}/kill-off-mnt"
+    # cache=64M: the checkpoint is more than half of it, so a stream follows it with heads=off.
+    opts = ["heads=off", "cache=64M", "buffer=64M"]
+    lin = Lineage(ckptctl, seed=31)
+    hashes = {}
+    kill_mid_stream(binary, ckptctl, store, mnt, lin, hashes, opts)
+    assert not heads_of(store), f"heads=off left head images: {heads_of(store)}"
+    # Killed right after the fsync of a streamed delta: durable, and the same with images on.
+    proc = start(binary, store, mnt, *opts)
+    try:
+        wait_mounted(mnt, proc)
+        p4 = f"{mnt}/run/step_4.pt"
+        lin.state.step()
+        saved4 = sample(lin.state.state_dict())
+        assert write_file(p4, serialised(lin.state.state_dict())) is None
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        kill9(proc, mnt)
+    after_crash(binary, ckptctl, store, mnt, hashes, "killed after fsync, heads=off", opts)
+    with mounted(binary, store, mnt, *opts):
+        info = lin.verify("kill v4, heads=off", p4, saved4)
+        assert info["kind"] == "delta", info
+        h4 = sha256(p4)
+    with mounted(binary, store, mnt):
+        assert sha256(p4) == h4, "the version reads differently with head images on"
+    print("kill9_heads_off: killed mid-stream and after fsync with heads=off: fsync'ed versions "
+          "identical, no .obj.tmp, gc finds nothing, the last delta within the bound")
+
+
 def main():
     binary, ckptctl = sys.argv[1], sys.argv[2]
-    only = sys.argv[3:] or ["scratch_unusable", "scratch_full", "kill9"]
+    only = sys.argv[3:] or ["scratch_unusable", "scratch_full", "kill9", "kill9_heads_off"]
     torch.set_num_threads(2)
     if os.geteuid() != 0:
         print("SKIPPED: the mount tests run as root")
