@@ -28,6 +28,9 @@ becomes its lineage's head image):
                     before were streamed (`ckptctl status`), what was fsync'ed reads identical,
                     nothing half-made is left, no head image appears, and the delta killed right
                     after its fsync reads within the bound, the same with head images on.
+  kill9_dcp_heads_off  the mid-stream kill with DCP shards (`__0_0.distcp`, smallest tensor
+                    first) and heads=off: two shards streamed and read back with DCP's reader
+                    within the bound, the third killed while streamed; the same checks.
 
 Usage: scale_faults.py CKPTFS CKPTCTL [SCENARIO...]   (as root; Debian's /usr/bin/python3)
 """
@@ -46,7 +49,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ckptfs_testlib import (daemon_log, kill9, mounted, sha256, start,  # noqa: E402
                             wait_mounted)
-from scale_lib import MiB, TrainingState, check, sample, save, scratch_dir, stat  # noqa: E402
+from scale_lib import (MiB, TrainingState, check, flat_tensors, read_dcp, sample, save,  # noqa: E402
+                       scratch_dir, stat, write_dcp)
 
 SIZE = 160 * MiB
 
@@ -251,17 +255,32 @@ def after_crash(binary, ckptctl, store, mnt, hashes, label, opts=()):
     return gc
 
 
-def kill_mid_stream(binary, ckptctl, store, mnt, lin, hashes, opts):
+def torch_files(lin):
+    """kill_mid_stream's versions as torch.save files: (save version k, the third's bytes)."""
+    def save_version(mnt, k):
+        path = f"{mnt}/run/step_{k}.pt"
+        saved = lin.save(path)
+        info = lin.verify(f"kill v{k}", path, saved)
+        assert info["kind"] == ("delta" if k > 1 else "keyframe"), info
+        return path
+
+    def third(mnt):
+        lin.state.step()
+        return f"{mnt}/run/step_3.pt", serialised(lin.state.state_dict())
+    return save_version, third
+
+
+def kill_mid_stream(binary, ckptctl, store, mnt, hashes, opts, versions):
     """Two versions stored and fsync'ed through a mount with `opts`, then the daemon killed while
-    the third one's object is streamed; checked after a remount with the same options."""
+    the third one's object is streamed; checked after a remount with the same options.
+    `versions` is (save_version(mnt, k) -> path, third(mnt) -> (path, bytes))."""
+    save_version, third_version = versions
     proc = start(binary, store, mnt, *opts)
     try:
         wait_mounted(mnt, proc)
         os.makedirs(f"{mnt}/run", exist_ok=True)
         for k in (1, 2):
-            path = f"{mnt}/run/step_{k}.pt"
-            saved = lin.save(path)
-            lin.verify(f"kill v{k}", path, saved)
+            path = save_version(mnt, k)
             hashes[path] = sha256(path)
         dfd = os.open(f"{mnt}/run", os.O_RDONLY)
         os.fsync(dfd)
@@ -273,12 +292,11 @@ def kill_mid_stream(binary, ckptctl, store, mnt, lin, hashes, opts):
         # Raw writes of the serialised checkpoint, as above: a torch.save whose writes fail keeps
         # its zip writer alive in the traceback, and the writer's destructor aborts the
         # interpreter at exit (it throws again: "unexpected pos").
-        lin.state.step()
-        third_data = serialised(lin.state.state_dict())
+        p3, third_data = third_version(mnt)
 
         def third():
             try:
-                err = write_file(f"{mnt}/run/step_3.pt", third_data)
+                err = write_file(p3, third_data)
                 if err is not None:
                     errors.append(err)
             except BaseException as e:  # the daemon dies under it
@@ -297,7 +315,6 @@ def kill_mid_stream(binary, ckptctl, store, mnt, lin, hashes, opts):
     assert errors, "the save of the third version succeeded although the daemon was killed"
     after_crash(binary, ckptctl, store, mnt, hashes, "killed mid-stream", opts)
     with mounted(binary, store, mnt, *opts):
-        p3 = f"{mnt}/run/step_3.pt"
         assert not os.path.exists(p3) or os.path.getsize(p3) == 0, "a half-stored version"
 
 
@@ -305,7 +322,7 @@ def test_kill9(binary, ckptctl, tmp):
     store, mnt = f"{tmp}/kill-store", f"{tmp}/kill-mnt"
     lin = Lineage(ckptctl, seed=30)
     hashes = {}
-    kill_mid_stream(binary, ckptctl, store, mnt, lin, hashes, ["buffer=64M"])
+    kill_mid_stream(binary, ckptctl, store, mnt, hashes, ["buffer=64M"], torch_files(lin))
     print("kill9: killed while an object was streamed: fsync'ed versions identical, no .obj.tmp, "
           "gc finds nothing")
 
@@ -355,7 +372,7 @@ def test_kill9_heads_off(binary, ckptctl, tmp):
     opts = ["heads=off", "cache=64M", "buffer=64M"]
     lin = Lineage(ckptctl, seed=31)
     hashes = {}
-    kill_mid_stream(binary, ckptctl, store, mnt, lin, hashes, opts)
+    kill_mid_stream(binary, ckptctl, store, mnt, hashes, opts, torch_files(lin))
     assert not heads_of(store), f"heads=off left head images: {heads_of(store)}"
     # Killed right after the fsync of a streamed delta: durable, and the same with images on.
     proc = start(binary, store, mnt, *opts)
@@ -379,9 +396,54 @@ def test_kill9_heads_off(binary, ckptctl, tmp):
           "identical, no .obj.tmp, gc finds nothing, the last delta within the bound")
 
 
+def dcp_shards(ckptctl, seed):
+    """kill_mid_stream's versions as DCP shards (`run/step_K/__0_0.distcp`, scale_lib.write_dcp:
+    smallest tensor first), each read back with DCP's reader and checked."""
+    st = TrainingState(SIZE, params=2, small=4, seed=seed)
+    reads = {}
+
+    def shard(mnt, k):
+        if k > 1:
+            st.step()
+        os.makedirs(f"{mnt}/run/step_{k}", exist_ok=True)
+        buf = io.BytesIO()
+        meta = write_dcp(buf, st.state_dict(), {"step": k}, clone=True)
+        return f"{mnt}/run/step_{k}/__0_0.distcp", buf.getbuffer(), meta
+
+    def save_version(mnt, k):
+        path, data, meta = shard(mnt, k)
+        saved = sample(flat_tensors(st.state_dict()))
+        assert write_file(path, data) is None
+        info = stat(ckptctl, path)
+        assert info["format"] == "distcp", info
+        assert info["kind"] == ("delta" if k > 1 else "keyframe"), info
+        read = sample(read_dcp(path, meta))
+        check(f"kill dcp v{k}", saved, read, reads.get(info["base"]), info["kind"])
+        reads[info["version"]] = read
+        return path
+
+    def third(mnt):
+        path, data, _ = shard(mnt, 3)
+        return path, data
+    return save_version, third
+
+
+def test_kill9_dcp_heads_off(binary, ckptctl, tmp):
+    """kill -9 while a DCP shard is streamed with heads=off (its first tensors walked and held,
+    then the rest coded as it arrives)."""
+    store, mnt = f"{tmp}/kill-dcp-store", f"{tmp}/kill-dcp-mnt"
+    opts = ["heads=off", "cache=64M", "buffer=64M"]
+    hashes = {}
+    kill_mid_stream(binary, ckptctl, store, mnt, hashes, opts, dcp_shards(ckptctl, seed=32))
+    assert not heads_of(store), f"heads=off left head images: {heads_of(store)}"
+    print("kill9_dcp_heads_off: killed while a DCP shard was streamed with heads=off: fsync'ed "
+          "shards identical, no .obj.tmp, gc finds nothing")
+
+
 def main():
     binary, ckptctl = sys.argv[1], sys.argv[2]
-    only = sys.argv[3:] or ["scratch_unusable", "scratch_full", "kill9", "kill9_heads_off"]
+    only = sys.argv[3:] or ["scratch_unusable", "scratch_full", "kill9", "kill9_heads_off",
+                            "kill9_dcp_heads_off"]
     torch.set_num_threads(2)
     if os.geteuid() != 0:
         print("SKIPPED: the mount tests run as root")
