@@ -826,3 +826,68 @@ TEST_CASE("a DCP shard's tensors take their names from the .metadata beside its 
     CHECK(names_of(s.content, r2) == std::vector<std::string>(12));
   }
 }
+
+TEST_CASE("without head images, a stream's base chain rekeyed and reclaimed meanwhile",
+          "[content][stream]") {
+  // A stream with heads=off decodes its base through the chain a slab at a time while the file
+  // arrives. Rotation may rewrite versions of that chain as keyframes and remove the objects
+  // below them meanwhile (read_recon_slab's guard keeps them until a decode that started is
+  // done): the stream must neither fail (its work dropped) nor code against other bytes. Each
+  // round moves the two rewrites to other moments of the stream; its version must be what put()
+  // stores in a store without them. (Without the guard five runs in six failed.)
+  constexpr int kChain = 8;  // a keyframe and 7 deltas: each slab of the base decodes 8 frames
+  int dropped = 0, differ = 0;
+  for (int round = 0; round < 20; ++round) {
+    INFO("round " << round);
+    temp_dir d, p;
+    auto o = options(d), po = options(p);
+    heads_off(std::uint64_t(4) << 20)(o);
+    heads_off(std::uint64_t(4) << 20)(po);
+    opened s(d.path, o);
+    opened plain(p.path, po);
+    model m;  // 2.4 MB of tensors a version: over half of the 4 MiB cache
+    std::vector<fs::content_ref> refs;
+    for (int v = 0; v < kChain; ++v) {
+      const bytes file = m.step();
+      const std::string path = "run/ckpt_" + std::to_string(v) + ".pt";
+      refs.push_back(plain_put(s.content, d, path, file));
+      plain_put(plain.content, p, path, file);
+    }
+    auto sync = [&] {  // filesystem::sync_journal
+      auto un = s.content.take_unneeded_objects();
+      s.journal.sync();
+      s.content.remove_objects(un);
+    };
+    sync();
+    for (int v = 0; v + 1 < kChain; ++v) s.content.unref(refs[std::size_t(v)]);  // rotated away
+    s.content.drop_caches();
+    const bytes file = m.step();
+    auto buf = fresh_buffer(d);
+    buf->begin_stream();
+    auto st = s.content.start_stream("run/ckpt_n.pt", buf);
+    std::thread rotation([&, round] {
+      // The version below the base rewritten (the versions below it go), then the base itself.
+      for (const std::size_t v : {std::size_t(kChain - 2), std::size_t(kChain - 1)}) {
+        std::this_thread::sleep_for(std::chrono::microseconds(1500 * round + 500));
+        CHECK(s.content.rekey(refs[v].version) > 0);
+        sync();  // the old chain's objects go now, unless a decode still reads them
+      }
+    });
+    for (std::size_t at = 0; at < file.size(); at += 65536) {
+      buf->write(at, std::span(file).subspan(at, std::min<std::size_t>(65536, file.size() - at)));
+      std::this_thread::sleep_for(std::chrono::microseconds(500));
+    }
+    rotation.join();
+    const auto r = s.content.put("run/ckpt_n.pt", buf, std::move(st));
+    const auto want = plain_put(plain.content, p, "run/ckpt_n.pt", file);
+    sync();
+    CHECK(object_files(d) == 2);  // the base (rewritten) and the new version: the chain went
+    CHECK(s.content.info(r).kind == "delta");
+    CHECK(s.content.info(r).base == refs.back().version);
+    dropped += int(s.content.usage().streams_dropped);
+    s.content.drop_caches();
+    differ += read_all(s.content, r) != read_all(plain.content, want);
+  }
+  CHECK(dropped == 0);
+  CHECK(differ == 0);
+}
