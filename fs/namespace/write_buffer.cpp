@@ -159,14 +159,20 @@ void write_buffer::open_staging() {
 }
 
 write_buffer::chunk& write_buffer::place(std::uint64_t index) {
-  chunk& c = chunks_[index];
+  // An entry may exist without memory or file space: a hole punched over the base, which must
+  // stay one if this call fails (erasing it would let the base's bytes show through again).
+  const auto [at, inserted] = chunks_.try_emplace(index);
+  chunk& c = at->second;
   if (c.mem || c.in_file) return c;
+  const auto undo = [&, at = at, inserted = inserted] {
+    if (inserted) chunks_.erase(at);
+  };
   if (budget_->try_take(chunk_bytes)) {
     try {
       c.mem = budget_->take_chunk();
     } catch (...) {
       budget_->give(chunk_bytes);
-      chunks_.erase(index);
+      undo();
       throw;
     }
     c.filled = 0;
@@ -179,7 +185,7 @@ write_buffer::chunk& write_buffer::place(std::uint64_t index) {
     try {
       if (!spare_) make_spare(old);
     } catch (...) {
-      chunks_.erase(index);
+      undo();
       throw;
     }
     c.mem = std::move(spare_);
@@ -188,10 +194,11 @@ write_buffer::chunk& write_buffer::place(std::uint64_t index) {
     try {
       if (fd_ < 0) open_staging();
     } catch (...) {
-      chunks_.erase(index);
+      undo();
       throw;
     }
-    c.in_file = true;  // the file reads zeros there until written (drop_chunk punches it)
+    c.in_file = true;  // the file reads zeros there until written (punch_hole() and
+                       // truncate() clear what they drop of it)
     spilled_ += chunk_bytes;
     budget_->note_spilled(chunk_bytes);
   }
@@ -328,7 +335,19 @@ write_buffer::chunk& write_buffer::own(std::uint64_t index) {
     std::memcpy(c.mem.data(), bytes.data(), n);
     c.filled = n;
   } else {
-    pwrite_all(fd_, bytes.data(), n, from);
+    try {
+      pwrite_all(fd_, bytes.data(), n, from);
+    } catch (...) {
+      // The chunk reads from the base again: as an own chunk in the file it would read what
+      // the failed write left there (zeros) for good. (place() inserted it: it read from the
+      // base.) Whatever part of it was written is punched out, best effort: a chunk placed in
+      // the file later reads zeros until written.
+      [[maybe_unused]] const int punched =
+          ::fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off_t(from), off_t(n));
+      drop_chunk(c);
+      chunks_.erase(index);
+      throw;
+    }
   }
   return c;
 }
@@ -494,6 +513,10 @@ std::size_t write_buffer::read_locked(std::uint64_t offset, std::span<std::byte>
 
 void write_buffer::truncate(std::uint64_t size) {
   std::unique_lock lock(mu_);
+  // The staging file first: if it cannot be cut, nothing else is (the file keeps its size and
+  // bytes, and the call fails).
+  if (size < size_ && fd_ >= 0 && ::ftruncate(fd_, off_t(size)) != 0)
+    throw_errno(errno, "staging file truncate");
   // Nothing past the new end counts as written any more.
   contiguous_ = std::min(contiguous_, size);
   for (auto it = ahead_.lower_bound(size); it != ahead_.end();) it = ahead_.erase(it);
@@ -507,6 +530,8 @@ void write_buffer::truncate(std::uint64_t size) {
     // Drop whole chunks past the end and cut the last one's data at the new end, so that
     // growing the file again reads zeros there.
     const std::uint64_t keep = (size + chunk_bytes - 1) / chunk_bytes;
+    // Chunks written again from here on may be full and in memory below the old mark.
+    evicted_below_ = std::min(evicted_below_, keep ? keep - 1 : 0);
     for (auto it = chunks_.lower_bound(keep); it != chunks_.end();) {
       drop_chunk(it->second);
       it = chunks_.erase(it);
@@ -516,7 +541,6 @@ void write_buffer::truncate(std::uint64_t size) {
       if (auto it = chunks_.find(keep - 1); it != chunks_.end())
         it->second.filled = std::min(it->second.filled, in);
     }
-    if (fd_ >= 0 && ::ftruncate(fd_, off_t(size)) != 0) throw_errno(errno, "staging file truncate");
     base_limit_ = std::min(base_limit_, size);  // growing again reads zeros there
   }
   size_ = size;

@@ -1,8 +1,11 @@
 // fs/namespace/write_buffer as copy-on-write over a stored version (set_base), hole punching,
 // data runs and sparse sizes: random operations checked against a plain byte vector, and the
 // unchanged ranges it reports checked against the base's bytes.
+#include <sys/resource.h>
+
 #include <boost/filesystem.hpp>
 #include <catch2/catch.hpp>
+#include <csignal>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -168,4 +171,80 @@ TEST_CASE("write_buffer: sparse sizes cost nothing and punched chunks are given 
   CHECK(budget->used() == 0);
   CHECK(buf.data_runs().empty());
   CHECK(buf.size() == (10ull << 40));
+}
+
+namespace {
+
+// Files this process writes may grow to `bytes` at most while it lives (RLIMIT_FSIZE, with
+// SIGXFSZ ignored: a write past it fails with EFBIG instead of killing the process).
+class file_size_limit {
+ public:
+  explicit file_size_limit(rlim_t bytes) {
+    ::getrlimit(RLIMIT_FSIZE, &old_);
+    old_handler_ = std::signal(SIGXFSZ, SIG_IGN);
+    rlimit lim = old_;
+    lim.rlim_cur = bytes;
+    ::setrlimit(RLIMIT_FSIZE, &lim);
+  }
+  ~file_size_limit() {
+    ::setrlimit(RLIMIT_FSIZE, &old_);
+    std::signal(SIGXFSZ, old_handler_);
+  }
+  file_size_limit(const file_size_limit&) = delete;
+  file_size_limit& operator=(const file_size_limit&) = delete;
+
+ private:
+  rlimit old_{};
+  void (*old_handler_)(int) = SIG_DFL;
+};
+
+int byte_at(const write_buffer& buf, std::uint64_t off) {
+  std::byte b{};
+  REQUIRE(buf.read(off, std::span(&b, 1)) == 1);
+  return int(b);
+}
+
+}  // namespace
+
+TEST_CASE("write_buffer over a base: a write that fails leaves the chunk's base bytes readable",
+          "[namespace]") {
+  // No memory: a write into a chunk of the base copies the chunk's base bytes into the staging
+  // file first. When that copy fails (the disk full), the write fails, and the chunk must read
+  // the base again, not zeros (then stored by the next commit), and a retry must work.
+  staging_dir dir;
+  auto budget = std::make_shared<memory_budget>(0);
+  auto reader = std::make_shared<vector_reader>(std::vector<std::byte>(4 * MiB, std::byte{0xAA}));
+  write_buffer buf(budget, dir.path.string());
+  buf.set_base(reader, 1, {{0, 4 * MiB}});
+  const std::byte one{0x11};
+  {
+    file_size_limit limit(4096);
+    CHECK_THROWS_AS(buf.write(2 * MiB + 5, std::span(&one, 1)), ckpt::io_error);
+  }
+  CHECK(byte_at(buf, 2 * MiB + 5) == 0xAA);
+  CHECK(byte_at(buf, 2 * MiB + 100) == 0xAA);
+  CHECK(budget->spilled() == 0);  // nothing counted as in the staging file
+  buf.write(2 * MiB + 5, std::span(&one, 1));
+  CHECK(byte_at(buf, 2 * MiB + 5) == 0x11);
+  CHECK(byte_at(buf, 2 * MiB + 100) == 0xAA);
+  CHECK(budget->spilled() == MiB);
+}
+
+TEST_CASE("write_buffer over a base: a write that fails into a punched chunk leaves it zeros",
+          "[namespace]") {
+  // A whole chunk punched over the base is a hole of the buffer's own. A write into it that
+  // cannot get memory or a staging file fails, and the hole must stay: the base's bytes must
+  // not show through again.
+  staging_dir dir;
+  auto budget = std::make_shared<memory_budget>(0);
+  auto reader = std::make_shared<vector_reader>(std::vector<std::byte>(4 * MiB, std::byte{0xAA}));
+  write_buffer buf(budget, (dir.path / "missing").string());  // no staging file can be made
+  buf.set_base(reader, 1, {{0, 4 * MiB}});
+  buf.punch_hole(MiB, MiB);
+  REQUIRE(byte_at(buf, MiB + 100) == 0);
+  const std::byte one{0x11};
+  CHECK_THROWS(buf.write(MiB + 5, std::span(&one, 1)));
+  CHECK(byte_at(buf, MiB + 5) == 0);
+  CHECK(byte_at(buf, MiB + 100) == 0);
+  CHECK(byte_at(buf, 2 * MiB) == 0xAA);  // the rest still the base
 }
