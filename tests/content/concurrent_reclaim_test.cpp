@@ -32,11 +32,6 @@ void crash_copy(const bfs::path& from, const bfs::path& to) {
   for (auto& e : bfs::directory_iterator(from / "objects"))
     bfs::copy_file(e.path(), to / "objects" / e.path().filename());
 }
-void sync_like_fs(opened& s) {  // filesystem::sync_journal
-  auto un = s.content.take_unneeded_objects();
-  s.journal.sync();
-  s.content.remove_objects(un);
-}
 }  // namespace
 
 TEST_CASE("a reader pin released between a rekey and its sync keeps the old base until the sync",

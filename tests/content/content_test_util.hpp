@@ -51,6 +51,14 @@ struct opened {
   }
 };
 
+// What filesystem::sync_journal does: objects a record made unnecessary are removed once the
+// journal holding that record is synced.
+inline void sync_like_fs(opened& s) {
+  auto un = s.content.take_unneeded_objects();
+  s.journal.sync();
+  s.content.remove_objects(un);
+}
+
 // n floats of a file's bytes from `offset`.
 inline std::vector<float> floats_at(const bytes& file, std::size_t offset, std::size_t n) {
   std::vector<float> v(n);

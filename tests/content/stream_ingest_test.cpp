@@ -853,12 +853,7 @@ TEST_CASE("without head images, a stream's base chain rekeyed and reclaimed mean
       refs.push_back(plain_put(s.content, d, path, file));
       plain_put(plain.content, p, path, file);
     }
-    auto sync = [&] {  // filesystem::sync_journal
-      auto un = s.content.take_unneeded_objects();
-      s.journal.sync();
-      s.content.remove_objects(un);
-    };
-    sync();
+    sync_like_fs(s);
     for (int v = 0; v + 1 < kChain; ++v) s.content.unref(refs[std::size_t(v)]);  // rotated away
     s.content.drop_caches();
     const bytes file = m.step();
@@ -871,7 +866,7 @@ TEST_CASE("without head images, a stream's base chain rekeyed and reclaimed mean
       for (const std::size_t v : {std::size_t(kChain - 2), std::size_t(kChain - 1)}) {
         std::this_thread::sleep_for(std::chrono::microseconds(1500 * round + 500));
         rewrites += s.content.rekey(refs[v].version) > 0;
-        sync();  // the old chain's objects go now, unless a decode still reads them
+        sync_like_fs(s);  // the old chain's objects go now, unless a decode still reads them
       }
     });
     for (std::size_t at = 0; at < file.size(); at += 65536) {
@@ -882,7 +877,7 @@ TEST_CASE("without head images, a stream's base chain rekeyed and reclaimed mean
     CHECK(rewrites == 2);
     const auto r = s.content.put("run/ckpt_n.pt", buf, std::move(st));
     const auto want = plain_put(plain.content, p, "run/ckpt_n.pt", file);
-    sync();
+    sync_like_fs(s);
     CHECK(object_files(d) == 2);  // the base (rewritten) and the new version: the chain went
     CHECK(s.content.info(r).kind == "delta");
     CHECK(s.content.info(r).base == refs.back().version);

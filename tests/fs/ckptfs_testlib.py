@@ -258,6 +258,12 @@ def stat_json(ckptctl, path):
     return json.loads(out.stdout)
 
 
+def status_json(ckptctl, mnt):
+    """`ckptctl status --json` of the daemon serving `mnt`, parsed."""
+    out = subprocess.run([ckptctl, "status", "--json", mnt], check=True, capture_output=True)
+    return json.loads(out.stdout)
+
+
 def tensor_modes(ckptctl, path):
     """name -> how the version at `path` coded each tensor (`ckptctl stat --json`): delta,
     ratio, intra, lossless or rounded."""

@@ -48,7 +48,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ckptfs_testlib import (daemon_log, kill9, mounted, sha256, start,  # noqa: E402
-                            wait_mounted)
+                            status_json, wait_mounted)
 from scale_lib import (MiB, TrainingState, check, flat_tensors, read_dcp, sample, save,  # noqa: E402
                        scratch_dir, stat, write_dcp)
 
@@ -220,11 +220,6 @@ def store_wait_published(scratch_or_store, version, timeout=60):
         time.sleep(0.02)
 
 
-def stream_counts(ckptctl, mnt):
-    r = subprocess.run([ckptctl, "status", "--json", mnt], check=True, capture_output=True)
-    return json.loads(r.stdout)["streams"]
-
-
 def tmp_objects(store):
     return [n for n in os.listdir(f"{store}/objects") if n.endswith(".obj.tmp")]
 
@@ -285,7 +280,7 @@ def kill_mid_stream(binary, ckptctl, store, mnt, hashes, opts, versions):
         dfd = os.open(f"{mnt}/run", os.O_RDONLY)
         os.fsync(dfd)
         os.close(dfd)
-        streams = stream_counts(ckptctl, mnt)
+        streams = status_json(ckptctl, mnt)["streams"]
         assert streams["used"] == 2 and streams["declined"] == 0, \
             f"versions 1-2 were not streamed with {opts}: {streams}"
         errors = []

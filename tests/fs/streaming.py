@@ -44,7 +44,6 @@ files larger than head_min, and DCP shards, are delta-coded while they are writt
 Usage: streaming.py CKPTFS CKPTCTL
 """
 import io
-import json
 import os
 import subprocess
 import sys
@@ -53,7 +52,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ckptfs_testlib import MIN_TENSOR, mounted, sha256  # noqa: E402
+from ckptfs_testlib import MIN_TENSOR, mounted, sha256, status_json  # noqa: E402
 from scale_lib import (MiB, TrainingState, check, flat_tensors, read_dcp, sample,  # noqa: E402
                        scratch_dir, stat, write_dcp)
 
@@ -61,8 +60,7 @@ OPTS = ("head_min=16M", "cache=512M", "buffer=64M")
 
 
 def status(ctl, mnt):
-    r = subprocess.run([ctl, "status", "--json", mnt], check=True, capture_output=True)
-    return json.loads(r.stdout)["streams"]
+    return status_json(ctl, mnt)["streams"]
 
 
 def save(state, path, how):
