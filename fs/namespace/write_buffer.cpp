@@ -296,7 +296,7 @@ void write_buffer::settle(std::uint64_t end) {
 void write_buffer::wait_for_room(std::uint64_t offset, std::size_t n) {
   std::unique_lock lock(mu_);
   for (;;) {
-    if (no_room_wait_ || stream_.load() != stream_state::open || stale_ || stream_waits_) return;
+    if (stream_.load() != stream_state::open || stale_ || stream_waits_) return;
     bool needs_chunk = false;
     for (std::uint64_t i = offset / chunk_bytes; i * chunk_bytes < offset + n; ++i)
       needs_chunk |= !chunks_.count(i);
@@ -311,9 +311,14 @@ void write_buffer::wait_for_room(std::uint64_t offset, std::size_t n) {
     auto it = chunks_.lower_bound(settled_ / chunk_bytes);
     while (it != chunks_.end() && !it->second.mem) ++it;
     if (it == chunks_.end()) return;
+    // After a wait that saw nothing settled, none until the stream settles again: a stream
+    // stuck for long (another put of its lineage holds the lineage, every encode slot is
+    // taken) costs its writer one second, not one a chunk; one that moves again paces it again
+    // (a single stall used to leave the rest of a 100 GB file spilled raw).
+    if (no_wait_until_past_ && settled_ <= *no_wait_until_past_) return;
     const std::uint64_t before = settled_;
     if (room_cv_.wait_for(lock, kRoomWait) == std::cv_status::timeout && settled_ == before) {
-      no_room_wait_ = true;
+      no_wait_until_past_ = settled_;
       return;
     }
   }
@@ -702,7 +707,7 @@ void write_buffer::begin_stream() {
   settled_ = 0;
   evicted_below_ = 0;
   stream_waits_ = false;
-  no_room_wait_ = false;
+  no_wait_until_past_.reset();
   stale_ = false;
 }
 

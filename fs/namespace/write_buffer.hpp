@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <shared_mutex>
 #include <span>
 #include <string>
@@ -109,8 +110,8 @@ class write_buffer final : public staged_file {
   // whose memory the write then reuses, instead of spilling the write's bytes raw. Returns at
   // once when waiting cannot give memory back: no stream, a stale one, a stream waiting for
   // bytes itself (a writer out of order), no chunk of this buffer in memory ahead of the
-  // stream. A wait that sees the stream settle nothing for kRoomWait ends it for good: the
-  // buffer spills as it did before streams.
+  // stream. A wait that sees the stream settle nothing for kRoomWait ends waiting until the
+  // stream settles more: meanwhile the buffer spills as it did before streams.
   void wait_for_room(std::uint64_t offset, std::size_t n);
 
  private:
@@ -197,7 +198,8 @@ class write_buffer final : public staged_file {
   mutable std::uint64_t consumed_ = 0;                    // the stream read everything below this
   std::uint64_t settled_ = 0;  // the stream is done with everything below this (settle())
   bool stream_waits_ = false;  // the stream is in await() for bytes not written yet
-  bool no_room_wait_ = false;  // a wait_for_room() timed out: never again
+  // A wait_for_room() timed out with the stream settled to here: none until it settles more.
+  std::optional<std::uint64_t> no_wait_until_past_;
   mutable std::condition_variable_any room_cv_;  // settled_ moved, or the stream ended
   std::uint64_t evicted_below_ = 0;  // chunk index: no settled chunk below it is in memory
   bool stale_ = false;
