@@ -319,8 +319,7 @@ def settle_rotation(ctl, mnt, store, deadline_s=60, watched=None):
     last = None
     while time.monotonic() < deadline:
         time.sleep(1.2)
-        s = json.loads(subprocess.run([ctl, "status", "--json", mnt], check=True,
-                                      capture_output=True, text=True).stdout)
+        s = status_json(ctl, mnt)
         now = du(watched)
         if not s["rotation"]["pending"] and now == last:
             return s

@@ -24,9 +24,7 @@ file):
 
 Usage: cold_reads.py CKPTFS_BINARY    (as root; Debian's /usr/bin/python3)
 """
-import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,7 +33,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "bench"))
 import fs_scale  # noqa: E402
-from ckptfs_testlib import daemon_log, mounted, require_fuse  # noqa: E402
+from ckptfs_testlib import daemon_log, mounted, require_fuse, status_json  # noqa: E402
 from fs_speed import drop_caches  # noqa: E402
 
 GIB = 0.1
@@ -49,9 +47,7 @@ def reads(ctl, mnt):
     """The daemon's cold-read counters once read-ahead's decodes in flight are done (a decode
     counts its chunk when it starts, its frames when it ends): two reads 0.1 s apart agree."""
     def once():
-        out = subprocess.run([ctl, "status", "--json", mnt], check=True, capture_output=True,
-                             text=True).stdout
-        return json.loads(out)["reads"]
+        return status_json(ctl, mnt)["reads"]
     last = once()
     for _ in range(100):
         time.sleep(0.1)
