@@ -40,7 +40,11 @@ ckpt_rankR/step_K.pt (one lineage per rank) at the same moment, released by a ba
 --writer-steps steps, mount and plain directory in turn (the plain side keeps two versions per
 rank). Per step: wall time from the release to the last fsync, the daemon's peak RSS and
 scratch files; then whether every version after the first of each rank is a delta on its own
-rank's previous version (`ckptctl stat --json`), and store bytes.
+rank's previous version (`ckptctl stat --json`), and store bytes. Then every rank restores its
+newest version at once, as after a failure: --repeats rounds, each from a fresh daemon (a
+remount, the page cache dropped) and from the plain directory (the page cache dropped), the
+side that goes first alternating: wall time from the release to the last torch.load (or DCP
+read), the daemon's peak RSS, each load checked as above against the rank's last state.
 
 Usage: fs_scale.py CKPTFS_BINARY [--sizes 1,4,12] [--versions 6] [--repeats 3] [--writers 8]
                    [--shard-gib 1] [--writer-steps 3] [--skip-sizes] [--skip-writers]
@@ -691,9 +695,15 @@ def side_order(step):
     return ("mount", "plain") if step % 2 else ("plain", "mount")
 
 
-def writer_process(rank, shard_bytes, steps, dirs, barrier, results, layout):
+def restore_order(round_):
+    return ("mount", "plain") if round_ % 2 == 0 else ("plain", "mount")
+
+
+def writer_process(rank, shard_bytes, steps, restores, dirs, barrier, results, layout):
     """One rank: builds its own state, then per step and side waits for the release and saves
-    ckpt_rank{rank}/step_{step}.pt (or the DCP shard) with fsync."""
+    ckpt_rank{rank}/step_{step}.pt (or the DCP shard) with fsync. Then, `restores` times per
+    side (restore_order), waits for the release and loads its newest version, as every rank
+    does after a failure; the load is checked against the state it saved (check())."""
     try:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the parent stops the ranks
         torch.set_num_threads(1)
@@ -710,6 +720,21 @@ def writer_process(rank, shard_bytes, steps, dirs, barrier, results, layout):
                 results.put({"rank": rank, "step": step, "side": side, "start": start,
                              "end": time.monotonic(), "save_s": returned, "save_fsync_s": total,
                              "bytes": os.path.getsize(path)})
+        ref = snapshot(state.sd)
+        del state  # the rank's memory holds one state at a time, as a restarted rank's does
+        gc.collect()
+        for round_ in range(restores):
+            for side in restore_order(round_):
+                path = os.path.join(dirs[side], f"ckpt_rank{rank}", ckpt_name(layout, steps, rank))
+                barrier.wait(BARRIER_TIMEOUT)
+                start = time.monotonic()
+                sd = load(path, layout)
+                end = time.monotonic()
+                checked = check(sd, ref, f"rank {rank} restore from {side}")
+                del sd
+                gc.collect()
+                results.put({"rank": rank, "round": round_, "side": side, "start": start,
+                             "end": end, "load_s": end - start, "check": checked})
     except BaseException:  # noqa: B902 - reported to the parent, which stops the run
         results.put({"rank": rank, "error": traceback.format_exc()})
         barrier.abort()
@@ -787,8 +812,8 @@ def run_writers(args, cfg, work):
         try:
             for rank in range(args.writers):
                 p = ctx.Process(target=writer_process, daemon=True,
-                                args=(rank, shard, args.writer_steps, dirs, barrier, results,
-                                      args.layout))
+                                args=(rank, shard, args.writer_steps, args.repeats, dirs, barrier,
+                                      results, args.layout))
                 p.start()
                 procs.append(p)
             threading.Thread(target=watch, daemon=True).start()
@@ -796,29 +821,66 @@ def run_writers(args, cfg, work):
                 for side in side_order(step):
                     r["steps"].append(writers_step(step, side, args, proc, sampler, barrier,
                                                    results, procs, plain))
-            for p in procs:
-                p.join(60)
-        finally:
-            # Before the unmount: a rank still writing would keep the mount busy.
-            watcher_stop.set()
-            for p in procs:
-                if p.is_alive():
-                    p.terminate()
-                    p.join(5)
-                if p.is_alive():
-                    p.kill()
-                    p.join()
-        r["stat"] = {}
-        for rank in range(args.writers):
-            for step in range(1, args.writer_steps + 1):
-                r["stat"][f"{rank}/{step}"] = ckptctl_stat(
-                    args.ckptctl,
-                    os.path.join(mnt, f"ckpt_rank{rank}", ckpt_name(args.layout, step, rank)))
-        r["sampled_peak_rss_anon"] = sampler.whole.get("rss_anon", 0)
-    r["store_bytes"] = du(store)
-    r["store_breakdown"] = du_breakdown(store)
+            r["stat"] = {}
+            for rank in range(args.writers):
+                for step in range(1, args.writer_steps + 1):
+                    r["stat"][f"{rank}/{step}"] = ckptctl_stat(
+                        args.ckptctl,
+                        os.path.join(mnt, f"ckpt_rank{rank}", ckpt_name(args.layout, step, rank)))
+            r["sampled_peak_rss_anon"] = sampler.whole.get("rss_anon", 0)
+            r["store_bytes"] = du(store)
+            r["store_breakdown"] = du_breakdown(store)
+        except BaseException:
+            stop_ranks(procs, watcher_stop)
+            raise
+    # Every rank restores its newest version at once, as after a failure: from a fresh daemon
+    # each time (a remount, the page cache dropped) and from the plain directory.
+    r["restores"] = []
+    try:
+        for round_ in range(args.repeats):
+            for side in restore_order(round_):
+                r["restores"].append(restore_step(round_, side, args, cfg, store, mnt, barrier,
+                                                  results, procs))
+        for p in procs:
+            p.join(60)
+    finally:
+        stop_ranks(procs, watcher_stop)
     summarise_writers(r, args, cfg)
     return r
+
+
+def stop_ranks(procs, watcher_stop):
+    """Before an unmount: a rank still writing or reading would keep the mount busy."""
+    watcher_stop.set()
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+            p.join(5)
+        if p.is_alive():
+            p.kill()
+            p.join()
+
+
+def restore_step(round_, side, args, cfg, store, mnt, barrier, results, procs):
+    """Releases the ranks to load their newest version from one side and waits for every
+    load: the mount side from a daemon started for it, the page cache dropped on both."""
+    def release():
+        drop_caches()
+        barrier.wait(BARRIER_TIMEOUT)
+        t = time.monotonic()
+        got = sorted(collect(results, args.writers, procs, barrier), key=lambda x: x["rank"])
+        return {"round": round_, "side": side, "ranks": got,
+                "wall_s": max(x["end"] for x in got) - min([t] + [x["start"] for x in got])}
+    if side == "mount":
+        with mounted(args.ckptfs, store, mnt, cfg["opts"]) as proc:
+            rec = release()
+            rec["daemon_peak_rss"] = peak_rss(proc.pid)
+    else:
+        rec = release()
+    print(f"  restore {round_ + 1} {side:5s} {rec['wall_s']:.2f} s"
+          + (f", daemon peak RSS {rec['daemon_peak_rss'] / GiB:.2f} GiB" if side == "mount"
+             else ""), flush=True)
+    return rec
 
 
 def summarise_writers(r, args, cfg):
@@ -852,6 +914,19 @@ def summarise_writers(r, args, cfg):
               "all_deltas": later == own_base, "not_deltas_or_wrong_base": wrong})
     s["logical_bytes"] = sum(x["bytes"] for x in mount)
     s["ratio"] = s["logical_bytes"] / max(r["store_bytes"][1], 1)
+    restores = {(x["round"], x["side"]): x for x in r.get("restores", [])}
+    rounds = sorted({k[0] for k in restores})
+    s["restores"] = [{"round": k, "mount_s": restores[(k, "mount")]["wall_s"],
+                      "plain_s": restores[(k, "plain")]["wall_s"],
+                      "ratio": restores[(k, "mount")]["wall_s"] / restores[(k, "plain")]["wall_s"],
+                      "daemon_peak_rss": restores[(k, "mount")]["daemon_peak_rss"],
+                      "max_rel_err": max(x["check"]["max_rel_err"]
+                                         for x in restores[(k, "mount")]["ranks"])}
+                     for k in rounds]
+    if s["restores"]:
+        s["restore_ratio_median"] = median([x["ratio"] for x in s["restores"]])
+        s["restore_peak_rss"] = max(x["daemon_peak_rss"] for x in s["restores"])
+        s["restore_within_budget"] = s["restore_peak_rss"] <= cfg["budget"]
     r["summary"] = s
 
 
@@ -874,6 +949,19 @@ def print_writers(r, cfg):
     app, alloc = r["store_bytes"]
     print(f"   store: {alloc / MiB:.1f} MiB allocated ({app / MiB:.1f} apparent) for "
           f"{s['logical_bytes'] / MiB:.1f} MiB written: {s['ratio']:.1f}x", flush=True)
+    if not s["restores"]:
+        return
+    print(f"\n== the {r['writers']} ranks restore their newest version at once: wall time from the "
+          f"release to the last load, a fresh daemon and the page cache dropped ==")
+    print(f"   {'round':6s}{'mount s':>9s}{'plain s':>9s}{'mount/plain':>13s}"
+          f"{'daemon peak RSS':>17s}{'max error':>11s}")
+    for x in s["restores"]:
+        print(f"   {x['round'] + 1:<6d}{x['mount_s']:9.2f}{x['plain_s']:9.2f}{x['ratio']:13.2f}"
+              f"{x['daemon_peak_rss'] / GiB:13.2f} GiB{x['max_rel_err']:11.2e}")
+    print(f"   median mount/plain {s['restore_ratio_median']:.2f}; daemon peak RSS "
+          f"{s['restore_peak_rss'] / GiB:.2f} GiB, budget {s['budget'] / GiB:.2f} GiB: "
+          + ("within" if s["restore_within_budget"] else "OVER")
+          + "; max error: share of the tensor's range (check())", flush=True)
 
 
 # ---------------------------------------------------------------------------------------------
