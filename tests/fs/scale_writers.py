@@ -13,11 +13,14 @@ budget (cache + buffer + 512 MiB = 768 MiB) is well below what the writers hold 
   - every version reads back (torch.load by its writer right after the save, all ranks at once):
     step counters and small tensors exact, a delta within the closed-loop bound on a strided
     sample against what its base read back as (scale_lib.check);
-  - after a remount the newest version of every rank reads as the same bytes (sha256).
+  - after a remount every rank reads all its versions at once, newest first (a restore: the
+    older ones decode through their chains side by side), and each reads as the same bytes as
+    before (sha256), the daemon again within the budget.
 
 Usage: scale_writers.py CKPTFS CKPTCTL [--writers 4] [--mib 256] [--steps 3]
 """
 import argparse
+import concurrent.futures
 import gc
 import multiprocessing
 import os
@@ -98,7 +101,8 @@ def main():
                     p.join(timeout=60)
                     assert p.exitcode == 0, f"a writer exited with {p.exitcode}"
                 peak = peak_rss(proc.pid)
-                hashes = {f"{mnt}/rank{r}/step_{args.steps}.pt": None for r in range(args.writers)}
+                hashes = {f"{mnt}/rank{r}/step_{k}.pt": None
+                          for r in range(args.writers) for k in range(1, args.steps + 1)}
                 for path in hashes:
                     hashes[path] = sha256(path)
             for r in range(args.writers):
@@ -112,9 +116,23 @@ def main():
                         f"{prev['version']}")
             print(f"daemon peak RSS {mib(peak)} (budget {mib(BUDGET)})", flush=True)
             assert peak <= BUDGET, f"daemon peak RSS {mib(peak)} > budget {mib(BUDGET)}"
-            with mounted(args.binary, store, mnt, *OPTS):
-                for path, h in hashes.items():
-                    assert sha256(path) == h, f"{path} reads differently after remount"
+            # A restore after a failure: every rank reads its versions at once, newest first,
+            # from a fresh daemon (the older ones decode through their chains side by side).
+            with mounted(args.binary, store, mnt, *OPTS) as proc:
+                def restore(r):
+                    return {p: sha256(p) for p in (f"{mnt}/rank{r}/step_{k}.pt"
+                                                   for k in range(args.steps, 0, -1))}
+                with concurrent.futures.ThreadPoolExecutor(args.writers) as pool:
+                    read = {}
+                    for got in pool.map(restore, range(args.writers)):
+                        read.update(got)
+                restore_peak = peak_rss(proc.pid)
+            for path, h in hashes.items():
+                assert read[path] == h, f"{path} reads differently after remount"
+            print(f"restore of every version by all ranks at once: daemon peak RSS "
+                  f"{mib(restore_peak)}", flush=True)
+            assert restore_peak <= BUDGET, (
+                f"daemon peak RSS {mib(restore_peak)} > budget {mib(BUDGET)} while restoring")
             print(f"scale_writers: ok ({args.writers} writers x {args.steps} steps x "
                   f"{args.mib} MiB, peak RSS {mib(peak)}, {time.monotonic() - t_start:.0f} s)")
         finally:
