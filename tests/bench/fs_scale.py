@@ -44,7 +44,7 @@ rank's previous version (`ckptctl stat --json`), and store bytes. Then every ran
 newest version at once, as after a failure: --repeats rounds, each from a fresh daemon (a
 remount, the page cache dropped) and from the plain directory (the page cache dropped), the
 side that goes first alternating: wall time from the release to the last torch.load (or DCP
-read), the daemon's peak RSS, each load checked as above against the rank's last state.
+read), the daemon's peak RSS and CPU, each load checked as above against the rank's last state.
 
 Usage: fs_scale.py CKPTFS_BINARY [--sizes 1,4,12] [--versions 6] [--repeats 3] [--writers 8]
                    [--shard-gib 1] [--writer-steps 3] [--skip-sizes] [--skip-writers]
@@ -873,13 +873,15 @@ def restore_step(round_, side, args, cfg, store, mnt, barrier, results, procs):
                 "wall_s": max(x["end"] for x in got) - min([t] + [x["start"] for x in got])}
     if side == "mount":
         with mounted(args.ckptfs, store, mnt, cfg["opts"]) as proc:
+            cpu0 = cpu_seconds(proc.pid)
             rec = release()
+            rec["daemon_cpu_s"] = cpu_seconds(proc.pid) - cpu0
             rec["daemon_peak_rss"] = peak_rss(proc.pid)
     else:
         rec = release()
     print(f"  restore {round_ + 1} {side:5s} {rec['wall_s']:.2f} s"
-          + (f", daemon peak RSS {rec['daemon_peak_rss'] / GiB:.2f} GiB" if side == "mount"
-             else ""), flush=True)
+          + (f", daemon peak RSS {rec['daemon_peak_rss'] / GiB:.2f} GiB, daemon CPU "
+             f"{rec['daemon_cpu_s']:.1f} s" if side == "mount" else ""), flush=True)
     return rec
 
 
@@ -920,6 +922,7 @@ def summarise_writers(r, args, cfg):
                       "plain_s": restores[(k, "plain")]["wall_s"],
                       "ratio": restores[(k, "mount")]["wall_s"] / restores[(k, "plain")]["wall_s"],
                       "daemon_peak_rss": restores[(k, "mount")]["daemon_peak_rss"],
+                      "daemon_cpu_s": restores[(k, "mount")].get("daemon_cpu_s", 0.0),
                       "max_rel_err": max(x["check"]["max_rel_err"]
                                          for x in restores[(k, "mount")]["ranks"])}
                      for k in rounds]
@@ -954,10 +957,11 @@ def print_writers(r, cfg):
     print(f"\n== the {r['writers']} ranks restore their newest version at once: wall time from the "
           f"release to the last load, a fresh daemon and the page cache dropped ==")
     print(f"   {'round':6s}{'mount s':>9s}{'plain s':>9s}{'mount/plain':>13s}"
-          f"{'daemon peak RSS':>17s}{'max error':>11s}")
+          f"{'daemon peak RSS':>17s}{'daemon CPU':>12s}{'max error':>11s}")
     for x in s["restores"]:
         print(f"   {x['round'] + 1:<6d}{x['mount_s']:9.2f}{x['plain_s']:9.2f}{x['ratio']:13.2f}"
-              f"{x['daemon_peak_rss'] / GiB:13.2f} GiB{x['max_rel_err']:11.2e}")
+              f"{x['daemon_peak_rss'] / GiB:13.2f} GiB{x['daemon_cpu_s']:10.1f} s"
+              f"{x['max_rel_err']:11.2e}")
     print(f"   median mount/plain {s['restore_ratio_median']:.2f}; daemon peak RSS "
           f"{s['restore_peak_rss'] / GiB:.2f} GiB, budget {s['budget'] / GiB:.2f} GiB: "
           + ("within" if s["restore_within_budget"] else "OVER")
