@@ -307,15 +307,15 @@ void write_buffer::wait_for_room(std::uint64_t offset, std::size_t n) {
       make_spare(old);
       return;
     }
+    // After a wait that saw nothing settled, none until the stream settles again: a stream
+    // stuck for long (another put of its lineage holds the lineage, every encode slot is
+    // taken) costs its writer a second a stall, not one a chunk; one that moves again paces it
+    // again (a single stall used to leave the rest of a 100 GB file spilled raw).
+    if (no_wait_until_past_ && settled_ <= *no_wait_until_past_) return;
     // Only a chunk of ours in memory that the stream has yet to settle can give memory back.
     auto it = chunks_.lower_bound(settled_ / chunk_bytes);
     while (it != chunks_.end() && !it->second.mem) ++it;
     if (it == chunks_.end()) return;
-    // After a wait that saw nothing settled, none until the stream settles again: a stream
-    // stuck for long (another put of its lineage holds the lineage, every encode slot is
-    // taken) costs its writer one second, not one a chunk; one that moves again paces it again
-    // (a single stall used to leave the rest of a 100 GB file spilled raw).
-    if (no_wait_until_past_ && settled_ <= *no_wait_until_past_) return;
     const std::uint64_t before = settled_;
     if (room_cv_.wait_for(lock, kRoomWait) == std::cv_status::timeout && settled_ == before) {
       no_wait_until_past_ = settled_;

@@ -699,11 +699,18 @@ def restore_order(round_):
     return ("mount", "plain") if round_ % 2 == 0 else ("plain", "mount")
 
 
-def writer_process(rank, shard_bytes, steps, restores, dirs, barrier, results, layout):
-    """One rank: builds its own state, then per step and side waits for the release and saves
-    ckpt_rank{rank}/step_{step}.pt (or the DCP shard) with fsync. Then, `restores` times per
-    side (restore_order), waits for the release and loads its newest version, as every rank
-    does after a failure; the load is checked against the state it saved (check())."""
+def rank_path(dirs, side, rank, step, layout):
+    return os.path.join(dirs[side], f"ckpt_rank{rank}", ckpt_name(layout, step, rank))
+
+
+def writer_process(rank, ranks, shard_bytes, steps, restores, dirs, barrier, results, layout):
+    """One rank of `ranks`: builds its own state, then per step and side waits for the release
+    and saves ckpt_rank{rank}/step_{step}.pt (or the DCP shard) with fsync. Then, `restores`
+    times per side (restore_order), touches fresh memory as the other load benchmarks do
+    (prefault_for, its share of what the machine has free), waits for the release and loads its
+    newest version, as every rank does after a failure; the load is checked against the state
+    it saved (check()) once every rank has loaded (the next barrier), so that checks do not
+    take CPU from ranks still loading."""
     try:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the parent stops the ranks
         torch.set_num_threads(1)
@@ -712,7 +719,7 @@ def writer_process(rank, shard_bytes, steps, restores, dirs, barrier, results, l
             if step > 1:
                 state.advance()
             for side in side_order(step):
-                path = os.path.join(dirs[side], f"ckpt_rank{rank}", ckpt_name(layout, step, rank))
+                path = rank_path(dirs, side, rank, step, layout)
                 os.makedirs(os.path.dirname(path), exist_ok=True)
                 barrier.wait(BARRIER_TIMEOUT)
                 start = time.monotonic()
@@ -725,16 +732,19 @@ def writer_process(rank, shard_bytes, steps, restores, dirs, barrier, results, l
         gc.collect()
         for round_ in range(restores):
             for side in restore_order(round_):
-                path = os.path.join(dirs[side], f"ckpt_rank{rank}", ckpt_name(layout, steps, rank))
+                path = rank_path(dirs, side, rank, steps, layout)
+                prefault_for(shard_bytes, (mem_available() - 2 * GiB) / ranks)
                 barrier.wait(BARRIER_TIMEOUT)
                 start = time.monotonic()
                 sd = load(path, layout)
                 end = time.monotonic()
+                results.put({"rank": rank, "round": round_, "side": side, "start": start,
+                             "end": end, "load_s": end - start})
+                barrier.wait(BARRIER_TIMEOUT)  # every rank has loaded: now the checks
                 checked = check(sd, ref, f"rank {rank} restore from {side}")
                 del sd
                 gc.collect()
-                results.put({"rank": rank, "round": round_, "side": side, "start": start,
-                             "end": end, "load_s": end - start, "check": checked})
+                results.put({"rank": rank, "round": round_, "side": side, "check": checked})
     except BaseException:  # noqa: B902 - reported to the parent, which stops the run
         results.put({"rank": rank, "error": traceback.format_exc()})
         barrier.abort()
@@ -759,11 +769,10 @@ def collect(results, n, procs, barrier):
     return got
 
 
-def writers_step(step, side, args, proc, sampler, barrier, results, procs, plain):
-    """Releases the ranks for one step on one side and waits for every rank's fsync."""
-    if side == "mount":
-        reset_peak_rss(proc.pid)
-        sampler.reset()
+def release_ranks(args, barrier, results, procs):
+    """Passes the barrier with the ranks and collects one result from each, by rank: (results,
+    wall seconds from the release to the last rank's end). A rank that failed before the
+    barrier has its error raised, not the broken barrier's."""
     try:
         barrier.wait(BARRIER_TIMEOUT)
     except threading.BrokenBarrierError:
@@ -771,8 +780,18 @@ def writers_step(step, side, args, proc, sampler, barrier, results, procs, plain
         raise
     release = time.monotonic()
     got = sorted(collect(results, args.writers, procs, barrier), key=lambda x: x["rank"])
-    rec = {"step": step, "side": side, "ranks": got,
-           "wall_s": max(x["end"] for x in got) - min([release] + [x["start"] for x in got]),
+    if "end" not in got[0]:
+        return got, 0.0
+    return got, max(x["end"] for x in got) - min([release] + [x["start"] for x in got])
+
+
+def writers_step(step, side, args, proc, sampler, barrier, results, procs, plain):
+    """Releases the ranks for one step on one side and waits for every rank's fsync."""
+    if side == "mount":
+        reset_peak_rss(proc.pid)
+        sampler.reset()
+    got, wall = release_ranks(args, barrier, results, procs)
+    rec = {"step": step, "side": side, "ranks": got, "wall_s": wall,
            "bytes": sum(x["bytes"] for x in got)}
     if side == "mount":
         rec["daemon_peak_rss"] = peak_rss(proc.pid)
@@ -812,8 +831,8 @@ def run_writers(args, cfg, work):
         try:
             for rank in range(args.writers):
                 p = ctx.Process(target=writer_process, daemon=True,
-                                args=(rank, shard, args.writer_steps, args.repeats, dirs, barrier,
-                                      results, args.layout))
+                                args=(rank, args.writers, shard, args.writer_steps, args.repeats,
+                                      dirs, barrier, results, args.layout))
                 p.start()
                 procs.append(p)
             threading.Thread(target=watch, daemon=True).start()
@@ -840,7 +859,7 @@ def run_writers(args, cfg, work):
         for round_ in range(args.repeats):
             for side in restore_order(round_):
                 r["restores"].append(restore_step(round_, side, args, cfg, store, mnt, barrier,
-                                                  results, procs))
+                                                  results, procs, watcher_stop))
         for p in procs:
             p.join(60)
     finally:
@@ -861,22 +880,27 @@ def stop_ranks(procs, watcher_stop):
             p.join()
 
 
-def restore_step(round_, side, args, cfg, store, mnt, barrier, results, procs):
+def restore_step(round_, side, args, cfg, store, mnt, barrier, results, procs, watcher_stop):
     """Releases the ranks to load their newest version from one side and waits for every
-    load: the mount side from a daemon started for it, the page cache dropped on both."""
+    load, then for their checks: the mount side from a daemon started for it, the page cache
+    dropped on both."""
     def release():
         drop_caches()
-        barrier.wait(BARRIER_TIMEOUT)
-        t = time.monotonic()
-        got = sorted(collect(results, args.writers, procs, barrier), key=lambda x: x["rank"])
-        return {"round": round_, "side": side, "ranks": got,
-                "wall_s": max(x["end"] for x in got) - min([t] + [x["start"] for x in got])}
+        got, wall = release_ranks(args, barrier, results, procs)
+        checks, _ = release_ranks(args, barrier, results, procs)
+        for x, c in zip(got, checks):
+            x["check"] = c["check"]
+        return {"round": round_, "side": side, "ranks": got, "wall_s": wall}
     if side == "mount":
         with mounted(args.ckptfs, store, mnt, cfg["opts"]) as proc:
-            cpu0 = cpu_seconds(proc.pid)
-            rec = release()
-            rec["daemon_cpu_s"] = cpu_seconds(proc.pid) - cpu0
-            rec["daemon_peak_rss"] = peak_rss(proc.pid)
+            try:
+                cpu0 = cpu_seconds(proc.pid)
+                rec = release()
+                rec["daemon_cpu_s"] = cpu_seconds(proc.pid) - cpu0
+                rec["daemon_peak_rss"] = peak_rss(proc.pid)
+            except BaseException:
+                stop_ranks(procs, watcher_stop)  # before the unmount: ranks may be reading
+                raise
     else:
         rec = release()
     print(f"  restore {round_ + 1} {side:5s} {rec['wall_s']:.2f} s"
@@ -917,7 +941,7 @@ def summarise_writers(r, args, cfg):
     s["logical_bytes"] = sum(x["bytes"] for x in mount)
     s["ratio"] = s["logical_bytes"] / max(r["store_bytes"][1], 1)
     restores = {(x["round"], x["side"]): x for x in r.get("restores", [])}
-    rounds = sorted({k[0] for k in restores})
+    rounds = sorted(k for k, side in restores if side == "mount" and (k, "plain") in restores)
     s["restores"] = [{"round": k, "mount_s": restores[(k, "mount")]["wall_s"],
                       "plain_s": restores[(k, "plain")]["wall_s"],
                       "ratio": restores[(k, "mount")]["wall_s"] / restores[(k, "plain")]["wall_s"],
@@ -1140,7 +1164,8 @@ def main():
     # The test library's watchdog (meant for ctest) would kill a long benchmark: give it the
     # time this run may take (60 s per GiB moved, at least 30 min).
     moved = 0 if args.skip_sizes else sum(args.size_list) * (2 * args.versions + 4 * args.repeats)
-    moved += 0 if args.skip_writers else 2 * args.writers * args.shard_gib * args.writer_steps
+    moved += 0 if args.skip_writers else 2 * args.writers * args.shard_gib * (args.writer_steps
+                                                                              + args.repeats)
     os.environ.setdefault("CKPTFS_TEST_DEADLINE", str(int(1800 + 60 * moved)))
     Interrupts.install()
     torch.set_num_threads(1)

@@ -13,9 +13,9 @@ budget (cache + buffer + 512 MiB = 768 MiB) is well below what the writers hold 
   - every version reads back (torch.load by its writer right after the save, all ranks at once):
     step counters and small tensors exact, a delta within the closed-loop bound on a strided
     sample against what its base read back as (scale_lib.check);
-  - after a remount every rank reads all its versions at once, newest first (a restore: the
-    older ones decode through their chains side by side), and each reads as the same bytes as
-    before (sha256), the daemon again within the budget.
+  - after a remount all ranks read at once, each its versions one after another, newest first
+    (a restore: the older ones decode through their chains side by side), and each version
+    reads as the same bytes as before (sha256), the daemon again within the budget.
 
 Usage: scale_writers.py CKPTFS CKPTCTL [--writers 4] [--mib 256] [--steps 3]
 """
@@ -116,8 +116,8 @@ def main():
                         f"{prev['version']}")
             print(f"daemon peak RSS {mib(peak)} (budget {mib(BUDGET)})", flush=True)
             assert peak <= BUDGET, f"daemon peak RSS {mib(peak)} > budget {mib(BUDGET)}"
-            # A restore after a failure: every rank reads its versions at once, newest first,
-            # from a fresh daemon (the older ones decode through their chains side by side).
+            # A restore after a failure: all ranks at once, each its versions newest first, from
+            # a fresh daemon (the older ones decode through their chains side by side).
             with mounted(args.binary, store, mnt, *OPTS) as proc:
                 def restore(r):
                     return {p: sha256(p) for p in (f"{mnt}/rank{r}/step_{k}.pt"
