@@ -29,18 +29,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "fs"))
 import torch  # noqa: E402
 from ckptfs_testlib import mounted, peak_rss, stat_json  # noqa: E402
+from scale_lib import save  # noqa: E402
 from fs_speed import drop_caches  # noqa: E402
 
 STEP = 1 << 27  # elements per piece of an in-place update
-
-
-def save(path, obj):
-    t = time.perf_counter()
-    with open(path, "wb") as f:
-        torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-    return time.perf_counter() - t
 
 
 def load(path):
@@ -93,9 +85,9 @@ def main():
                         k = min(STEP, a.elements - i)
                         w[i:i + k].add_(torch.empty(k).normal_(0, 1e-4, generator=g))
                 drop_caches()
-                tp = save(f"{plain}/flat_{v}.pt", {"flat": w, "step": v})
+                tp = save({"flat": w, "step": v}, f"{plain}/flat_{v}.pt")
                 drop_caches()
-                tm = save(f"{base}/mnt/flat_{v}.pt", {"flat": w, "step": v})
+                tm = save({"flat": w, "step": v}, f"{base}/mnt/flat_{v}.pt")
                 print(f"v{v} save+fsync: plain {tp:.1f} s, mount {tm:.1f} s ({tm / tp:.2f}x); "
                       f"daemon peak RSS {peak_rss(proc.pid) / 2**30:.2f} GiB", flush=True)
             del w
