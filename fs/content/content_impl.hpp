@@ -561,6 +561,9 @@ struct content_store::impl {
   struct slab_source {
     encode_slots::slabs* fixed = nullptr;
     std::function<bool(std::uint64_t end)> wait;
+    // The base's head image, retired for this stream (head_store::retire): read from it, and
+    // each base slab released from it once coded.
+    head_image* retired = nullptr;
   };
   exact_region write_exact_region(const format::source& src, std::uint64_t offset,
                                   std::uint64_t length, content_object_writer& out,
@@ -589,11 +592,21 @@ struct content_store::impl {
   // cached whole tensor, else decoded through its chain a chunk at a time (offset a multiple of
   // the chunk size), else (versions without block index) from a whole-tensor decode. `whole`
   // carries a whole tensor from one call to the next.
+  // `retired`: v's retired head image (slab_source::retired), read where it still holds the bytes.
+  // Queues the head image of a lineage head that has none to be written from its chain
+  // (head_store::rebuild), when its tensors make head_min; a damaged version is left to its
+  // reads, which decode.
+  void rebuild_head(std::uint64_t v, std::uint64_t checksum, std::uint64_t size) noexcept;
   void read_recon_slab(std::uint64_t v, std::size_t t, std::uint64_t offset,
-                       std::span<std::byte> out, std::shared_ptr<const cache_item>& whole);
+                       std::span<std::byte> out, std::shared_ptr<const cache_item>& whole,
+                       const head_image* retired = nullptr);
 
   // ---- stream_ingest.cpp ----
   void run_stream(content_store::stream& s);  // the stream's thread
+  // A stream's retired base image (head_store::retire) back to the head store, once the
+  // stream's version is stored or given up; rebuilt when its version is still a head without
+  // an image (the stream's file was not stored as its successor).
+  void give_back_image(std::shared_ptr<head_image>& image) noexcept;
   // The commit of a stream whose work is good: exact regions, CRCs, the record. Nothing (and
   // `why`) when the finished file is not what the stream walked.
   std::optional<content_ref> finish_stream(content_store::stream& s, std::string_view path,

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cinttypes>
 #include <cstdio>
@@ -69,8 +70,71 @@ head_image::head_image(std::uint64_t version, std::uint64_t checksum,
     : version_(version), checksum_(checksum), size_(bytes->size()), bytes_(std::move(bytes)) {}
 
 void head_image::read(std::uint64_t offset, std::span<std::byte> out) const {
+  if (!read_kept(offset, out))
+    throw io_error(
+        EIO, "head image of version " + std::to_string(version_) + ": a read of bytes it released");
+}
+
+bool head_image::read_kept(std::uint64_t offset, std::span<std::byte> out) const {
   std::shared_lock lock(mu_);
+  if (overlaps_released(offset, out.size())) return false;
   bytes_->read_fully(offset, out);
+  return true;
+}
+
+namespace {
+// Holes are punched in whole blocks: ext4's and xfs's 4 KiB (a smaller block leaves a little more).
+constexpr std::uint64_t kBlock = 4096;
+std::uint64_t up(std::uint64_t x) {
+  return (x + kBlock - 1) / kBlock * kBlock;
+}
+}  // namespace
+
+bool head_image::overlaps_released(std::uint64_t offset, std::uint64_t n) const {
+  if (released_.empty() || n == 0) return false;
+  auto it = released_.upper_bound(offset);  // the first range starting past offset
+  if (it != released_.end() && it->first < offset + n) return true;
+  return it != released_.begin() && std::prev(it)->second > offset;
+}
+
+void head_image::release_range(std::uint64_t offset, std::uint64_t n) {
+  if (n == 0) return;
+  std::unique_lock lock(mu_);  // no read in flight sees the range half punched
+  if (fd_ < 0) return;         // unpublished: its bytes are (partly) memory, not blocks
+  auto [it, fresh] = released_.emplace(offset, offset + n);
+  if (!fresh) it->second = std::max(it->second, offset + n);
+  // Coalesced with its neighbours: a stream releases one slab after the other.
+  if (it != released_.begin()) {
+    auto before = std::prev(it);
+    if (before->second >= it->first) {
+      before->second = std::max(before->second, it->second);
+      released_.erase(it);
+      it = before;
+    }
+  }
+  for (auto next = std::next(it); next != released_.end() && next->first <= it->second;
+       next = released_.erase(next))
+    it->second = std::max(it->second, next->second);
+  // The whole blocks of the coalesced range not punched before: those that touch the new part
+  // (the rest of it was punched with the ranges it grew from).
+  const std::uint64_t first = std::max(up(it->first), offset / kBlock * kBlock);
+  const std::uint64_t last =
+      std::min(std::min(it->second, size_) / kBlock * kBlock, up(offset + n));
+  if (last <= first) return;
+  if (::fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off_t(first),
+                  off_t(last - first)) != 0)
+    punch_failed_ = true;  // the blocks stay; reads of the range are refused all the same
+}
+
+std::uint64_t head_image::released_bytes() const {
+  std::shared_lock lock(mu_);
+  if (punch_failed_) return 0;
+  std::uint64_t n = 0;
+  for (const auto& [start, end] : released_) {
+    const std::uint64_t a = up(start), b = std::min(end, size_) / kBlock * kBlock;
+    n += b > a ? b - a : 0;
+  }
+  return n;
 }
 
 int head_image::published_fd() const {
@@ -281,6 +345,56 @@ void head_store::rechecksum(std::uint64_t version, std::uint64_t checksum) {
       errno != ENOENT && log_)
     log_("head image of version " + std::to_string(version) +
          " not renamed after its rewrite (rebuilt after a restart): " + std::strerror(errno));
+}
+
+std::shared_ptr<head_image> head_store::retire(std::uint64_t version) {
+  std::shared_ptr<head_image> image;
+  {
+    std::lock_guard lock(mu_);
+    auto it = images_.find(version);
+    // The map's reference the only one: no open file (filesystem handles hold their image), no
+    // reader, no publication or rebuild holds it, and once it is out of the map none can start.
+    if (it == images_.end() || it->second.use_count() != 1 || it->second->published_fd() < 0)
+      return nullptr;
+    image = std::move(it->second);
+    images_.erase(it);
+  }
+  // Its name goes first, durably: after a crash no name may point at an image with holes (the
+  // version is rebuilt instead, as any head found without its image).
+  if ((::unlinkat(dir_fd_, file_name(version, image->checksum()).c_str(), 0) != 0 &&
+       errno != ENOENT) ||
+      ::fsync(dir_fd_) != 0) {
+    const int e = errno;
+    if (log_)
+      log_("head image of version " + std::to_string(version) +
+           " kept beside the next save (its name could not be removed: " + std::strerror(e) + ")");
+    // Nothing released from it: it serves its version as before (a name that did not go is
+    // still right; one that went is made again after a restart, as for a crash).
+    {
+      std::lock_guard lock(mu_);
+      if (!images_.count(version) && wanted_.count(version))
+        images_[version] = std::move(image);
+      else  // dropped meanwhile
+        to_release_.push_back(std::move(image));
+    }
+    cv_.notify_all();
+    return nullptr;
+  }
+  return image;
+}
+
+bool head_store::unretire(std::shared_ptr<head_image> image) {
+  const std::uint64_t version = image->version();
+  bool orphan;
+  {
+    std::lock_guard lock(mu_);
+    orphan = wanted_.count(version) && !images_.count(version) &&
+             std::none_of(to_rebuild_.begin(), to_rebuild_.end(),
+                          [&](const rebuild_job& j) { return j.version == version; });
+    to_release_.push_back(std::move(image));
+  }
+  cv_.notify_all();
+  return orphan;
 }
 
 void head_store::drop(std::uint64_t version) {

@@ -49,8 +49,20 @@ class head_image {
   int published_fd() const;
   std::uint64_t memory_bytes() const;
 
+  // Only on a retired image (head_store::retire), whose one user is the stream coding the next
+  // version against it: frees the disk blocks of [offset, offset + n) (the whole filesystem
+  // blocks inside it) once that stream has read them, so that a lineage's save needs about one
+  // image of scratch space, not the old image beside the new one. Reads of a released range
+  // fail from then on (read() throws io_error, read_kept() returns false): nothing ever reads
+  // the zeros a hole holds. A filesystem that cannot punch holes keeps the blocks.
+  void release_range(std::uint64_t offset, std::uint64_t n);
+  // read(), or false (nothing read) when part of the range was released.
+  bool read_kept(std::uint64_t offset, std::span<std::byte> out) const;
+  std::uint64_t released_bytes() const;  // disk bytes freed so far (whole blocks)
+
  private:
   friend class head_store;
+  bool overlaps_released(std::uint64_t offset, std::uint64_t n) const;  // mu_ held
   void publish(int dir_fd, const std::string& name);  // the worker; throws io_error
 
   const std::uint64_t version_;
@@ -58,7 +70,9 @@ class head_image {
   const std::uint64_t size_;
   mutable std::shared_mutex mu_;  // shared: reads; exclusive: state changes of bytes_
   std::shared_ptr<staged_file> bytes_;
-  int fd_ = -1;  // owned by bytes_; set once published
+  int fd_ = -1;                                      // owned by bytes_; set once published
+  std::map<std::uint64_t, std::uint64_t> released_;  // start -> end, coalesced
+  bool punch_failed_ = false;                        // the filesystem cannot punch holes
 };
 
 class head_store {
@@ -87,6 +101,17 @@ class head_store {
   // the new object's checksum, and its file the matching name, so that a restart keeps it
   // instead of rebuilding it. Where the rename fails the image is rebuilt after a restart.
   void rechecksum(std::uint64_t version, std::uint64_t checksum);
+  // Takes the published image of `version` out of service for a stream that codes the
+  // lineage's next version against it, if nothing else holds it (no open file, reader, or
+  // publication): its name is removed, durably, before anything is released from it (a crash
+  // must not leave a name on an image with holes), and get() no longer finds it; reads of the
+  // version decode through the chain meanwhile. Null when it is not published or is in use: the
+  // stream then reads it as get() gives it, and the save needs both images' space as before.
+  std::shared_ptr<head_image> retire(std::uint64_t version);
+  // The stream is done with a retired image: its file is closed in the background. True when
+  // the version is still a head with no image and none being rebuilt (the stream's work was
+  // dropped, or stored elsewhere): the caller then rebuild()s it.
+  bool unretire(std::shared_ptr<head_image> image);
   // The version is no longer a head: its name goes (readers holding the image keep reading),
   // and its file is closed in the background.
   void drop(std::uint64_t version);

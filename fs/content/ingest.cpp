@@ -99,11 +99,15 @@ exact_region content_store::impl::write_exact_region(const format::source& src,
 
 void content_store::impl::read_recon_slab(std::uint64_t base, std::size_t tensor,
                                           std::uint64_t offset, std::span<std::byte> out,
-                                          std::shared_ptr<const cache_item>& whole) {
+                                          std::shared_ptr<const cache_item>& whole,
+                                          const head_image* retired) {
   // The whole chain decode under one guard: a stream holds its lineage's lock only while it
   // picks its base, so a rekey in the chain (rotation) may commit meanwhile and free the
   // versions below it; their objects stay until this decode is done.
   read_guard guard(*this);
+  if (retired && !whole && retired->version() == base &&
+      retired->read_kept(meta_of(base)->meta->layout.tensors.at(tensor).offset + offset, out))
+    return;  // else released already (a base tensor read twice): decoded below
   if (heads && !whole) {
     if (const auto h = heads->get(base)) {  // the lineage head: no decoding at all
       h->read(meta_of(base)->meta->layout.tensors.at(tensor).offset + offset, out);
@@ -173,7 +177,7 @@ content_store::impl::tensor_result content_store::impl::encode_tensor(
       // The slab and its base at once: the base is read from the disk (a published head image,
       // by direct I/O) or decoded, while the slab is copied out of the staged file.
       tbb::task_group g;
-      g.run([&] { read_recon_slab(base_id, *j.base_tensor, s, base, base_whole); });
+      g.run([&] { read_recon_slab(base_id, *j.base_tensor, s, base, base_whole, slabs.retired); });
       src.read(t.offset + s, cur);
       g.wait();
     } else {
@@ -186,8 +190,8 @@ content_store::impl::tensor_result content_store::impl::encode_tensor(
       const std::span<std::byte> into(
           (*ahead)->buffer(index + 1),
           std::size_t(std::min<std::uint64_t>(kSlabBytes, t.length - next)));
-      (*ahead)->start([this, &base_whole, &j, base_id, next, into] {
-        read_recon_slab(base_id, *j.base_tensor, next, into, base_whole);
+      (*ahead)->start([this, &base_whole, &j, base_id, next, into, retired = slabs.retired] {
+        read_recon_slab(base_id, *j.base_tensor, next, into, base_whole, retired);
       });
     }
     std::span<const std::byte> recon = cur;
@@ -245,6 +249,10 @@ content_store::impl::tensor_result content_store::impl::encode_tensor(
       if (recon_sink) recon_sink(s, recon);
       g.wait();
     }
+    // The base's slab is coded against: its blocks go (a read-ahead of the next is not in it).
+    if (slabs.retired && j.base_tensor && slabs.retired->version() == base_id)
+      slabs.retired->release_range(
+          meta_of(base_id)->meta->layout.tensors.at(*j.base_tensor).offset + s, n);
   }
   f.encoded_bytes = frame_at;
   f.digest = XXH3_64bits_digest(&digest);

@@ -248,28 +248,8 @@ void content_store::replay_done(std::span<const content_ref> live) {
   impl_->heads->scan(heads);
   // Large heads without an image on disk get one in the background, decoded through their
   // chains; their first reads meanwhile decode as any older version does.
-  for (const auto& [v, e] : heads) {
-    if (impl_->heads->get(v)) continue;
-    // Tensors are within the file: a file under head_min needs no look at its metadata, which
-    // for a delta means its chain's (content format 4), at every start.
-    if (e.size < impl_->opt.head_min) continue;
-    std::shared_ptr<const content_reader> reader;
-    try {
-      const auto m = impl_->meta_of(v);
-      std::uint64_t tensor_bytes = 0;
-      for (const auto& f : m->meta->tensors)
-        tensor_bytes += m->meta->layout.tensors.at(f.tensor).length;
-      if (tensor_bytes < impl_->opt.head_min) continue;
-      reader = open({v, e.size});  // pins the version while the job exists
-    } catch (const std::exception&) {
-      continue;  // a damaged version: its reads report it
-    }
-    impl_->heads->rebuild(v, e.checksum, e.size,
-                          [reader](std::uint64_t off, std::span<std::byte> out) {
-                            if (reader->read(off, out) != out.size())
-                              throw corrupt_error("content: a version read short");
-                          });
-  }
+  for (const auto& [v, e] : heads)
+    if (!impl_->heads->get(v)) impl_->rebuild_head(v, e.checksum, e.size);
 }
 
 void content_store::ref(const content_ref& ref) {

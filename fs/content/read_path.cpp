@@ -706,6 +706,27 @@ std::shared_ptr<const content_reader> content_store::published_head(const conten
   return std::make_shared<head_reader>(std::move(h));
 }
 
+void content_store::impl::rebuild_head(std::uint64_t v, std::uint64_t checksum,
+                                       std::uint64_t size) noexcept {
+  // Tensors are within the file: a file under head_min needs no look at its metadata, which
+  // for a delta means its chain's (content format 4), at every start.
+  if (!heads || size < opt.head_min) return;
+  try {
+    const auto m = meta_of(v);
+    std::uint64_t tensor_bytes = 0;
+    for (const auto& f : m->meta->tensors)
+      tensor_bytes += m->meta->layout.tensors.at(f.tensor).length;
+    if (tensor_bytes < opt.head_min) return;
+    auto r = std::make_shared<reader>(*this, v, m);
+    r->pin();  // while the job exists
+    heads->rebuild(v, checksum, size, [r](std::uint64_t off, std::span<std::byte> out) {
+      if (r->read(off, out) != out.size()) throw corrupt_error("content: a version read short");
+    });
+  } catch (const std::exception&) {
+    // A damaged version (its reads report it), or no memory for the job: it decodes.
+  }
+}
+
 std::shared_ptr<const content_reader> content_store::open(const content_ref& ref) {
   if (ref.version == 0) return std::make_shared<empty_reader>();
   if (impl_->heads)

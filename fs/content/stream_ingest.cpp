@@ -33,7 +33,10 @@ class content_store::stream {
         path_(std::move(path)),
         distcp_(path_.ends_with(".distcp")),
         staged_(std::move(staged)) {}
-  ~stream() { stop(); }
+  ~stream() {
+    stop();
+    m_.give_back_image(base_image_);  // put() gave it back already, unless it never ran
+  }
   stream(const stream&) = delete;
   stream& operator=(const stream&) = delete;
 
@@ -57,6 +60,9 @@ class content_store::stream {
   std::uint64_t signature_ = 0;  // of the predicted layout: what chose the lineage
   impl::base_choice bc_;
   std::optional<impl::base_pin> pin_;
+  // The base's head image, retired for this stream (head_store::retire): read by it alone and
+  // released behind it. Given back by put() once the version is stored (finish_retirement).
+  std::shared_ptr<head_image> base_image_;
   version_meta meta_;
   std::optional<content_object_writer> out_;
   std::vector<format::tensor_info> found_;                   // the storage records in file order
@@ -169,6 +175,7 @@ void content_store::impl::run_stream(stream& s) {
       }
     }
     s.pin_.emplace(*this, s.bc_.base);
+    if (heads && s.bc_.base) s.base_image_ = heads->retire(s.bc_.base);
     const auto next = [&]() -> std::optional<format::tensor_info> {
       if (held_next < held.size()) return held[held_next++];
       if (shard) return shard->next();
@@ -188,7 +195,8 @@ void content_store::impl::run_stream(stream& s) {
     std::unordered_map<std::string, std::size_t> previous_by_name;
     if (previous) previous_by_name = tensors_by_name(*previous);
     const codec::lossy_params params = coding_params_of(s.meta_);
-    const slab_source slabs{nullptr, [&staged](std::uint64_t end) { return staged.await(end); }};
+    const slab_source slabs{nullptr, [&staged](std::uint64_t end) { return staged.await(end); },
+                            s.base_image_.get()};
     shard_names names;
     if (shard) names = shard_names_of(s.bc_.base ? s.bc_.base : s.bc_.previous);
     for (; t; t = next()) {
@@ -252,6 +260,24 @@ void content_store::impl::run_stream(stream& s) {
   // Not stored: the unfinished object goes (on this thread, which wrote it), and the pin.
   s.out_.reset();
   s.pin_.reset();
+}
+
+void content_store::impl::give_back_image(std::shared_ptr<head_image>& image) noexcept {
+  if (!image || !heads) return;
+  const std::uint64_t v = image->version();
+  if (!heads->unretire(std::move(image))) return;
+  std::uint64_t checksum = 0, size = 0;
+  {
+    std::lock_guard lock(mu);
+    const auto it = versions.find(v);
+    if (it == versions.end()) return;
+    checksum = it->second.obj.checksum;
+    size = it->second.size;
+  }
+  if (log)
+    log("head image of version " + std::to_string(v) +
+        " rebuilt: the save that read it was not stored as its next version");
+  rebuild_head(v, checksum, size);
 }
 
 std::optional<content_ref> content_store::impl::finish_stream(stream& s, std::string_view path,
@@ -389,6 +415,13 @@ content_ref content_store::put(std::string_view path, std::shared_ptr<staged_fil
     s->thread_.join();
   }
   staged->end_stream();
+  // The base's image, if the stream retired it, once this put has recorded (or failed to record)
+  // the version that supersedes it.
+  struct give_back {
+    impl& m;
+    stream& s;
+    ~give_back() { m.give_back_image(s.base_image_); }
+  } const give_back_after{*impl_, *s};
   if (s->stored_) {
     impl_->streamed_puts.fetch_add(1);
     // Renamed while it was written: the lineage was chosen by the old name; the version joins

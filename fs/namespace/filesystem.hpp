@@ -293,6 +293,9 @@ class filesystem {
     bool dir = false;
     std::shared_ptr<const content_reader> reader;
     content_ref reader_ref;
+    // The head image the open may read by passthrough, held until RELEASE: an image someone
+    // holds is never retired (content_store: its blocks released under a reader).
+    std::shared_ptr<const content_reader> image;
     std::vector<dir_entry> entries;  // directories
     // Files (see runtime::error): failed commits up to error_since are not reported to this
     // handle; error_opened is the inode's error_seq at open.

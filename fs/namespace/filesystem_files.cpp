@@ -97,6 +97,7 @@ open_result filesystem::open(ino_t ino, int flags) {
   res.writable = writable;
   res.version = r.buf ? 0 : n.content.version;
   res.fh = add_file_handle(ino, writable);
+  if (res.image) handles_.at(res.fh).image = res.image;
   return res;
 }
 

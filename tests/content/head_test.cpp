@@ -3,6 +3,7 @@
 // payloads and zip CRC fields included), serve reads and bases, be published to the heads
 // directory, be found again after a restart, and stale files there must go.
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -545,6 +546,64 @@ TEST_CASE("a dropped head image is closed off the dropping thread, and wait_publ
   std::lock_guard lock(gate->mu);
   CHECK(gate->closed);
   CHECK(heads.stat().images == 0);
+}
+
+TEST_CASE("a retired head image: only when nothing holds it, nameless, its released blocks freed",
+          "[content][heads]") {
+  // A stream coding a lineage's next version retires its base's image (head_store::retire) and
+  // releases each slab it has read, so that the save does not need the old image's space beside
+  // the new one's. Nothing else may read what is released.
+  temp_dir d;
+  const std::string dir = (d.path / "heads").string();
+  fs::head_store heads(dir);
+  std::mt19937_64 rng(5);
+  bytes b(std::size_t(1) << 20);
+  for (auto& x : b) x = std::byte(rng());
+  heads.adopt(1, 42, std::make_shared<memory_staged>(b, dir));
+  heads.wait_published();
+  REQUIRE(fs::head_store::files_in(dir).size() == 1);
+  {
+    const auto held = heads.get(1);  // an open file or a reader holds it
+    CHECK(heads.retire(1) == nullptr);
+    CHECK(heads.get(1) == held);
+  }
+  CHECK(heads.retire(7) == nullptr);  // no image
+  auto r = heads.retire(1);
+  REQUIRE(r);
+  CHECK(heads.get(1) == nullptr);
+  CHECK(fs::head_store::files_in(dir).empty());  // a restart rebuilds it, never reads holes
+  CHECK(heads.stat().images == 0);
+  const int fd = r->published_fd();
+  REQUIRE(fd >= 0);
+  struct stat before;
+  REQUIRE(::fstat(fd, &before) == 0);
+  // [12 KiB + 100, 36 KiB + 100): the whole blocks inside it, 16..36 KiB, are punched.
+  r->release_range(12288 + 100, 24576);
+  r->release_range(36864 + 100, 4096);  // adjacent: one range, 36..40 KiB freed too
+  CHECK(r->released_bytes() == 24576);
+  struct stat after;
+  REQUIRE(::fstat(fd, &after) == 0);
+  CHECK(after.st_size == before.st_size);
+  CHECK(std::uint64_t(before.st_blocks - after.st_blocks) * 512 == 24576);
+  bytes got(8192);
+  CHECK_FALSE(r->read_kept(8192, got));  // ends inside the released range
+  CHECK_FALSE(r->read_kept(40000, got));
+  CHECK_THROWS_AS(r->read(20000, got), ckpt::io_error);
+  REQUIRE(r->read_kept(0, std::span(got).first(12288 + 100 - 8192)));
+  REQUIRE(r->read_kept(41060, got));  // past both
+  CHECK(std::equal(got.begin(), got.end(), b.begin() + 41060));
+  // Given back while its version is still a head: the caller is told to rebuild it.
+  CHECK(heads.unretire(std::move(r)));
+  heads.wait_published();
+  // Given back after its lineage moved on (drop): nothing to rebuild.
+  heads.adopt(2, 43, std::make_shared<memory_staged>(b, dir));
+  heads.wait_published();
+  auto r2 = heads.retire(2);
+  REQUIRE(r2);
+  heads.drop(2);
+  CHECK_FALSE(heads.unretire(std::move(r2)));
+  heads.wait_published();
+  CHECK(fs::head_store::files_in(dir).empty());
 }
 
 namespace {

@@ -10,6 +10,7 @@
 #include "codec/format/recognise.hpp"
 #include "codec/quantizer.hpp"
 #include "content_test_util.hpp"
+#include "fs/content/head_store.hpp"
 #include "fs/namespace/write_buffer.hpp"
 #include "tests/unit/format_test_util.hpp"
 
@@ -340,6 +341,58 @@ TEST_CASE("a stream whose read bytes are rewritten drops its work, the file is s
   for (std::size_t i = 1024; i < got.size(); ++i)
     REQUIRE(std::abs(got[i] - want[i]) <= 3 * std::abs(want[i] - base[i]) + 1e-6f);
   CHECK(object_files(d) == 2);  // the dropped stream's object is gone
+}
+
+TEST_CASE("a stream reads its base from the retired head image; a dropped one has it rebuilt",
+          "[content][stream][heads]") {
+  // The stream retires its base's image (no second image's space while it saves): the base
+  // version serves from its chain meanwhile, and gets its image back when the stream's file
+  // does not become its lineage's next version.
+  temp_dir d;
+  opened s(d.path, options(d));
+  model m;
+  const auto first = stream_in(s.content, "run/a.pt", m.step(), fresh_buffer(d));
+  s.content.wait_heads();
+  REQUIRE(s.content.info(first).head_bytes == first.size);
+  const bytes first_bytes = read_all(s.content, first);
+  const auto heads_files = [&] { return fs::head_store::files_in((d.path / "heads").string()); };
+  SECTION("stored: the next version's image replaces it") {
+    auto buf = fresh_buffer(d);
+    const auto r = stream_in(s.content, "run/a.pt", m.step(), buf, [&] {
+      REQUIRE(coded_something(*buf));
+      CHECK(s.content.info(first).head_bytes == 0);  // retired: no image serves it
+      CHECK(heads_files().empty());
+      const bool same = read_all(s.content, first) == first_bytes;  // from its chain
+      CHECK(same);
+    });
+    CHECK(s.content.usage().streamed_puts == 2);
+    CHECK(s.content.info(r).kind == "delta");
+    CHECK(s.content.info(r).base == first.version);
+    s.content.wait_heads();
+    CHECK(s.content.info(r).head_bytes == r.size);
+    CHECK(heads_files().size() == 1);
+    const bool same = read_all(s.content, first) == first_bytes;
+    CHECK(same);
+  }
+  SECTION("dropped, and the file stored as no version of the lineage: rebuilt") {
+    auto buf = fresh_buffer(d);
+    const bytes file = m.step();
+    const auto r = stream_in(s.content, "run/a.pt", file, buf, [&] {
+      REQUIRE(coded_something(*buf));
+      CHECK(s.content.info(first).head_bytes == 0);
+      buf->truncate(file.size() / 2);  // no archive any more: stored as exact bytes
+    });
+    CHECK(s.content.usage().streams_dropped == 1);
+    CHECK(s.content.info(r).kind == "exact");
+    s.content.wait_heads();
+    CHECK(s.content.info(first).head_bytes == first.size);
+    CHECK(heads_files().count(first.version) == 1);
+    const bool same = read_all(s.content, first) == first_bytes;
+    CHECK(same);
+    // The lineage's next save is a delta on it, read from the rebuilt image.
+    const auto next = stream_in(s.content, "run/a.pt", m.step(), fresh_buffer(d));
+    CHECK(s.content.info(next).base == first.version);
+  }
 }
 
 TEST_CASE("a stream declines what it does not stream, and a cancelled one leaves nothing",
