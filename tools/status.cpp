@@ -99,8 +99,11 @@ void print_text(const nlohmann::json& r) {
                 human_bytes(jnum(heads, "memory_bytes")).c_str(),
                 human_bytes(jnum(heads, "disk_bytes")).c_str(),
                 human_bytes(jnum(heads, "min_bytes")).c_str());
-  else
-    std::printf("heads:    off (restores decode the chains)\n");
+  if (jbool(heads, "enabled") && ju64(heads, "retired"))
+    std::printf("          %s being saved over, freed as the save reads them: %s left\n",
+                plural(ju64(heads, "retired"), "image").c_str(),
+                human_bytes(jnum(heads, "retired_disk_bytes")).c_str());
+  if (!jbool(heads, "enabled")) std::printf("heads:    off (restores decode the chains)\n");
   std::printf("scratch:  %s: %s in staging files and head images, %s free\n",
               jstr(scratch, "dir").c_str(), human_bytes(jnum(scratch, "bytes")).c_str(),
               human_bytes(jnum(scratch, "free_bytes")).c_str());

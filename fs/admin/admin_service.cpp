@@ -305,12 +305,14 @@ json admin_service::status() const {
             {"images", c.heads},
             {"published", c.heads_on_disk},
             {"memory_bytes", c.head_memory},
-            {"disk_bytes", c.head_disk_bytes}}},
+            {"disk_bytes", c.head_disk_bytes},
+            {"retired", c.heads_retired},
+            {"retired_disk_bytes", c.head_retired_bytes}}},
           {"scratch",
            {{"dir", d.scratch_dir},
             {"staging_dir", d.staging_dir},
             {"heads_dir", d.heads_dir},
-            {"bytes", f.spilled_bytes + c.head_disk_bytes},
+            {"bytes", f.spilled_bytes + c.head_disk_bytes + c.head_retired_bytes},
             {"free_bytes", free_bytes}}}};
 }
 

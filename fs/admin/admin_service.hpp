@@ -36,7 +36,7 @@
 //         "commits":{"queued":n, "running":n},
 //         "encodes":{"slots":n, "in_use":n, "memory_bytes":n},
 //         "heads":{"enabled":bool, "min_bytes":n, "images":n, "published":n, "memory_bytes":n,
-//                  "disk_bytes":n},
+//                  "disk_bytes":n, "retired":n, "retired_disk_bytes":n},
 //         "scratch":{"dir":s, "staging_dir":s, "heads_dir":s, "bytes":n, "free_bytes":n}}
 //     What the daemon holds right now. budget: the options cache= and buffer=, the constant
 //     (daemon_overhead_bytes) and their sum, the bound on the daemon's resident memory.
@@ -47,8 +47,10 @@
 //     commits: closed files waiting for a worker, files being stored. encodes: the encode slots
 //     and the bytes their slab buffers have allocated (resident once touched). heads: images of
 //     lineage heads (published: on disk; memory_bytes: write-buffer memory of those not yet
-//     published, part of buffers.memory_bytes; disk_bytes: the published images). scratch:
-//     SCRATCH and its two directories; bytes = buffers.spilled_bytes + heads.disk_bytes;
+//     published, part of buffers.memory_bytes; disk_bytes: the published images; retired: images
+//     a save reads its base from, freed behind it, and retired_disk_bytes what they still hold).
+//     scratch: SCRATCH and its two directories; bytes = buffers.spilled_bytes +
+//     heads.disk_bytes + heads.retired_disk_bytes;
 //     free_bytes: what its file system has left for us. Cheap: counters, /proc and a statvfs;
 //     no store I/O, never the namespace lock.
 //   {"op":"stat", "path":P}

@@ -133,6 +133,8 @@ content_store::resources content_store::usage() const {
     r.heads_on_disk = h.published;
     r.head_memory = h.memory_bytes;
     r.head_disk_bytes = h.disk_bytes;
+    r.heads_retired = h.retired;
+    r.head_retired_bytes = h.retired_disk_bytes;
   }
   r.streams_running = impl_->streams_running.load();
   r.streamed_puts = impl_->streamed_puts.load();

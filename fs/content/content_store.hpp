@@ -384,6 +384,8 @@ class content_store {
     std::uint64_t chunk_bytes = 0, chunk_budget = 0;  // decoded chunks of cold reads
     std::uint64_t encode_slots = 0, encodes_running = 0, encode_memory = 0;
     std::uint64_t heads = 0, heads_on_disk = 0, head_memory = 0, head_disk_bytes = 0;
+    // Head images a stream codes against, freed behind it (head_store::retire), and their disk.
+    std::uint64_t heads_retired = 0, head_retired_bytes = 0;
     // Streaming writes: streams running now; since the start, puts that used a stream's work,
     // streams whose work was dropped (the file changed after it was read, or was not what
     // the stream predicted), and streams that declined (left the file to its commit: too small,

@@ -358,6 +358,8 @@ std::shared_ptr<head_image> head_store::retire(std::uint64_t version) {
       return nullptr;
     image = std::move(it->second);
     images_.erase(it);
+    std::erase_if(retired_, [](const std::weak_ptr<head_image>& w) { return w.expired(); });
+    retired_.push_back(image);
   }
   // Its name goes first, durably: after a crash no name may point at an image with holes (the
   // version is rebuilt instead, as any head found without its image).
@@ -449,6 +451,11 @@ head_store::stats head_store::stat() const {
     }
     s.memory_bytes += image->memory_bytes();
   }
+  for (const auto& w : retired_)
+    if (const auto image = w.lock()) {
+      ++s.retired;
+      s.retired_disk_bytes += image->size() - std::min(image->size(), image->released_bytes());
+    }
   return s;
 }
 

@@ -28,6 +28,7 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "fs/content/staged_file.hpp"
 
@@ -132,6 +133,8 @@ class head_store {
     std::uint64_t images = 0, published = 0;
     std::uint64_t memory_bytes = 0;  // write-buffer memory still held by unpublished images
     std::uint64_t disk_bytes = 0;    // logical bytes of the images (files are not sparse)
+    // Images retired for a stream and not yet closed, and the disk bytes they still hold.
+    std::uint64_t retired = 0, retired_disk_bytes = 0;
   };
   stats stat() const;
   const std::string& dir() const noexcept { return dir_; }
@@ -158,6 +161,7 @@ class head_store {
   };
   std::deque<rebuild_job> to_rebuild_;
   std::set<std::uint64_t> wanted_;  // versions that are heads (adopted or to be rebuilt)
+  std::vector<std::weak_ptr<head_image>> retired_;  // handed out by retire(), for stat()
   void run_rebuild(rebuild_job& job);
   std::uint64_t publishing_ = 0;  // images the worker holds right now
   // Dropped images whose last reference the store held: released by their own thread, because

@@ -581,6 +581,8 @@ TEST_CASE("a retired head image: only when nothing holds it, nameless, its relea
   r->release_range(12288 + 100, 24576);
   r->release_range(36864 + 100, 4096);  // adjacent: one range, 36..40 KiB freed too
   CHECK(r->released_bytes() == 24576);
+  CHECK(heads.stat().retired == 1);  // what the save still holds of it: status shows it
+  CHECK(heads.stat().retired_disk_bytes == b.size() - 24576);
   struct stat after;
   REQUIRE(::fstat(fd, &after) == 0);
   CHECK(after.st_size == before.st_size);
@@ -595,6 +597,7 @@ TEST_CASE("a retired head image: only when nothing holds it, nameless, its relea
   // Given back while its version is still a head: the caller is told to rebuild it.
   CHECK(heads.unretire(std::move(r)));
   heads.wait_published();
+  CHECK(heads.stat().retired == 0);
   // Given back after its lineage moved on (drop): nothing to rebuild.
   heads.adopt(2, 43, std::make_shared<memory_staged>(b, dir));
   heads.wait_published();
