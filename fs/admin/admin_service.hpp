@@ -36,7 +36,8 @@
 //         "commits":{"queued":n, "running":n},
 //         "encodes":{"slots":n, "in_use":n, "memory_bytes":n},
 //         "heads":{"enabled":bool, "min_bytes":n, "images":n, "published":n, "memory_bytes":n,
-//                  "disk_bytes":n, "retired":n, "retired_disk_bytes":n},
+//                  "disk_bytes":n, "retired":n, "retired_disk_bytes":n, "retirements":n,
+//                  "retire_refused":n},
 //         "scratch":{"dir":s, "staging_dir":s, "heads_dir":s, "bytes":n, "free_bytes":n}}
 //     What the daemon holds right now. budget: the options cache= and buffer=, the constant
 //     (daemon_overhead_bytes) and their sum, the bound on the daemon's resident memory.
@@ -48,7 +49,9 @@
 //     and the bytes their slab buffers have allocated (resident once touched). heads: images of
 //     lineage heads (published: on disk; memory_bytes: write-buffer memory of those not yet
 //     published, part of buffers.memory_bytes; disk_bytes: the published images; retired: images
-//     a save reads its base from, freed behind it, and retired_disk_bytes what they still hold).
+//     a save reads its base from, freed behind it, and retired_disk_bytes what they still hold;
+//     retirements and retire_refused: since the start, bases retired, and bases a save found
+//     unpublished or open elsewhere and left whole).
 //     scratch: SCRATCH and its two directories; bytes = buffers.spilled_bytes +
 //     heads.disk_bytes + heads.retired_disk_bytes;
 //     free_bytes: what its file system has left for us. Cheap: counters, /proc and a statvfs;

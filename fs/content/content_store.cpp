@@ -135,6 +135,8 @@ content_store::resources content_store::usage() const {
     r.head_disk_bytes = h.disk_bytes;
     r.heads_retired = h.retired;
     r.head_retired_bytes = h.retired_disk_bytes;
+    r.head_retirements = h.retirements;
+    r.head_retire_refused = h.retire_refused;
   }
   r.streams_running = impl_->streams_running.load();
   r.streamed_puts = impl_->streamed_puts.load();

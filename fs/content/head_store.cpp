@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
@@ -354,15 +355,27 @@ std::shared_ptr<head_image> head_store::retire(std::uint64_t version) {
     auto it = images_.find(version);
     // The map's reference the only one: no open file (filesystem handles hold their image), no
     // reader, no publication or rebuild holds it, and once it is out of the map none can start.
-    if (it == images_.end() || it->second.use_count() != 1 || it->second->published_fd() < 0)
+    if (it == images_.end()) return nullptr;
+    // Waiting for its publication (not started): it need not be written at all, the save will
+    // supersede it (or have it rebuilt). Its bytes stay where they are, nothing is released.
+    const auto queued = std::find(to_publish_.begin(), to_publish_.end(), it->second);
+    const long others = queued != to_publish_.end() ? 1 : 0;
+    if (it->second.use_count() != 1 + others ||
+        (it->second->published_fd() < 0 && queued == to_publish_.end())) {
+      ++retire_refused_;
       return nullptr;
+    }
+    ++retirements_;
     image = std::move(it->second);
     images_.erase(it);
+    if (queued != to_publish_.end()) to_publish_.erase(queued);
     std::erase_if(retired_, [](const std::weak_ptr<head_image>& w) { return w.expired(); });
     retired_.push_back(image);
   }
+  if (image->published_fd() < 0) return image;  // no name, nothing will be punched
   // Its name goes first, durably: after a crash no name may point at an image with holes (the
   // version is rebuilt instead, as any head found without its image).
+  const auto t0 = std::chrono::steady_clock::now();
   if ((::unlinkat(dir_fd_, file_name(version, image->checksum()).c_str(), 0) != 0 &&
        errno != ENOENT) ||
       ::fsync(dir_fd_) != 0) {
@@ -374,6 +387,11 @@ std::shared_ptr<head_image> head_store::retire(std::uint64_t version) {
     // still right; one that went is made again after a restart, as for a crash).
     {
       std::lock_guard lock(mu_);
+      std::erase_if(retired_, [&](const std::weak_ptr<head_image>& w) {
+        return w.expired() || w.lock() == image;
+      });
+      --retirements_;
+      ++retire_refused_;
       if (!images_.count(version) && wanted_.count(version))
         images_[version] = std::move(image);
       else  // dropped meanwhile
@@ -382,6 +400,10 @@ std::shared_ptr<head_image> head_store::retire(std::uint64_t version) {
     cv_.notify_all();
     return nullptr;
   }
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (took > 0.25 && log_)  // the directory's fsync waits for the file system's journal
+    log_("head image of version " + std::to_string(version) + " retired after " +
+         std::to_string(int(took * 1000)) + " ms (removing its name durably)");
   return image;
 }
 
@@ -451,6 +473,8 @@ head_store::stats head_store::stat() const {
     }
     s.memory_bytes += image->memory_bytes();
   }
+  s.retirements = retirements_;
+  s.retire_refused = retire_refused_;
   for (const auto& w : retired_)
     if (const auto image = w.lock()) {
       ++s.retired;

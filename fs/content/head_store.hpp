@@ -102,11 +102,13 @@ class head_store {
   // the new object's checksum, and its file the matching name, so that a restart keeps it
   // instead of rebuilding it. Where the rename fails the image is rebuilt after a restart.
   void rechecksum(std::uint64_t version, std::uint64_t checksum);
-  // Takes the published image of `version` out of service for a stream that codes the
-  // lineage's next version against it, if nothing else holds it (no open file, reader, or
-  // publication): its name is removed, durably, before anything is released from it (a crash
-  // must not leave a name on an image with holes), and get() no longer finds it; reads of the
-  // version decode through the chain meanwhile. Null when it is not published or is in use: the
+  // Takes the image of `version` out of service for a stream that codes the lineage's next
+  // version against it, if nothing else holds it (no open file, reader, publication or
+  // rebuild): its name is removed, durably, before anything is released from it (a crash must
+  // not leave a name on an image with holes), and get() no longer finds it; reads of the version
+  // decode through the chain meanwhile. An image still waiting for its publication is retired
+  // unpublished: it is never written out (the save supersedes it), and nothing is released from
+  // it (its bytes are the write buffer's). Null when it is being published or is in use: the
   // stream then reads it as get() gives it, and the save needs both images' space as before.
   std::shared_ptr<head_image> retire(std::uint64_t version);
   // The stream is done with a retired image: its file is closed in the background. True when
@@ -135,6 +137,9 @@ class head_store {
     std::uint64_t disk_bytes = 0;    // logical bytes of the images (files are not sparse)
     // Images retired for a stream and not yet closed, and the disk bytes they still hold.
     std::uint64_t retired = 0, retired_disk_bytes = 0;
+    // Since the start: images retired, and retire() calls that found the image unpublished or
+    // held elsewhere (those saves kept it whole beside theirs).
+    std::uint64_t retirements = 0, retire_refused = 0;
   };
   stats stat() const;
   const std::string& dir() const noexcept { return dir_; }
@@ -162,6 +167,7 @@ class head_store {
   std::deque<rebuild_job> to_rebuild_;
   std::set<std::uint64_t> wanted_;  // versions that are heads (adopted or to be rebuilt)
   std::vector<std::weak_ptr<head_image>> retired_;  // handed out by retire(), for stat()
+  std::uint64_t retirements_ = 0, retire_refused_ = 0;
   void run_rebuild(rebuild_job& job);
   std::uint64_t publishing_ = 0;  // images the worker holds right now
   // Dropped images whose last reference the store held: released by their own thread, because

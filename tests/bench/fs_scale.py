@@ -22,9 +22,10 @@ side that goes first alternating). Per size:
     (fs_speed.prefault, see docs/benchmarks.md) so that fresh pages do not decide the comparison;
   - the daemon's peak RSS (VmHWM, reset before each save; each load has a fresh daemon) for the
     saves, the loads and the whole size, against the budget cache + buffer + 512 MiB (DESIGN.md
-    §9.7); sampled every 50 ms: its anonymous RSS, and the unlinked scratch files (staging,
-    spill) it holds in the store, which du cannot see; and the disk space used at the peak of
-    each mount save (anything else writing to the disk moves that too);
+    §9.7); sampled every 50 ms: its anonymous RSS, and its scratch files: the staging files
+    and head images it holds open in the store (unlinked ones too, which du cannot see); and
+    the disk space used at the peak of each mount save (anything else writing to the disk
+    moves that too);
   - store bytes (du -sb and du -sB1, and per top-level entry of the store) against the logical
     bytes of all versions; the plain side keeps at most three versions on disk (the newest, the
     one before it and the load's oldest), the logical total counts all of them;
@@ -76,6 +77,7 @@ import re
 import shlex
 import shutil
 import signal
+import stat as stat_mod
 import statistics
 import subprocess
 import sys
@@ -89,7 +91,8 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "fs"))
 sys.path.insert(0, HERE)
-from ckptfs_testlib import is_first_moment, mounted, peak_rss, reset_peak_rss  # noqa: E402
+from ckptfs_testlib import (is_first_moment, mounted, peak_rss, reset_peak_rss,  # noqa: E402
+                            stat_json, status_json)
 from fs_cold_load import cpu_seconds  # noqa: E402
 from fs_speed import drop_caches, prefault  # noqa: E402
 from scale_lib import flat_tensors, read_dcp, write_dcp  # noqa: E402
@@ -358,16 +361,19 @@ def free_bytes(path):
 
 
 def scratch_bytes(pid, store):
-    """Bytes allocated to unlinked files under `store` that the daemon holds open: its spill
-    and staging files, which du cannot see."""
+    """Bytes allocated to the scratch files under `store` that the daemon holds open: staging
+    and spill files, head images published or not, and those a save is freeing behind it
+    (unlinked files du cannot see); each file once. (Before 2026-12-06, late: only the unlinked
+    ones, which left out the published head images.)"""
     total, seen = 0, set()
+    dirs = tuple(os.path.join(store, d) + os.sep for d in ("staging", "heads"))
     for fd in os.listdir(f"/proc/{pid}/fd"):
         link = f"/proc/{pid}/fd/{fd}"
         try:
             target = os.readlink(link)
-            if target.startswith(store + os.sep) and target.endswith(" (deleted)"):
+            if target.startswith(dirs):
                 st = os.stat(link)
-                if st.st_ino not in seen:
+                if stat_mod.S_ISREG(st.st_mode) and st.st_ino not in seen:
                     seen.add(st.st_ino)
                     total += st.st_blocks * 512
         except OSError:  # closed meanwhile
@@ -433,11 +439,16 @@ class Sampler(threading.Thread):
 
 
 def ckptctl_stat(ckptctl, path):
-    out = subprocess.run([ckptctl, "stat", "--json", path], check=True, capture_output=True,
-                         text=True)
-    info = json.loads(out.stdout)
+    info = stat_json(ckptctl, path)
     info.pop("tensors", None)  # per-tensor detail: not needed here, large
     return info
+
+
+def heads_status(ckptctl, mnt):
+    """The daemon's head-image counters (`ckptctl status`): how many saves freed their base's
+    image behind them, and how many found it unpublished or open and kept it whole."""
+    h = status_json(ckptctl, mnt).get("heads", {})
+    return {k: h.get(k, 0) for k in ("retirements", "retire_refused")}
 
 
 def du(path):
@@ -537,6 +548,7 @@ def run_size(size_gib, args, cfg, work):
         r["saves_daemon_peak_rss"] = max([r["daemon_start_rss"]] +
                                          [v["daemon_peak_rss"] for v in r["versions"]])
         r["saves_sampled_peak_rss_anon"] = sampler.whole.get("rss_anon", 0)
+        r["heads"] = heads_status(args.ckptctl, mnt)
         unmount_from = time.perf_counter()
     r["unmount_s"] = time.perf_counter() - unmount_from
     del state
@@ -667,9 +679,13 @@ def print_size(r, cfg):
           f"buffer + 512 MiB = {rss['budget'] / GiB:.2f} GiB: "
           + ("within" if rss["within_budget"] else "OVER"))
     print(f"   sampled peak anonymous RSS: saves {rss['saves_sampled_anon'] / GiB:.2f} GiB, "
-          f"loads {rss['loads_sampled_anon'] / GiB:.2f} GiB; unlinked scratch files at the peak "
-          f"of a save {s['scratch_peak_saves'] / GiB:.2f} GiB (disk space used "
+          f"loads {rss['loads_sampled_anon'] / GiB:.2f} GiB; scratch files (staging, head "
+          f"images) at the peak of a save {s['scratch_peak_saves'] / GiB:.2f} GiB (disk space used "
           f"{s['disk_used_peak_saves'] / GiB:.2f} GiB)")
+    if r.get("heads"):
+        print(f"   saves that freed their base's head image behind them: "
+              f"{r['heads']['retirements']}, kept it whole (unpublished or open): "
+              f"{r['heads']['retire_refused']}")
     app, alloc = r["store_bytes"]
     parts = ", ".join(f"{e} {b[1] / MiB:.1f}" for e, b in r["store_breakdown"].items())
     print(f"   store: {alloc / MiB:.1f} MiB allocated ({app / MiB:.1f} apparent; MiB: {parts}) "
@@ -847,6 +863,7 @@ def run_writers(args, cfg, work):
                         args.ckptctl,
                         os.path.join(mnt, f"ckpt_rank{rank}", ckpt_name(args.layout, step, rank)))
             r["sampled_peak_rss_anon"] = sampler.whole.get("rss_anon", 0)
+            r["heads"] = heads_status(args.ckptctl, mnt)
             r["store_bytes"] = du(store)
             r["store_breakdown"] = du_breakdown(store)
         except BaseException:
@@ -973,6 +990,10 @@ def print_writers(r, cfg):
           f"{s['delta_on_own_previous']}/{s['later_versions']} on their own rank's previous "
           f"version" + ("" if s["all_deltas"]
                         else ": " + "; ".join(s["not_deltas_or_wrong_base"][:8])))
+    if r.get("heads"):
+        print(f"   saves that freed their base's head image behind them: "
+              f"{r['heads']['retirements']}, kept it whole (unpublished or open): "
+              f"{r['heads']['retire_refused']}")
     app, alloc = r["store_bytes"]
     print(f"   store: {alloc / MiB:.1f} MiB allocated ({app / MiB:.1f} apparent) for "
           f"{s['logical_bytes'] / MiB:.1f} MiB written: {s['ratio']:.1f}x", flush=True)

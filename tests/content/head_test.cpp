@@ -568,6 +568,7 @@ TEST_CASE("a retired head image: only when nothing holds it, nameless, its relea
     CHECK(heads.get(1) == held);
   }
   CHECK(heads.retire(7) == nullptr);  // no image
+  CHECK(heads.stat().retire_refused == 1);
   auto r = heads.retire(1);
   REQUIRE(r);
   CHECK(heads.get(1) == nullptr);
@@ -582,6 +583,7 @@ TEST_CASE("a retired head image: only when nothing holds it, nameless, its relea
   r->release_range(36864 + 100, 4096);  // adjacent: one range, 36..40 KiB freed too
   CHECK(r->released_bytes() == 24576);
   CHECK(heads.stat().retired == 1);  // what the save still holds of it: status shows it
+  CHECK(heads.stat().retirements == 1);
   CHECK(heads.stat().retired_disk_bytes == b.size() - 24576);
   struct stat after;
   REQUIRE(::fstat(fd, &after) == 0);
@@ -607,6 +609,76 @@ TEST_CASE("a retired head image: only when nothing holds it, nameless, its relea
   CHECK_FALSE(heads.unretire(std::move(r2)));
   heads.wait_published();
   CHECK(fs::head_store::files_in(dir).empty());
+}
+
+namespace {
+// memory_staged whose publication (copy_memory_to_file, on the head store's worker) waits for a
+// gate, so that a test can hold the worker busy.
+class slow_publish final : public fs::staged_file {
+ public:
+  slow_publish(std::shared_ptr<close_gate> g, bytes b, std::string dir)
+      : gate_(std::move(g)), inner_(std::move(b), std::move(dir)) {}
+  std::uint64_t size() const override { return inner_.size(); }
+  void read_fully(std::uint64_t off, std::span<std::byte> out) const override {
+    inner_.read_fully(off, out);
+  }
+  void overwrite(std::uint64_t off, std::span<const std::byte> d) override {
+    inner_.overwrite(off, d);
+  }
+  bool modified() const override { return inner_.modified(); }
+  int backing_file() override { return inner_.backing_file(); }
+  void copy_memory_to_file() const override {
+    {
+      std::unique_lock lock(gate_->mu);
+      gate_->closed = true;  // here: publishing
+      gate_->cv.notify_all();
+      gate_->cv.wait_for(lock, std::chrono::seconds(10), [&] { return gate_->open; });
+    }
+    inner_.copy_memory_to_file();
+  }
+  void drop_memory() override { inner_.drop_memory(); }
+  std::uint64_t memory_bytes() const override { return inner_.memory_bytes(); }
+
+ private:
+  std::shared_ptr<close_gate> gate_;
+  memory_staged inner_;
+};
+}  // namespace
+
+TEST_CASE("an image being published is not retired, one waiting for it is and is never written",
+          "[content][heads]") {
+  temp_dir d;
+  const std::string dir = (d.path / "heads").string();
+  fs::head_store heads(dir);
+  bytes b(std::size_t(256) << 10, std::byte(9));
+  auto gate = std::make_shared<close_gate>();
+  heads.adopt(1, 41, std::make_shared<slow_publish>(gate, b, dir));
+  {
+    std::unique_lock lock(gate->mu);  // the worker is in image 1's publication
+    REQUIRE(gate->cv.wait_for(lock, std::chrono::seconds(10), [&] { return gate->closed; }));
+  }
+  heads.adopt(2, 42, std::make_shared<memory_staged>(b, dir));  // queued behind it
+  CHECK(heads.retire(1) == nullptr);
+  auto r = heads.retire(2);
+  REQUIRE(r);
+  CHECK(r->published_fd() < 0);
+  bytes got(4096);
+  CHECK(r->read_kept(8192, got));
+  r->release_range(0, b.size());  // unpublished: its bytes are memory, nothing is punched
+  CHECK(r->released_bytes() == 0);
+  {
+    std::lock_guard lock(gate->mu);
+    gate->open = true;
+  }
+  gate->cv.notify_all();
+  heads.wait_published();
+  CHECK(r->published_fd() < 0);  // never published: the save supersedes it
+  const auto files = fs::head_store::files_in(dir);
+  CHECK(files.size() == 1);
+  CHECK(files.count(1) == 1);
+  CHECK(heads.stat().retirements == 1);
+  CHECK(heads.stat().retire_refused == 1);
+  CHECK(heads.unretire(std::move(r)));  // still wanted: the caller rebuilds it
 }
 
 namespace {

@@ -343,7 +343,7 @@ TEST_CASE("a stream whose read bytes are rewritten drops its work, the file is s
   CHECK(object_files(d) == 2);  // the dropped stream's object is gone
 }
 
-TEST_CASE("a stream reads its base from the retired head image; a dropped one has it rebuilt",
+TEST_CASE("a stream reads its base from the retired head image, and a dropped one has it rebuilt",
           "[content][stream][heads]") {
   // The stream retires its base's image (no second image's space while it saves): the base
   // version serves from its chain meanwhile, and gets its image back when the stream's file
