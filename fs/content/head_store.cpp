@@ -415,7 +415,15 @@ bool head_store::unretire(std::shared_ptr<head_image> image) {
     orphan = wanted_.count(version) && !images_.count(version) &&
              std::none_of(to_rebuild_.begin(), to_rebuild_.end(),
                           [&](const rebuild_job& j) { return j.version == version; });
-    to_release_.push_back(std::move(image));
+    if (orphan && image->published_fd() < 0) {
+      // Retired before its publication, so nothing was released from it: it is the head's
+      // image again, published as it would have been.
+      images_[version] = image;
+      to_publish_.push_back(std::move(image));
+      orphan = false;
+    } else {
+      to_release_.push_back(std::move(image));
+    }
   }
   cv_.notify_all();
   return orphan;

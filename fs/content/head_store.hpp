@@ -113,7 +113,8 @@ class head_store {
   std::shared_ptr<head_image> retire(std::uint64_t version);
   // The stream is done with a retired image: its file is closed in the background. True when
   // the version is still a head with no image and none being rebuilt (the stream's work was
-  // dropped, or stored elsewhere): the caller then rebuild()s it.
+  // dropped, or stored elsewhere): the caller then rebuild()s it. An image retired before its
+  // publication is whole: it becomes the head's image again instead (false).
   bool unretire(std::shared_ptr<head_image> image);
   // The version is no longer a head: its name goes (readers holding the image keep reading),
   // and its file is closed in the background.

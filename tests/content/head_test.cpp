@@ -678,7 +678,12 @@ TEST_CASE("an image being published is not retired, one waiting for it is and is
   CHECK(files.count(1) == 1);
   CHECK(heads.stat().retirements == 1);
   CHECK(heads.stat().retire_refused == 1);
-  CHECK(heads.unretire(std::move(r)));  // still wanted: the caller rebuilds it
+  // Still a head, and whole: its image again (no rebuild), published now.
+  CHECK_FALSE(heads.unretire(std::move(r)));
+  heads.wait_published();
+  REQUIRE(heads.get(2));
+  CHECK(heads.get(2)->published_fd() >= 0);
+  CHECK(fs::head_store::files_in(dir).count(2) == 1);
 }
 
 namespace {
