@@ -563,7 +563,7 @@ struct content_store::impl {
     std::function<bool(std::uint64_t end)> wait;
     // The base's head image, retired for this stream (head_store::retire): read from it, and
     // each base slab released from it once coded.
-    head_image* retired = nullptr;
+    std::shared_ptr<head_image> retired;
   };
   exact_region write_exact_region(const format::source& src, std::uint64_t offset,
                                   std::uint64_t length, content_object_writer& out,

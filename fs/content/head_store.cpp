@@ -98,10 +98,11 @@ bool head_image::overlaps_released(std::uint64_t offset, std::uint64_t n) const 
   return it != released_.begin() && std::prev(it)->second > offset;
 }
 
-void head_image::release_range(std::uint64_t offset, std::uint64_t n) {
-  if (n == 0) return;
-  std::unique_lock lock(mu_);  // no read in flight sees the range half punched
-  if (fd_ < 0) return;         // unpublished: its bytes are (partly) memory, not blocks
+std::pair<std::uint64_t, std::uint64_t> head_image::mark_released(std::uint64_t offset,
+                                                                  std::uint64_t n) {
+  if (n == 0) return {};
+  std::unique_lock lock(mu_);  // no read in flight reads the range once it is marked
+  if (fd_ < 0) return {};      // unpublished: its bytes are (partly) memory, not blocks
   auto [it, fresh] = released_.emplace(offset, offset + n);
   if (!fresh) it->second = std::max(it->second, offset + n);
   // Coalesced with its neighbours: a stream releases one slab after the other.
@@ -116,12 +117,17 @@ void head_image::release_range(std::uint64_t offset, std::uint64_t n) {
   for (auto next = std::next(it); next != released_.end() && next->first <= it->second;
        next = released_.erase(next))
     it->second = std::max(it->second, next->second);
-  // The whole blocks of the coalesced range not punched before: those that touch the new part
-  // (the rest of it was punched with the ranges it grew from).
+  // The whole blocks of the coalesced range not marked before: those that touch the new part
+  // (the rest of it was marked with the ranges it grew from).
   const std::uint64_t first = std::max(up(it->first), offset / kBlock * kBlock);
   const std::uint64_t last =
       std::min(std::min(it->second, size_) / kBlock * kBlock, up(offset + n));
-  if (last <= first) return;
+  if (last <= first) return {};
+  return {first, last};
+}
+
+void head_image::punch(std::uint64_t first, std::uint64_t last) {
+  // fd_ is set once, before the image was retired, and lives as long as the image.
   if (::fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off_t(first),
                   off_t(last - first)) != 0)
     punch_failed_ = true;  // the blocks stay; reads of the range are refused all the same
@@ -407,6 +413,17 @@ std::shared_ptr<head_image> head_store::retire(std::uint64_t version) {
   return image;
 }
 
+void head_store::release(const std::shared_ptr<head_image>& image, std::uint64_t offset,
+                         std::uint64_t n) {
+  const auto [first, last] = image->mark_released(offset, n);
+  if (last <= first) return;
+  {
+    std::lock_guard lock(mu_);
+    to_punch_.push_back({image, first, last});
+  }
+  cv_.notify_all();
+}
+
 bool head_store::unretire(std::shared_ptr<head_image> image) {
   const std::uint64_t version = image->version();
   bool orphan;
@@ -454,13 +471,21 @@ void head_store::drop(std::uint64_t version) {
 void head_store::releaser(std::stop_token stop) {
   for (;;) {
     std::shared_ptr<head_image> image;
+    punch_job job;
     {
       std::unique_lock lock(mu_);
-      if (!cv_.wait(lock, stop, [&] { return !to_release_.empty(); })) return;
-      image = std::move(to_release_.front());
-      to_release_.pop_front();
+      if (!cv_.wait(lock, stop, [&] { return !to_release_.empty() || !to_punch_.empty(); })) return;
+      if (!to_punch_.empty()) {  // before the closes: a save waits for that space
+        job = std::move(to_punch_.front());
+        to_punch_.pop_front();
+      } else {
+        image = std::move(to_release_.front());
+        to_release_.pop_front();
+      }
       ++releasing_;
     }
+    if (job.image) job.image->punch(job.first, job.last);
+    job = {};
     image.reset();  // the close (and the freeing of its blocks) where it was the last reference
     {
       std::lock_guard lock(mu_);
@@ -495,7 +520,7 @@ void head_store::wait_published() {
   std::unique_lock lock(mu_);
   cv_.wait(lock, [&] {
     return to_publish_.empty() && to_rebuild_.empty() && publishing_ == 0 && to_release_.empty() &&
-           releasing_ == 0;
+           to_punch_.empty() && releasing_ == 0;
   });
 }
 

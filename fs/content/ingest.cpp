@@ -177,7 +177,9 @@ content_store::impl::tensor_result content_store::impl::encode_tensor(
       // The slab and its base at once: the base is read from the disk (a published head image,
       // by direct I/O) or decoded, while the slab is copied out of the staged file.
       tbb::task_group g;
-      g.run([&] { read_recon_slab(base_id, *j.base_tensor, s, base, base_whole, slabs.retired); });
+      g.run([&] {
+        read_recon_slab(base_id, *j.base_tensor, s, base, base_whole, slabs.retired.get());
+      });
       src.read(t.offset + s, cur);
       g.wait();
     } else {
@@ -190,7 +192,7 @@ content_store::impl::tensor_result content_store::impl::encode_tensor(
       const std::span<std::byte> into(
           (*ahead)->buffer(index + 1),
           std::size_t(std::min<std::uint64_t>(kSlabBytes, t.length - next)));
-      (*ahead)->start([this, &base_whole, &j, base_id, next, into, retired = slabs.retired] {
+      (*ahead)->start([this, &base_whole, &j, base_id, next, into, retired = slabs.retired.get()] {
         read_recon_slab(base_id, *j.base_tensor, next, into, base_whole, retired);
       });
     }
@@ -251,8 +253,8 @@ content_store::impl::tensor_result content_store::impl::encode_tensor(
     }
     // The base's slab is coded against: its blocks go (a read-ahead of the next is not in it).
     if (slabs.retired && j.base_tensor && slabs.retired->version() == base_id)
-      slabs.retired->release_range(
-          meta_of(base_id)->meta->layout.tensors.at(*j.base_tensor).offset + s, n);
+      heads->release(slabs.retired,
+                     meta_of(base_id)->meta->layout.tensors.at(*j.base_tensor).offset + s, n);
   }
   f.encoded_bytes = frame_at;
   f.digest = XXH3_64bits_digest(&digest);

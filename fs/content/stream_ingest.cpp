@@ -196,7 +196,7 @@ void content_store::impl::run_stream(stream& s) {
     if (previous) previous_by_name = tensors_by_name(*previous);
     const codec::lossy_params params = coding_params_of(s.meta_);
     const slab_source slabs{nullptr, [&staged](std::uint64_t end) { return staged.await(end); },
-                            s.base_image_.get()};
+                            s.base_image_};
     shard_names names;
     if (shard) names = shard_names_of(s.bc_.base ? s.bc_.base : s.bc_.previous);
     for (; t; t = next()) {

@@ -579,9 +579,10 @@ TEST_CASE("a retired head image: only when nothing holds it, nameless, its relea
   struct stat before;
   REQUIRE(::fstat(fd, &before) == 0);
   // [12 KiB + 100, 36 KiB + 100): the whole blocks inside it, 16..36 KiB, are punched.
-  r->release_range(12288 + 100, 24576);
-  r->release_range(36864 + 100, 4096);  // adjacent: one range, 36..40 KiB freed too
+  heads.release(r, 12288 + 100, 24576);
+  heads.release(r, 36864 + 100, 4096);  // adjacent: one range, 36..40 KiB freed too
   CHECK(r->released_bytes() == 24576);
+  heads.wait_published();            // the punches, on the releaser thread
   CHECK(heads.stat().retired == 1);  // what the save still holds of it: status shows it
   CHECK(heads.stat().retirements == 1);
   CHECK(heads.stat().retired_disk_bytes == b.size() - 24576);
@@ -664,7 +665,7 @@ TEST_CASE("an image being published is not retired, one waiting for it is and is
   CHECK(r->published_fd() < 0);
   bytes got(4096);
   CHECK(r->read_kept(8192, got));
-  r->release_range(0, b.size());  // unpublished: its bytes are memory, nothing is punched
+  heads.release(r, 0, b.size());  // unpublished: its bytes are memory, nothing is punched
   CHECK(r->released_bytes() == 0);
   {
     std::lock_guard lock(gate->mu);
