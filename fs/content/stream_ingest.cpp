@@ -61,7 +61,7 @@ class content_store::stream {
   impl::base_choice bc_;
   std::optional<impl::base_pin> pin_;
   // The base's head image, retired for this stream (head_store::retire): read by it alone and
-  // released behind it. Given back by put() once the version is stored (finish_retirement).
+  // released behind it. Given back by put() once the version is stored (give_back_image).
   std::shared_ptr<head_image> base_image_;
   version_meta meta_;
   std::optional<content_object_writer> out_;
