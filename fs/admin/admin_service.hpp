@@ -51,7 +51,7 @@
 //     published, part of buffers.memory_bytes; disk_bytes: the published images; retired: images
 //     a save reads its base from, freed behind it, and retired_disk_bytes what they still hold;
 //     retirements and retire_refused: since the start, bases retired, and bases a save found
-//     unpublished or open elsewhere and left whole).
+//     being published or open elsewhere and left whole).
 //     scratch: SCRATCH and its two directories; bytes = buffers.spilled_bytes +
 //     heads.disk_bytes + heads.retired_disk_bytes;
 //     free_bytes: what its file system has left for us. Cheap: counters, /proc and a statvfs;

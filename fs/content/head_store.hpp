@@ -145,7 +145,7 @@ class head_store {
     std::uint64_t disk_bytes = 0;    // logical bytes of the images (files are not sparse)
     // Images retired for a stream and not yet closed, and the disk bytes they still hold.
     std::uint64_t retired = 0, retired_disk_bytes = 0;
-    // Since the start: images retired, and retire() calls that found the image unpublished or
+    // Since the start: images retired, and retire() calls that found the image being published or
     // held elsewhere (those saves kept it whole beside theirs).
     std::uint64_t retirements = 0, retire_refused = 0;
   };

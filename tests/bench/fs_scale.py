@@ -446,7 +446,7 @@ def ckptctl_stat(ckptctl, path):
 
 def heads_status(ckptctl, mnt):
     """The daemon's head-image counters (`ckptctl status`): how many saves freed their base's
-    image behind them, and how many found it unpublished or open and kept it whole."""
+    image behind them, and how many found it being published or open and kept it whole."""
     h = status_json(ckptctl, mnt).get("heads", {})
     return {k: h.get(k, 0) for k in ("retirements", "retire_refused")}
 
@@ -684,7 +684,7 @@ def print_size(r, cfg):
           f"{s['disk_used_peak_saves'] / GiB:.2f} GiB)")
     if r.get("heads"):
         print(f"   saves that freed their base's head image behind them: "
-              f"{r['heads']['retirements']}, kept it whole (unpublished or open): "
+              f"{r['heads']['retirements']}, kept it whole (being published, or open): "
               f"{r['heads']['retire_refused']}")
     app, alloc = r["store_bytes"]
     parts = ", ".join(f"{e} {b[1] / MiB:.1f}" for e, b in r["store_breakdown"].items())
@@ -992,7 +992,7 @@ def print_writers(r, cfg):
                         else ": " + "; ".join(s["not_deltas_or_wrong_base"][:8])))
     if r.get("heads"):
         print(f"   saves that freed their base's head image behind them: "
-              f"{r['heads']['retirements']}, kept it whole (unpublished or open): "
+              f"{r['heads']['retirements']}, kept it whole (being published, or open): "
               f"{r['heads']['retire_refused']}")
     app, alloc = r["store_bytes"]
     print(f"   store: {alloc / MiB:.1f} MiB allocated ({app / MiB:.1f} apparent) for "
