@@ -276,7 +276,7 @@ void content_store::impl::give_back_image(std::shared_ptr<head_image>& image) no
   }
   if (log)
     log("head image of version " + std::to_string(v) +
-        " rebuilt: the save that read it was not stored as its next version");
+        " is rebuilt from its chain: the save that read it was not stored as its next version");
   rebuild_head(v, checksum, size);
 }
 

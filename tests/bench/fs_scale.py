@@ -77,7 +77,6 @@ import re
 import shlex
 import shutil
 import signal
-import stat as stat_mod
 import statistics
 import subprocess
 import sys
@@ -95,7 +94,7 @@ from ckptfs_testlib import (is_first_moment, mounted, peak_rss, reset_peak_rss, 
                             stat_json, status_json)
 from fs_cold_load import cpu_seconds  # noqa: E402
 from fs_speed import drop_caches, prefault  # noqa: E402
-from scale_lib import flat_tensors, read_dcp, write_dcp  # noqa: E402
+from scale_lib import flat_tensors, open_file_blocks, read_dcp, write_dcp  # noqa: E402
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -365,20 +364,7 @@ def scratch_bytes(pid, store):
     and spill files, head images published or not, and those a save is freeing behind it
     (unlinked files du cannot see); each file once. (Before 2026-12-06, late: only the unlinked
     ones, which left out the published head images.)"""
-    total, seen = 0, set()
-    dirs = tuple(os.path.join(store, d) + os.sep for d in ("staging", "heads"))
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        link = f"/proc/{pid}/fd/{fd}"
-        try:
-            target = os.readlink(link)
-            if target.startswith(dirs):
-                st = os.stat(link)
-                if stat_mod.S_ISREG(st.st_mode) and st.st_ino not in seen:
-                    seen.add(st.st_ino)
-                    total += st.st_blocks * 512
-        except OSError:  # closed meanwhile
-            continue
-    return total
+    return open_file_blocks(pid, [os.path.join(store, d) + os.sep for d in ("staging", "heads")])
 
 
 class Sampler(threading.Thread):

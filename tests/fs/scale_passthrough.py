@@ -35,7 +35,6 @@ import json
 import mmap
 import os
 import platform
-import stat as stat_mod
 import struct
 import sys
 import threading
@@ -45,7 +44,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ckptfs_testlib import mounted, sha256  # noqa: E402
-from scale_lib import MiB, TrainingState, cpu_seconds, save, scratch_dir, stat  # noqa: E402
+from scale_lib import (MiB, TrainingState, cpu_seconds, open_file_blocks, save,  # noqa: E402
+                       scratch_dir, stat)
 
 
 def kernel_has_passthrough():
@@ -186,31 +186,14 @@ def test_rewrite(binary, ckptctl, tmp):
           f"readers see the new version (daemon CPU for its passthrough read {cpu:.2f} s)")
 
 
-def held_blocks(pid, under):
-    """Disk bytes allocated to the regular files under `under` that process `pid` has open
-    (unlinked ones too: a dropped head image, the staging files), each file once."""
-    total, seen = 0, set()
-    d = f"/proc/{pid}/fd"
-    for fd in os.listdir(d):
-        try:
-            if not os.readlink(f"{d}/{fd}").startswith(under):
-                continue
-            st = os.stat(f"{d}/{fd}")
-        except OSError:  # closed meanwhile
-            continue
-        if stat_mod.S_ISREG(st.st_mode) and (st.st_dev, st.st_ino) not in seen:
-            seen.add((st.st_dev, st.st_ino))
-            total += st.st_blocks * 512
-    return total
-
-
 def save_watched(state, path, pid, under):
-    """save(), and the peak of held_blocks while it ran."""
+    """save(), and the peak of the disk the daemon's open files under `under` held while it ran
+    (open_file_blocks)."""
     peak, done = [0], threading.Event()
 
     def poll():
         while not done.is_set():
-            peak[0] = max(peak[0], held_blocks(pid, under))
+            peak[0] = max(peak[0], open_file_blocks(pid, [under]))
             time.sleep(0.005)
 
     t = threading.Thread(target=poll)
