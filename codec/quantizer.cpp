@@ -56,14 +56,18 @@ void accumulate_with(delta_stats& s, std::size_t n, bool track_range, Fill fill)
   // Four interleaved lanes, each a table of bins: deltas crowd into a few keys, so with one
   // table every element waited for the previous one's read-modify-writes of the same bin
   // (measured 0.4 GB/s a core with extremes on real Adam deltas). Integer sums, min and max
-  // merge exactly in any order: the result does not depend on the interleaving.
+  // merge exactly in any order: the result does not depend on the interleaving. The lanes' tables
+  // are 8 KiB plus 80 bytes apart: at exactly 8 KiB the same key's bins in two lanes alias in
+  // the low 12 address bits, and the CPU stalls loads behind unrelated stores (unpadded, four
+  // lanes took 1.3-1.4 ns an element against 1.1-1.2, eight lanes 3.3-3.8 ns).
   constexpr std::size_t lanes = 4;
   constexpr std::size_t flush_every = lanes << 17;
-  std::vector<lane_bin> bins(lanes * key_count);
+  constexpr std::size_t stride = key_count + 5;
+  std::vector<lane_bin> bins(lanes * stride);
   auto flush = [&] {
     for (std::size_t l = 0; l < lanes; ++l)
       for (int k = 0; k < key_count; ++k) {
-        lane_bin& b = bins[l * key_count + std::size_t(k)];
+        lane_bin& b = bins[l * stride + std::size_t(k)];
         s.count[k] += b.packed >> sum_bits;
         s.mantissa_sum[k] += b.packed & (one_count - 1);
         if (track_range) {
@@ -73,18 +77,19 @@ void accumulate_with(delta_stats& s, std::size_t n, bool track_range, Fill fill)
         b = lane_bin{};
       }
   };
-  lane_bin* const t0 = bins.data();
-  lane_bin* const t1 = t0 + key_count;
-  lane_bin* const t2 = t1 + key_count;
-  lane_bin* const t3 = t2 + key_count;
   auto run = [&]<bool Range>(std::size_t start, std::size_t end) {
     auto update = [&](lane_bin* table, std::uint32_t d) {
       lane_bin& b = table[d >> 23];
       const std::uint32_t m = d & 0x7fffffu;
       b.packed += one_count + m;
       if constexpr (Range) {
-        b.min = std::min(b.min, m);
-        b.max = std::max(b.max, m);
+        // Branches, not min/max: after a bin's first few members a new extreme is rare, and a
+        // predicted branch keeps the extremes out of each element's stores (with the padding
+        // above, 1.1-1.2 ns an element instead of 1.4-1.5 on the 2-core AMD EPYC VM).
+        if (m < b.min) [[unlikely]]
+          b.min = m;
+        if (m > b.max) [[unlikely]]
+          b.max = m;
       }
     };
     // The deltas of a block first (eight at a time where fill() is vectorised), then the bins.
@@ -94,13 +99,9 @@ void accumulate_with(delta_stats& s, std::size_t n, bool track_range, Fill fill)
       const std::size_t m = std::min(block, end - at);
       fill(at, m, d);
       std::size_t j = 0;
-      for (; j + lanes <= m; j += lanes) {
-        update(t0, d[j]);
-        update(t1, d[j + 1]);
-        update(t2, d[j + 2]);
-        update(t3, d[j + 3]);
-      }
-      for (; j < m; ++j) update(t0, d[j]);
+      for (; j + lanes <= m; j += lanes)
+        for (std::size_t l = 0; l < lanes; ++l) update(bins.data() + l * stride, d[j + l]);
+      for (; j < m; ++j) update(bins.data(), d[j]);
     }
   };
   for (std::size_t start = 0; start < n; start += flush_every) {
