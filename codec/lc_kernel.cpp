@@ -121,6 +121,8 @@ void encode_f32_avx2(const float* cur, const float* base, std::size_t n, const q
     ++ns;
   }
   const bool gather = ns > 15;
+  const __m256 rep_lo = _mm256_loadu_ps(q.rep.data()), rep_hi = _mm256_loadu_ps(q.rep.data() + 8);
+  const bool sixteen = q.bits == 4;
   const __m256i exp_mask = _mm256_set1_epi32(0x7f800000);
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   const __m256 one = _mm256_set1_ps(1.0f);
@@ -152,8 +154,13 @@ void encode_f32_avx2(const float* cur, const float* base, std::size_t n, const q
         rv = _mm256_blendv_ps(rv, _mm256_set1_ps(q.rep[sj]), m);
       }
     } else if (gather) {
+      // key -> symbol by a gather; symbol -> representative by a register permute (two for
+      // 16 symbols, as the decoder's), not a second gather. rep[0] is the identity.
       s = _mm256_i32gather_epi32(sym_of_key, key, 4);
-      rv = _mm256_i32gather_ps(q.rep.data(), s, 4);  // rep[0] is the identity
+      rv = _mm256_permutevar8x32_ps(rep_lo, s);
+      if (sixteen)
+        rv = _mm256_blendv_ps(rv, _mm256_permutevar8x32_ps(rep_hi, s),
+                              _mm256_castsi256_ps(_mm256_slli_epi32(s, 28)));
     } else {
       for (int j = 0; j < ns; ++j) {
         const __m256i m = _mm256_cmpeq_epi32(key, _mm256_set1_epi32(keys[j]));

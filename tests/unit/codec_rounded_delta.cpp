@@ -236,42 +236,47 @@ TEST_CASE("rounded deltas: the vector encoder agrees with the scalar one element
         set_f32(cur, dtype::f32, i, c);
       }
       const delta_input in{dtype::f32, cur, base};
-      const auto q =
-          plan_tables(std::span(&in, 1), 3, representative::mean, bucket_scope::tensor, ratio)[0];
-      REQUIRE((q.kind == delta_kind::ratio) == ratio);
-      auto recon = tensor(dtype::f32, n), one_recon = tensor(dtype::f32, n);
-      std::vector<std::uint8_t> symbols(n + 8), one_symbols(n + 8);
-      std::vector<std::uint32_t> escapes, one_escapes, e;
-      lc_encode_symbols(dtype::f32, cur.data(), base.data(), n, q, keep, recon.data(),
-                        symbols.data(), escapes);
-      for (std::size_t i = 0; i < n; ++i) {
-        e.clear();
-        lc_encode_symbols(dtype::f32, cur.data() + 4 * i, base.data() + 4 * i, 1, q, keep,
-                          one_recon.data() + 4 * i, one_symbols.data() + i, e);
-        if (!e.empty()) one_escapes.push_back(std::uint32_t(i));
+      // 1, 3 and 4 bits: a ratio table maps more than 15 keys here, so the vector path looks
+      // symbols up by a gather and representatives by one permute, or two for 16 symbols.
+      for (int bits : {1, 3, 4}) {
+        const auto q = plan_tables(std::span(&in, 1), bits, representative::mean,
+                                   bucket_scope::tensor, ratio)[0];
+        REQUIRE((q.kind == delta_kind::ratio) == ratio);
+        auto recon = tensor(dtype::f32, n), one_recon = tensor(dtype::f32, n);
+        std::vector<std::uint8_t> symbols(n + 8), one_symbols(n + 8);
+        std::vector<std::uint32_t> escapes, one_escapes, e;
+        lc_encode_symbols(dtype::f32, cur.data(), base.data(), n, q, keep, recon.data(),
+                          symbols.data(), escapes);
+        for (std::size_t i = 0; i < n; ++i) {
+          e.clear();
+          lc_encode_symbols(dtype::f32, cur.data() + 4 * i, base.data() + 4 * i, 1, q, keep,
+                            one_recon.data() + 4 * i, one_symbols.data() + i, e);
+          if (!e.empty()) one_escapes.push_back(std::uint32_t(i));
+        }
+        INFO("keep " << keep << " ratio " << ratio << " bits " << bits);
+        CHECK(std::memcmp(recon.data(), one_recon.data(), recon.size()) == 0);
+        CHECK(
+            std::equal(symbols.begin(), symbols.begin() + std::ptrdiff_t(n), one_symbols.begin()));
+        CHECK(escapes == one_escapes);
+        std::size_t specials_in = 0;
+        for (std::size_t i = 0; i < n; ++i)
+          specials_in += !std::isfinite(get_f32(cur, dtype::f32, i)) ||
+                         !std::isfinite(get_f32(base, dtype::f32, i));
+        CHECK(specials_in > n / 40);
+        // Every element whose delta is not finite is an escape, in both paths (for ratios
+        // c == b == inf is a zero change, not an escape).
+        std::size_t nonfinite = 0;
+        for (std::size_t i = 0; i < n; ++i) {
+          const float c = get_f32(cur, dtype::f32, i), b = get_f32(base, dtype::f32, i);
+          const float d = ratio ? (c == b ? 0.0f : c / b - 1.0f) : c - b;
+          if (std::isfinite(d)) continue;
+          ++nonfinite;
+          INFO("element " << i << ": " << c << " against " << b);
+          CHECK(std::binary_search(escapes.begin(), escapes.end(), std::uint32_t(i)));
+        }
+        CHECK(nonfinite > n / 80);
+        if (keep) CHECK(rounded(dtype::f32, recon, keep) == recon);
       }
-      INFO("keep " << keep << " ratio " << ratio);
-      CHECK(std::memcmp(recon.data(), one_recon.data(), recon.size()) == 0);
-      CHECK(std::equal(symbols.begin(), symbols.begin() + std::ptrdiff_t(n), one_symbols.begin()));
-      CHECK(escapes == one_escapes);
-      std::size_t specials_in = 0;
-      for (std::size_t i = 0; i < n; ++i)
-        specials_in += !std::isfinite(get_f32(cur, dtype::f32, i)) ||
-                       !std::isfinite(get_f32(base, dtype::f32, i));
-      CHECK(specials_in > n / 40);
-      // Every element whose delta is not finite is an escape, in both paths (for ratios
-      // c == b == inf is a zero change, not an escape).
-      std::size_t nonfinite = 0;
-      for (std::size_t i = 0; i < n; ++i) {
-        const float c = get_f32(cur, dtype::f32, i), b = get_f32(base, dtype::f32, i);
-        const float d = ratio ? (c == b ? 0.0f : c / b - 1.0f) : c - b;
-        if (std::isfinite(d)) continue;
-        ++nonfinite;
-        INFO("element " << i << ": " << c << " against " << b);
-        CHECK(std::binary_search(escapes.begin(), escapes.end(), std::uint32_t(i)));
-      }
-      CHECK(nonfinite > n / 80);
-      if (keep) CHECK(rounded(dtype::f32, recon, keep) == recon);
     }
   }
 }
