@@ -101,8 +101,8 @@ void print_text(const nlohmann::json& r) {
                 human_bytes(jnum(heads, "min_bytes")).c_str());
   if (jbool(heads, "enabled") && (ju64(heads, "retirements") || ju64(heads, "retire_refused")))
     std::printf(
-        "          %llu saves freed their base's image behind them (%s left now), %llu "
-        "kept it whole (being published, or open)\n",
+        "          %llu saves freed their base's image behind them (%s left now),\n"
+        "          %llu kept it whole (being published, or open)\n",
         static_cast<unsigned long long>(ju64(heads, "retirements")),
         human_bytes(jnum(heads, "retired_disk_bytes")).c_str(),
         static_cast<unsigned long long>(ju64(heads, "retire_refused")));
