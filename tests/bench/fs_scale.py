@@ -40,7 +40,9 @@ Concurrent writers: --writers processes, each with its own state of --shard-gib,
 ckpt_rankR/step_K.pt (one lineage per rank) at the same moment, released by a barrier, for
 --writer-steps steps, mount and plain directory in turn (the plain side keeps two versions per
 rank). Per step: wall time from the release to the last fsync, the daemon's peak RSS and
-scratch files; then whether every version after the first of each rank is a delta on its own
+scratch files, and what bound the step: the share of the machine's CPU time busy and in iowait
+(/proc/stat, both sides), the daemon's CPU seconds and the bytes it read from and wrote to the
+disk (/proc/PID/io); then whether every version after the first of each rank is a delta on its own
 rank's previous version (`ckptctl stat --json`), and store bytes. Then every rank restores its
 newest version at once, as after a failure: --repeats rounds, each from a fresh daemon (a
 remount, the page cache dropped) and from the plain directory (the page cache dropped), the
@@ -787,23 +789,51 @@ def release_ranks(args, barrier, results, procs):
     return got, max(x["end"] for x in got) - min([release] + [x["start"] for x in got])
 
 
+def machine_cpu():
+    """(busy, iowait, total) jiffies of all CPUs since boot (/proc/stat's first line)."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    idle, iowait = v[3], v[4]
+    return sum(v) - idle - iowait, iowait, sum(v)
+
+
+def proc_io(pid):
+    """(read_bytes, write_bytes) a process caused to be read from and written to storage."""
+    with open(f"/proc/{pid}/io") as f:
+        kv = dict(line.split(": ") for line in f.read().splitlines())
+    return int(kv["read_bytes"]), int(kv["write_bytes"])
+
+
 def writers_step(step, side, args, proc, sampler, barrier, results, procs, plain):
-    """Releases the ranks for one step on one side and waits for every rank's fsync."""
+    """Releases the ranks for one step on one side and waits for every rank's fsync. Records,
+    besides the wall time, what bound it: the share of the machine's CPU time busy and waiting
+    for I/O over the step, and for the mount the daemon's CPU seconds and disk bytes."""
     if side == "mount":
         reset_peak_rss(proc.pid)
         sampler.reset()
+        cpu0, io0 = cpu_seconds(proc.pid), proc_io(proc.pid)
+    m0 = machine_cpu()
     got, wall = release_ranks(args, barrier, results, procs)
+    m1 = machine_cpu()
+    total = max(1, m1[2] - m0[2])
     rec = {"step": step, "side": side, "ranks": got, "wall_s": wall,
-           "bytes": sum(x["bytes"] for x in got)}
+           "bytes": sum(x["bytes"] for x in got),
+           "cpu_busy": (m1[0] - m0[0]) / total, "cpu_iowait": (m1[1] - m0[1]) / total}
     if side == "mount":
         rec["daemon_peak_rss"] = peak_rss(proc.pid)
+        rec["daemon_cpu_s"] = cpu_seconds(proc.pid) - cpu0
+        io1 = proc_io(proc.pid)
+        rec["daemon_read"], rec["daemon_written"] = io1[0] - io0[0], io1[1] - io0[1]
         rec.update(sampler.window())
     elif step > 2:  # the plain side keeps two versions per rank on disk
         for rank in range(args.writers):
             remove_version(os.path.join(plain, f"ckpt_rank{rank}"), args.layout, step - 2, rank)
-    print(f"  step {step} {side:5s} {rec['wall_s']:.2f} s"
-          + (f", daemon peak RSS {rec['daemon_peak_rss'] / GiB:.2f} GiB" if side == "mount"
-             else ""), flush=True)
+    print(f"  step {step} {side:5s} {rec['wall_s']:.2f} s, CPU busy {rec['cpu_busy']:.0%}, "
+          f"iowait {rec['cpu_iowait']:.0%}"
+          + (f", daemon CPU {rec['daemon_cpu_s']:.1f} s, read "
+             f"{rec['daemon_read'] / GiB:.2f} GiB, wrote {rec['daemon_written'] / GiB:.2f} GiB, "
+             f"peak RSS {rec['daemon_peak_rss'] / GiB:.2f} GiB" if side == "mount" else ""),
+          flush=True)
     return rec
 
 
@@ -920,7 +950,12 @@ def summarise_writers(r, args, cfg):
                        "ratio": m["wall_s"] / plain[m["step"]]["wall_s"],
                        "daemon_peak_rss": m["daemon_peak_rss"],
                        "scratch_peak": m["sampled_peak_scratch"],
-                       "disk_used_peak": m["disk_used_peak"]} for m in mount]}
+                       "disk_used_peak": m["disk_used_peak"],
+                       "daemon_cpu_s": m["daemon_cpu_s"],
+                       "daemon_read": m["daemon_read"], "daemon_written": m["daemon_written"],
+                       "cpu_busy": m["cpu_busy"], "cpu_iowait": m["cpu_iowait"],
+                       "plain_cpu_busy": plain[m["step"]]["cpu_busy"],
+                       "plain_cpu_iowait": plain[m["step"]]["cpu_iowait"]} for m in mount]}
     s["daemon_peak_rss"] = max([r["daemon_start_rss"]] + [m["daemon_peak_rss"] for m in mount])
     s["budget"] = cfg["budget"]
     s["within_budget"] = s["daemon_peak_rss"] <= cfg["budget"]
@@ -969,6 +1004,15 @@ def print_writers(r, cfg):
     for x in s["per_step"]:
         print(f"   {x['step']:<6d}{x['mount_s']:9.2f}{x['plain_s']:9.2f}{x['ratio']:13.2f}"
               f"{x['daemon_peak_rss'] / GiB:13.2f} GiB{x['scratch_peak'] / GiB:10.2f} GiB")
+    print("   what bound each step: the machine's CPU time busy and in iowait over the step, the "
+          "daemon's CPU and disk bytes")
+    print(f"   {'step':6s}{'mount busy/iowait':>19s}{'plain busy/iowait':>19s}{'daemon CPU':>12s}"
+          f"{'daemon read':>13s}{'daemon wrote':>14s}")
+    for x in s["per_step"]:
+        print(f"   {x['step']:<6d}{x['cpu_busy']:>12.0%} /{x['cpu_iowait']:>4.0%}"
+              f"{x['plain_cpu_busy']:>12.0%} /{x['plain_cpu_iowait']:>4.0%}"
+              f"{x['daemon_cpu_s']:10.1f} s{x['daemon_read'] / GiB:9.2f} GiB"
+              f"{x['daemon_written'] / GiB:10.2f} GiB")
     print(f"   daemon peak RSS {s['daemon_peak_rss'] / GiB:.2f} GiB (sampled anonymous "
           f"{r['sampled_peak_rss_anon'] / GiB:.2f} GiB); budget {s['budget'] / GiB:.2f} GiB: "
           + ("within" if s["within_budget"] else "OVER"))
