@@ -34,8 +34,8 @@ TEST_CASE("closed loop: errors are per-version and never accumulate", "[closed-l
           u[i] = get_f32(cur, t, i);  // the true state as the dtype stores it
         }
         const delta_input in{t, cur, recon_prev};
-        const auto q = plan_tables(std::span(&in, 1), bits, representative::mean,
-                                   bucket_scope::tensor)[0];
+        const auto q =
+            plan_tables(std::span(&in, 1), bits, representative::mean, bucket_scope::tensor)[0];
         auto recon = tensor(t, n), decoded = tensor(t, n);
         const auto frame = encode_delta(in, q, {bits, 0}, recon);
         decode(frame, recon_prev, decoded);
