@@ -51,8 +51,19 @@ TEST_CASE("exact coding keeps every special value bit for bit", "[edge]") {
         const float f = sp[i % sp.size()];
         std::memcpy(data.data() + 4 * i, &f, 4);
       } else {
-        const std::uint16_t pat[] = {0x0000, 0x8000, 0x0001, 0x8001, 0x7c00, 0xfc00, 0x7e01,
-                                     0x7d55, 0xff81, 0x7f80, 0x7bff, 0x3c00, std::uint16_t(rng())};
+        const std::uint16_t pat[] = {0x0000,
+                                     0x8000,
+                                     0x0001,
+                                     0x8001,
+                                     0x7c00,
+                                     0xfc00,
+                                     0x7e01,
+                                     0x7d55,
+                                     0xff81,
+                                     0x7f80,
+                                     0x7bff,
+                                     0x3c00,
+                                     std::uint16_t(rng())};
         std::memcpy(data.data() + 2 * i, &pat[i % 13], 2);
       }
     }
@@ -74,7 +85,8 @@ TEST_CASE("lossy coding: specials exact via escapes, finite stays finite", "[edg
     }
   for (int bits = 1; bits <= 4; ++bits) {
     const delta_input in{dtype::f32, cur, base};
-    const auto q = plan_tables(std::span(&in, 1), bits, representative::mean, bucket_scope::tensor)[0];
+    const auto q =
+        plan_tables(std::span(&in, 1), bits, representative::mean, bucket_scope::tensor)[0];
     auto recon = tensor(dtype::f32, n), out = tensor(dtype::f32, n);
     decode(encode_delta(in, q, {bits, 0}, recon), base, out);
     REQUIRE(out == recon);
@@ -99,7 +111,8 @@ TEST_CASE("all-zero deltas and constant tensors cost almost nothing and are exac
     const std::size_t n = 1 << 18;
     auto p = random_pair(t, n, 4);
     const delta_input same{t, p.base, p.base};
-    const auto q = plan_tables(std::span(&same, 1), 2, representative::mean, bucket_scope::tensor)[0];
+    const auto q =
+        plan_tables(std::span(&same, 1), 2, representative::mean, bucket_scope::tensor)[0];
     auto recon = tensor(t, n), out = tensor(t, n);
     const auto frame = encode_delta(same, q, {2, 0}, recon);
     REQUIRE(recon == p.base);
@@ -121,7 +134,8 @@ TEST_CASE("signed zeros and denormal deltas stay within the bound", "[edge]") {
   auto base = tensor(dtype::f32, n), cur = tensor(dtype::f32, n);
   for (std::size_t i = 0; i < n; ++i) {
     set_f32(base, dtype::f32, i, i % 2 ? 0.0f : -0.0f);
-    set_f32(cur, dtype::f32, i, i % 3 ? -0.0f : std::numeric_limits<float>::denorm_min() * float(i));
+    set_f32(cur, dtype::f32, i,
+            i % 3 ? -0.0f : std::numeric_limits<float>::denorm_min() * float(i));
   }
   const delta_input in{dtype::f32, cur, base};
   const auto q = plan_tables(std::span(&in, 1), 3, representative::mean, bucket_scope::tensor)[0];

@@ -37,8 +37,8 @@ TEST_CASE("lossy round trip: every dtype, bits, group, representative and size",
                           << " rep=" << name(rep));
             const auto q = plan_tables(std::span(&in, 1), bits, rep, bucket_scope::tensor)[0];
             auto recon = tensor(t, n), out = tensor(t, n);
-            const lossy_params lp{bits, k, rep, k == 1 ? entropy_policy::huffman_only
-                                                       : entropy_policy::best};
+            const lossy_params lp{bits, k, rep,
+                                  k == 1 ? entropy_policy::huffman_only : entropy_policy::best};
             const auto frame = encode_delta(in, q, lp, recon, kSmallBlocks);
             decode(frame, p.base, out);
             REQUIRE(out == recon);

@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "codec/error.hpp"
-#include "namespace_test_util.hpp"
 #include "fs/namespace/namespace_tree.hpp"
+#include "namespace_test_util.hpp"
 
 using ckpt::fs::attr_change;
 using ckpt::fs::namespace_tree;
