@@ -790,9 +790,10 @@ def release_ranks(args, barrier, results, procs):
 
 
 def machine_cpu():
-    """(busy, iowait, total) jiffies of all CPUs since boot (/proc/stat's first line)."""
+    """(busy, iowait, total) jiffies of all CPUs since boot (/proc/stat's first line: user,
+    nice, system, idle, iowait, irq, softirq, steal; guest time is inside user already)."""
     with open("/proc/stat") as f:
-        v = [int(x) for x in f.readline().split()[1:]]
+        v = [int(x) for x in f.readline().split()[1:9]]
     idle, iowait = v[3], v[4]
     return sum(v) - idle - iowait, iowait, sum(v)
 
