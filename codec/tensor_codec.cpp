@@ -75,8 +75,9 @@ bool prefer_intra_with(std::size_t n, ToF32 at, Prefetch prefetch) {
   constexpr std::size_t stride = 251, run = 16;
   double diff = 0, value = 0;
   for (std::size_t i = 0; i < n; i += stride) {
-    // This is the first pass over a slab fresh from its writer: the runs come from memory, a
-    // kilobyte apart, and asking for the run eight ahead hides their latency.
+    // Callers look at a slab with this first (the write path: a slab fresh from its writer),
+    // so the runs come from memory, a kilobyte apart; asking for the run eight ahead hides
+    // their latency.
     if (i + 8 * stride < n) prefetch(i + 8 * stride, std::min(n, i + 8 * stride + run) - 1);
     const std::size_t end = std::min(n, i + run);
     for (std::size_t j = i; j < end; ++j) {
