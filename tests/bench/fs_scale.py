@@ -94,9 +94,9 @@ sys.path.insert(0, os.path.join(HERE, "..", "fs"))
 sys.path.insert(0, HERE)
 from ckptfs_testlib import (is_first_moment, mounted, peak_rss, reset_peak_rss,  # noqa: E402
                             stat_json, status_json)
-from fs_cold_load import cpu_seconds  # noqa: E402
 from fs_speed import drop_caches, prefault  # noqa: E402
-from scale_lib import flat_tensors, open_file_blocks, read_dcp, write_dcp  # noqa: E402
+from scale_lib import (cpu_seconds, flat_tensors, open_file_blocks, proc_io, read_dcp,  # noqa: E402
+                       write_dcp)
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -798,13 +798,6 @@ def machine_cpu():
     return sum(v) - idle - iowait, iowait, sum(v)
 
 
-def proc_io(pid):
-    """(read_bytes, write_bytes) a process caused to be read from and written to storage."""
-    with open(f"/proc/{pid}/io") as f:
-        kv = dict(line.split(": ") for line in f.read().splitlines())
-    return int(kv["read_bytes"]), int(kv["write_bytes"])
-
-
 def writers_step(step, side, args, proc, sampler, barrier, results, procs, plain):
     """Releases the ranks for one step on one side and waits for every rank's fsync. Records,
     besides the wall time, what bound it: the share of the machine's CPU time busy and waiting
@@ -824,7 +817,8 @@ def writers_step(step, side, args, proc, sampler, barrier, results, procs, plain
         rec["daemon_peak_rss"] = peak_rss(proc.pid)
         rec["daemon_cpu_s"] = cpu_seconds(proc.pid) - cpu0
         io1 = proc_io(proc.pid)
-        rec["daemon_read"], rec["daemon_written"] = io1[0] - io0[0], io1[1] - io0[1]
+        rec["daemon_read"] = io1["read_bytes"] - io0["read_bytes"]
+        rec["daemon_written"] = io1["write_bytes"] - io0["write_bytes"]
         rec.update(sampler.window())
     elif step > 2:  # the plain side keeps two versions per rank on disk
         for rank in range(args.writers):

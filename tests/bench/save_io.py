@@ -25,14 +25,13 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "fs"))
 import fs_scale  # noqa: E402
 from ckptfs_testlib import mounted  # noqa: E402
+from scale_lib import cpu_seconds, proc_io  # noqa: E402
 
 
 def daemon_counters(pid):
     """(bytes read, bytes written, CPU seconds) of the process so far."""
-    io = dict(line.split(": ") for line in open(f"/proc/{pid}/io").read().splitlines() if line)
-    stat = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    cpu = (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
-    return int(io["rchar"]), int(io["wchar"]), cpu
+    io = proc_io(pid)
+    return io["rchar"], io["wchar"], cpu_seconds(pid)
 
 
 def main():

@@ -206,6 +206,13 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def proc_io(pid):
+    """A process's I/O counters so far (/proc/PID/io: rchar and wchar, the bytes through its
+    read/write system calls; read_bytes and write_bytes, what it caused the disk to move)."""
+    with open(f"/proc/{pid}/io") as f:
+        return {k: int(v) for k, v in (line.split(": ") for line in f.read().splitlines() if line)}
+
+
 def open_file_blocks(pid, prefixes):
     """Disk bytes allocated to the regular files process `pid` has open whose paths start with
     one of `prefixes` (unlinked ones too, which du cannot see: staging files, a dropped or
