@@ -24,12 +24,14 @@ add_test(NAME fs.mount_sh COMMAND /usr/bin/python3 ${fs_tests}/mount_sh.py ${PRO
 set_tests_properties(fs.mount_sh PROPERTIES TIMEOUT 600 RUN_SERIAL TRUE SKIP_RETURN_CODE 77)
 # Scale (issue 13): a 2 GiB checkpoint under a small memory budget, -o lossless memory over 10
 # versions, four concurrent writers, faults around streaming writes and head images, FUSE
-# passthrough. Each takes 0.5-2 minutes on a quiet 2-core machine and GiBs of memory and disk:
+# passthrough, kill -9 during rotation's background rewrites (issue 16). Each takes 0.5-2
+# minutes on a quiet 2-core machine and GiBs of memory and disk:
 # they never run at the same time as each other (RESOURCE_LOCK), and the two largest run alone
 # (RUN_SERIAL), so that their time limits hold on a loaded CI machine. The watchdog
 # (CKPTFS_TEST_DEADLINE) fires before ctest's TIMEOUT, so a hang unmounts and reports.
 foreach(spec "scale_memory 600 serial" "scale_writers 400 serial" "scale_lossless 400 shared"
-             "scale_faults 400 shared" "scale_passthrough 400 shared" "streaming 400 shared")
+             "scale_faults 400 shared" "scale_passthrough 400 shared" "streaming 400 shared"
+             "rotation_crash 300 shared")
   separate_arguments(spec)
   list(GET spec 0 name)
   list(GET spec 1 timeout)
