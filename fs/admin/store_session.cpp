@@ -3,6 +3,7 @@
 
 #include <boost/filesystem/operations.hpp>
 #include <cerrno>
+#include <cstdio>
 #include <fstream>
 #include <string>
 
@@ -92,6 +93,35 @@ store_session::store_session(const bf::path& store_dir, const store_session_opti
   fs_->replay_done();
   if (unknown_)
     log_error("journal: " + std::to_string(unknown_) + " records of unknown type ignored");
+  const auto& tail = journal_->tail();
+  if (tail.bytes)
+    log_error("journal: " + std::to_string(tail.bytes) + " bytes after offset " +
+              std::to_string(tail.offset) +
+              " were not intact records and were dropped (a write torn by a crash of the "
+              "machine, or damage)" +
+              (tail.kept.empty() ? std::string(": all zeros") : "; kept in " + tail.kept));
+  if (opt.sweep_unrecorded) sweep_unrecorded(unknown_ == 0 && tail.bytes == 0);
+}
+
+void store_session::sweep_unrecorded(bool journal_whole) {
+  // An object is written, then recorded; a crash between the two leaves an object no version
+  // names (a checkpoint closed without fsync, killed before the journal's next sync: up to a
+  // whole keyframe). With every record understood and none dropped, nothing can name it: it
+  // goes now rather than wait for `ckptctl gc`. Otherwise a record that names it may be in the
+  // dropped tail, or be of a kind this build does not read: kept for gc, which a person runs.
+  const auto [count, bytes] = content_->collect_garbage(!journal_whole);
+  if (!count) return;
+  char size[32];
+  std::snprintf(size, sizeof size, "%.1f MiB", double(bytes) / (1 << 20));
+  const std::string objects = std::to_string(count) + (count == 1 ? " object (" : " objects (");
+  if (journal_whole)
+    log_info("removed " + objects + size +
+             ") no version records: written just before a crash, their records never synced");
+  else
+    log_error("kept " + objects + size +
+              ") no version records, as the journal was not whole (see above): `ckptctl gc` "
+              "removes them");
+  unrecorded_ = {count, bytes, journal_whole};
 }
 
 store_session::~store_session() {

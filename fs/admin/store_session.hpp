@@ -40,6 +40,11 @@ struct store_session_options {
   // already be a store (is_store_dir), else ckpt::io_error(ENOENT) — a typo must not create an
   // empty store.
   bool create = true;
+  // true (the daemon): after the replay, objects no version records (written just before a
+  // crash, their records never synced) are removed, when the journal was whole and every record
+  // understood; else counted and logged for `ckptctl gc`. Tools leave them to gc (an offline
+  // `ls` or `verify` changes nothing a person may want to look at).
+  bool sweep_unrecorded = false;
 };
 
 // True when `dir` looks like a ckptfs store: it has a `journal` file and an `objects/` directory.
@@ -69,6 +74,13 @@ class store_session {
   // Replay statistics, for the daemon's log.
   std::uint64_t replayed_records() const { return records_; }
   std::uint64_t unknown_records() const { return unknown_; }
+  // What the sweep of unrecorded objects found (store_session_options::sweep_unrecorded):
+  // `removed` false when they were only counted (the journal not whole).
+  struct unrecorded {
+    std::uint64_t objects = 0, bytes = 0;
+    bool removed = false;
+  };
+  const unrecorded& unrecorded_objects() const { return unrecorded_; }
 
  private:
   boost::filesystem::path dir_;
@@ -81,6 +93,8 @@ class store_session {
   std::optional<content_store> content_;
   std::optional<filesystem> fs_;
   std::uint64_t records_ = 0, unknown_ = 0;
+  unrecorded unrecorded_;
+  void sweep_unrecorded(bool journal_whole);
 };
 
 }  // namespace ckpt::fs::admin

@@ -134,6 +134,7 @@ int serve(const fuse::daemon_options& opt, const std::string& program, parent_li
   so.rewrite_factor = opt.reclaim;
   so.stream_after = opt.stream ? fuse::kStreamAfter : 0;
   so.create = true;
+  so.sweep_unrecorded = true;
   // Tests: snapshot the journal early and often (default 64 MiB).
   if (const char* c = std::getenv("CKPTFS_COMPACT_BYTES"))
     so.compact_bytes = fuse::parse_size(c, "CKPTFS_COMPACT_BYTES");

@@ -9,8 +9,10 @@
 #include "fs/store/journal.hpp"
 
 #include <sys/stat.h>
+#include <ctime>
 #include "codec/xxh3.hpp"
 
+#include <algorithm>
 #include <array>
 #include <string>
 
@@ -154,7 +156,18 @@ void journal::replay(const std::function<void(std::span<const std::byte>)>& appl
   }
   if (pos < data.size()) {
     // Drop the torn/damaged tail so that new records follow the last good one; make the cut
-    // durable before anything is appended after it.
+    // durable before anything is appended after it. Bytes that are not all zero are kept aside
+    // first (JOURNAL.tail-<offset>, durable before the cut): a damaged record in the middle
+    // cuts every record after it, and whatever they recorded can still be looked at.
+    const std::span<const std::byte> tail(data.data() + pos, data.size() - pos);
+    tail_ = {pos, tail.size(), {}};
+    if (std::any_of(tail.begin(), tail.end(), [](std::byte b) { return b != std::byte{0}; })) {
+      const boost::filesystem::path kept =
+          file_.string() + ".tail-" + std::to_string(pos) + "-" + std::to_string(::time(nullptr));
+      bool renamed = false;
+      write_atomically(kept, tail, renamed);
+      tail_.kept = kept.string();
+    }
     if (::ftruncate(fd_, static_cast<off_t>(pos)) != 0)
       throw_errno(errno, "truncate journal " + file_.string());
     if (::fsync(fd_) != 0) throw_errno(errno, "fsync journal " + file_.string());

@@ -10,6 +10,7 @@
 #include <functional>
 #include <mutex>
 #include <span>
+#include <string>
 #include <vector>
 
 namespace ckpt::store {
@@ -24,6 +25,19 @@ class journal {
   // Calls `apply` for every intact record in order, then drops any torn or damaged tail so that
   // new records follow the last good one. Must be called once, before the first append().
   void replay(const std::function<void(std::span<const std::byte>)>& apply);
+
+  // What replay() dropped: `bytes` after the last intact record at `offset` (0 bytes: nothing,
+  // the journal was whole). A tail a crash tore while it was being written, or records after a
+  // damaged one: replay cannot tell them apart, so what is not all zeros is first kept, durably,
+  // in the file `kept` (JOURNAL.tail-<offset>-<unix time>; empty when nothing was kept). Whoever
+  // opened the store decides what to say and what not to do (store_session: no sweep of unrecorded
+  // objects, whose records may be in that tail).
+  struct dropped_tail {
+    std::uint64_t offset = 0;
+    std::uint64_t bytes = 0;
+    std::string kept;
+  };
+  const dropped_tail& tail() const noexcept { return tail_; }
 
   // Appends a record (buffered). Thread-safe; records keep the order of the calls.
   void append(std::span<const std::byte> record);
@@ -70,6 +84,7 @@ class journal {
   std::uint64_t end_ = 0;           // file size once pending_ is written
   bool replayed_ = false;
   bool failed_ = false;
+  dropped_tail tail_;
 };
 
 }  // namespace ckpt::store

@@ -31,13 +31,9 @@ sys.path.insert(0, os.path.join(HERE, "..", "fs"))
 import fs_scale  # noqa: E402
 from ckptfs_testlib import mounted  # noqa: E402
 from fs_speed import drop_caches  # noqa: E402
+from scale_lib import cpu_seconds  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
-
-
-def process_cpu(pid):
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
 
 
 def machine_cpu():
@@ -47,13 +43,13 @@ def machine_cpu():
 
 
 def timed_load(path, pid=None):
-    c0 = process_cpu(pid) if pid else 0.0
+    c0 = cpu_seconds(pid) if pid else 0.0
     m0 = machine_cpu()
     t = time.perf_counter()
     fs_scale.load(path)
     seconds = time.perf_counter() - t
     m1 = machine_cpu()
-    return {"s": seconds, "daemon_cpu": (process_cpu(pid) - c0) if pid else 0.0,
+    return {"s": seconds, "daemon_cpu": (cpu_seconds(pid) - c0) if pid else 0.0,
             "busy": m1[0] - m0[0], "iowait": m1[1] - m0[1]}
 
 

@@ -52,6 +52,7 @@ import fs_scale  # noqa: E402
 from ckptfs_testlib import (mounted, peak_rss, reset_peak_rss, rotate_checkpoints,  # noqa: E402
                             settle_rotation)
 from fs_speed import drop_caches  # noqa: E402
+from scale_lib import proc_io  # noqa: E402
 
 GiB = 2**30
 MiB = 2**20
@@ -82,11 +83,7 @@ def load_checkpoint(root, step):
 
 def disk_writes(pid):
     """Bytes a process has caused to be written to storage (/proc/PID/io write_bytes)."""
-    with open(f"/proc/{pid}/io") as f:
-        for line in f:
-            if line.startswith("write_bytes:"):
-                return int(line.split()[1])
-    return 0
+    return proc_io(pid)["write_bytes"]
 
 
 def allocated(path):

@@ -22,7 +22,6 @@ import shutil
 import statistics
 import sys
 import tempfile
-import time
 
 import torch
 

@@ -15,7 +15,6 @@ import hashlib
 import multiprocessing
 import os
 import random
-import stat
 import sys
 import tempfile
 import time

@@ -20,7 +20,8 @@ run; each mounts fresh stores under a temporary directory and always unmounts.
   verify_damage   verify (live and offline, plain and --deep) is clean on a good store; a flipped
                   bit, a truncated object and a missing object are each found, named by path
                   (dependents included, the other lineage not), exit 1; an orphan object is not
-                  damage, and gc removes it.
+                  damage: offline tools leave it to gc, the daemon removes it when it opens the
+                  store (not when the journal's tail was dropped: then it stays for gc).
   concurrent      a training process keeps saving new versions through the mount while prune,
                   gc and verify run over and over: no error, no lost version, everything reads
                   back as it did right after it was written.
@@ -56,7 +57,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ckptfs_testlib import _live, du, require_fuse, sha256  # noqa: E402
+from ckptfs_testlib import _live, daemon_log, du, require_fuse, sha256  # noqa: E402
 from ckptfs_testlib import mounted as mounted_with_rotation  # noqa: E402
 from retention_lib import (LINEAGES, Ctl, Trainer, all_versions, check_prune,  # noqa: E402
                            copy_store, expected_kept, generate, lineage_of, live_versions,
@@ -349,26 +350,41 @@ def scenario_verify_damage(ckptfs, ctl, tmp):
     print(f"verify: missing objects found: {sorted(names)}", flush=True)
 
     # An orphan object (as a crash between writing an object and its record leaves): not
-    # damage; gc removes it, and only it.
+    # damage. Offline tools leave it (verify counts it, gc removes it); the daemon removes it
+    # when it opens the store, and only it.
     store = f"{tmp}/orphan"
     copy_store(base, store)
+    orphan = os.path.join(store, "objects", "00000000000fffff.obj")
     some = os.path.join(store, "objects", record["object"]["run_a/step_001.pt"])
-    shutil.copyfile(some, os.path.join(store, "objects", "00000000000fffff.obj"))
+    shutil.copyfile(some, orphan)
     r = ctl.json("verify", store)
     assert r["ok"] and r["unreferenced_objects"] >= 1, r
     r = ctl.json("gc", "--dry-run", store)
-    assert r["removed_objects"] >= 1 and os.path.exists(
-        os.path.join(store, "objects", "00000000000fffff.obj")), r
+    assert r["removed_objects"] >= 1 and os.path.exists(orphan), r
     with mounted(ckptfs, store, mnt):
-        r = ctl.json("gc", mnt)
-        assert r["removed_objects"] >= 1 and r["freed_bytes"] > 0, r
-        assert not os.path.exists(os.path.join(store, "objects", "00000000000fffff.obj"))
+        assert not os.path.exists(orphan), "the daemon's open left an object no version records"
+        r = ctl.json("gc", "--dry-run", mnt)
+        assert r["removed_objects"] == 0, r
         r = ctl.json("verify", "--deep", mnt)
         assert r["ok"] and r["unreferenced_objects"] == 0, r
         for p, digest in record["sha"].items():
-            assert sha256(os.path.join(mnt, p)) == digest, f"{p} changed by gc"
+            assert sha256(os.path.join(mnt, p)) == digest, f"{p} changed by the sweep"
+    with open(daemon_log(store)) as f:
+        assert "no version records" in f.read(), "the sweep was not logged"
+    # And with a journal whose tail was dropped (as damage leaves it), the daemon keeps it.
+    store = f"{tmp}/orphan-tail"
+    copy_store(base, store)
+    shutil.copyfile(some, orphan.replace(f"{tmp}/orphan/", f"{tmp}/orphan-tail/"))
+    with open(os.path.join(store, "journal"), "ab") as f:
+        f.write(b"\xab" * 20)
+    with mounted(ckptfs, store, mnt):
+        assert os.path.exists(os.path.join(store, "objects", "00000000000fffff.obj")), \
+            "an unrecorded object went although the journal's tail was dropped"
+    tails = [n for n in os.listdir(store) if n.startswith("journal.tail-")]
+    assert len(tails) == 1, os.listdir(store)
     print("verify_damage: flipped bit, truncated and missing objects named by path, exit 1; "
-          "orphans are not damage and gc reclaims them")
+          "orphans are not damage: tools leave them to gc, the daemon's open removes them "
+          "(kept when the journal's tail was dropped, the tail kept aside)")
 
 
 # ---- concurrent -------------------------------------------------------------------------------

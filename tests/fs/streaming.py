@@ -53,8 +53,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ckptfs_testlib import MIN_TENSOR, mounted, sha256, status_json  # noqa: E402
-from scale_lib import (MiB, TrainingState, check, flat_tensors, read_dcp, sample,  # noqa: E402
-                       scratch_dir, stat, write_dcp)
+from scale_lib import (MiB, TrainingState, check, flat_tensors, proc_io, read_dcp,  # noqa: E402
+                       sample, scratch_dir, stat, write_dcp)
 
 OPTS = ("head_min=16M", "cache=512M", "buffer=64M")
 
@@ -322,10 +322,7 @@ def declined(binary, ctl, work):
 
 
 def daemon_written(pid):
-    for line in open(f"/proc/{pid}/io"):
-        if line.startswith("wchar:"):
-            return int(line.split()[1])
-    raise AssertionError("no wchar in /proc/PID/io")
+    return proc_io(pid)["wchar"]
 
 
 def flow(binary, ctl, work):

@@ -1,12 +1,15 @@
 // Journal (fs/store/journal.hpp): replay order, torn tails at every byte of the last record,
-// a damaged middle record, durability of sync() across a process exit, atomic compaction (and a
-// crashed compaction's leftover), and a failed sync poisoning the journal (ENOSPC on tmpfs).
+// a damaged middle record (what replay drops is reported and kept aside), durability of sync()
+// across a process exit, atomic compaction (and a crashed compaction's leftover), and a failed sync
+// poisoning the journal (ENOSPC on tmpfs).
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <thread>
 
@@ -44,6 +47,25 @@ records sample(int n) {
 }
 
 constexpr std::uint64_t journal_header = 16, record_header = 8;
+
+std::vector<std::byte> file_bytes(const boost::filesystem::path& file) {
+  std::ifstream in(file.string(), std::ios::binary);
+  const std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto b = std::as_bytes(std::span(s.data(), s.size()));
+  return {b.begin(), b.end()};
+}
+
+std::vector<std::byte> range(const boost::filesystem::path& file, std::uint64_t from,
+                             std::uint64_t to) {
+  const auto all = file_bytes(file);
+  return {all.begin() + std::ptrdiff_t(from), all.begin() + std::ptrdiff_t(to)};
+}
+
+bool all_zero(const boost::filesystem::path& file, std::uint64_t from, std::uint64_t to) {
+  for (const std::byte b : range(file, from, to))
+    if (b != std::byte{0}) return false;
+  return true;
+}
 
 }  // namespace
 
@@ -119,6 +141,10 @@ TEST_CASE("journal: a torn tail at every byte of the last record is dropped", "[
       CHECK(replay_all(j) == prefix);
       CHECK(boost::filesystem::file_size(file) == last_start);  // truncated
       CHECK(j.size_bytes() == last_start);
+      CHECK(j.tail().offset == (cut > last_start ? last_start : 0));
+      CHECK(j.tail().bytes == cut - last_start);
+      CHECK(j.tail().kept.empty() == (cut == last_start || all_zero(good, last_start, cut)));
+      if (!j.tail().kept.empty()) CHECK(file_bytes(j.tail().kept) == range(good, last_start, cut));
       j.append(extra);
       j.sync();
     }
@@ -150,16 +176,47 @@ TEST_CASE("journal: a flipped bit in a middle record stops replay there", "[stor
     test::flip_bit(file, start5 + 5, 2);
   }
   const records prefix(rs.begin(), rs.begin() + 5);
+  const std::uint64_t size = boost::filesystem::file_size(file);
+  const std::vector<std::byte> after = range(file, start5, size);
   {
     journal j(file);
     CHECK(replay_all(j) == prefix);
     CHECK(boost::filesystem::file_size(file) == start5);
+    // Every record after the damaged one is dropped, and kept aside first, whole.
+    CHECK(j.tail().offset == start5);
+    CHECK(j.tail().bytes == size - start5);
+    REQUIRE_FALSE(j.tail().kept.empty());
+    CHECK(file_bytes(j.tail().kept) == after);
     j.append(rs[9]);
     j.sync();
   }
   records expect = prefix;
   expect.push_back(rs[9]);
   CHECK(read_journal(file) == expect);
+}
+
+TEST_CASE("journal: a tail of zeros (a block allocated, never written) is dropped, not kept",
+          "[store]") {
+  test::temp_dir tmp;
+  const auto file = tmp.path() / "journal";
+  const records rs = sample(3);
+  {
+    journal j(file);
+    replay_all(j);
+    for (auto& r : rs) j.append(r);
+    j.sync();
+  }
+  const std::uint64_t size = boost::filesystem::file_size(file);
+  {
+    std::ofstream out(file.string(), std::ios::binary | std::ios::app);
+    out << std::string(4096, '\0');
+  }
+  journal j(file);
+  CHECK(replay_all(j) == rs);
+  CHECK(j.tail().offset == size);
+  CHECK(j.tail().bytes == 4096);
+  CHECK(j.tail().kept.empty());
+  CHECK(boost::filesystem::file_size(file) == size);
 }
 
 TEST_CASE("journal: a damaged header is refused, not truncated away", "[store]") {
