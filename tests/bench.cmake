@@ -19,9 +19,10 @@ set_tests_properties(bench.fs_cold_versions_smoke PROPERTIES TIMEOUT 300 RESOURC
                      SKIP_RETURN_CODE 77)
 
 # The crash soak, short (4 kills of 96 MiB training states, about a minute): kill -9 of the
-# daemon at random moments while a torch.save writer, a DCP writer (both rotating) and an
-# ordinary file's in-place rewriter work; after each kill every acknowledged file reads back as
-# acknowledged, verify --deep is clean, gc finds nothing. tests/bench/crash_soak.py runs longer.
+# daemon at random moments while a torch.save writer, a DCP writer (both rotating), an ordinary
+# file's in-place rewriter and a last.pt saved over at every step work; after each kill every
+# acknowledged file reads back as acknowledged, verify --deep is clean, gc finds nothing (the
+# daemon's open removed what the kill left unrecorded). tests/bench/crash_soak.py runs longer.
 add_test(NAME bench.crash_soak_short
          COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/bench/crash_soak.py
                  $<TARGET_FILE:ckptfs> --ckptctl $<TARGET_FILE:ckptctl> --kills 4 --size-mib 96)

@@ -536,8 +536,12 @@ struct content_store::impl {
     // Difference slabs (which have a base) coded with codec::max_bits (base_choice::refresh).
     bool refresh = false;
     // Not optimizer state (is_optimizer_state): the weights' error allowance applies
-    // (content_options::weight_error).
+    // (content_options::weight_error). With `named`: a slab its base predicts worse than zero
+    // does is stored as a keyframe stores it, not coded as values (encode_tensor).
     bool weights = false;
+    // The role is the tensor's own name, not a DCP shard's position ("item<k>/...") that no
+    // .metadata has named yet: what it is, and so `weights`, is known.
+    bool named = true;
     // The frame reads back other than the bytes written: its reconstruction goes to the head.
     bool rewrites() const noexcept { return base_tensor || keep_bits || values; }
   };

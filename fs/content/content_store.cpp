@@ -82,6 +82,13 @@ bool is_first_moment(std::string_view name) noexcept {
   return last == "exp_avg";
 }
 
+bool is_position_name(std::string_view name) noexcept {
+  if (!name.starts_with("item")) return false;
+  std::size_t i = 4;
+  while (i < name.size() && name[i] >= '0' && name[i] <= '9') ++i;
+  return i > 4 && i < name.size() && name[i] == '/';
+}
+
 std::string tensor_class(std::string_view name) {
   const auto last_dot = name.rfind('.');
   const std::string_view last =

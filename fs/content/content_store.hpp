@@ -190,6 +190,9 @@ bool is_second_moment(std::string_view tensor_name) noexcept;
 // otherwise codes it as its values. Not SGD's momentum_buffer: coding it so cost LeNet-5
 // accuracy (measured in the recovery benchmark; why was not).
 bool is_first_moment(std::string_view tensor_name) noexcept;
+// True for a DCP shard's positional tensor name, "item<k>/..." (format::distcp's item_name):
+// it says where the tensor is in the shard, not what it is.
+bool is_position_name(std::string_view tensor_name) noexcept;
 // The class `ckptctl stat` reports fidelity by (class_fidelity): "exp_avg" or "exp_avg_sq" (the
 // last component), "optimizer (other)" for other optimizer state, else "weights".
 std::string tensor_class(std::string_view tensor_name);

@@ -159,6 +159,8 @@ content_store::impl::tensor_result content_store::impl::encode_tensor(
   // read in flight before it goes.
   std::optional<base_prefetch::lease> ahead =
       j.base_tensor && t.length > kSlabBytes ? base_ahead.try_acquire() : std::nullopt;
+  // The tensor's base, until its first slab shows the base unrelated to it (below).
+  std::optional<std::size_t> base_tensor = j.base_tensor;
   for (std::uint64_t s = 0; s < t.length; s += kSlabBytes) {
     const std::size_t n = std::size_t(std::min<std::uint64_t>(kSlabBytes, t.length - s));
     // A stream waits for the slab's bytes before it takes working memory.
@@ -173,17 +175,48 @@ content_store::impl::tensor_result content_store::impl::encode_tensor(
     if (ahead && (*ahead)->in_flight()) {  // read while the previous slab was coded
       src.read(t.offset + s, cur);
       (*ahead)->wait();
-    } else if (j.base_tensor) {
+    } else if (base_tensor) {
       // The slab and its base at once: the base is read from the disk (a published head image,
       // by direct I/O) or decoded, while the slab is copied out of the staged file.
       tbb::task_group g;
       g.run([&] {
-        read_recon_slab(base_id, *j.base_tensor, s, base, base_whole, slabs.retired.get());
+        read_recon_slab(base_id, *base_tensor, s, base, base_whole, slabs.retired.get());
       });
       src.read(t.offset + s, cur);
       g.wait();
     } else {
       src.read(t.offset + s, cur);
+    }
+    std::span<const std::byte> recon = cur;
+    slab.enc.clear();
+    // A keyframe's tensor coded as its values (j.values) is intra against zeros: no base
+    // needed to read it.
+    const codec::delta_input in{j.type, cur, j.values ? std::span(codec::zero_base(), n) : base};
+    codec::delta_kind kind = codec::delta_kind::intra;
+    // A weights' slab its base predicts worse than zero does is not a change of what the base
+    // holds: another model's tensor (a lineage's first version started from a look-alike
+    // lineage's head), a layer initialised anew, another model saved over the path. A delta's
+    // error scales with its change, so coded against that base, or as values, it would read
+    // back with an error as large as its values (59% on two unrelated 4 MiB matrices): it is
+    // stored as a keyframe stores it (`as_keyframe`), and when that is the first slab, so is the
+    // whole tensor: a frame without a base, which reads without decoding the base's chain.
+    // Adam's m (coded as values by design) and tensors whose role is unknown are still coded as
+    // values.
+    bool as_keyframe = false;
+    if (base_tensor && !j.values) {
+      kind = codec::choose_kind(in, opt.relative);
+      if (kind == codec::delta_kind::difference && codec::prefer_intra(in)) {
+        if (j.weights && j.named)
+          as_keyframe = true;
+        else if (opt.intra && !shared_tables)
+          kind = codec::delta_kind::intra;
+      }
+    }
+    if (as_keyframe && s == 0) {
+      base_tensor.reset();
+      ahead.reset();
+      f.mode = tensor_mode::lossless;
+      f.base_tensor = 0;
     }
     if (ahead && s + n < t.length) {
       // The next slab's base while this one is coded, into the buffer that held the base of
@@ -196,17 +229,7 @@ content_store::impl::tensor_result content_store::impl::encode_tensor(
         read_recon_slab(base_id, *j.base_tensor, next, into, base_whole, retired);
       });
     }
-    std::span<const std::byte> recon = cur;
-    slab.enc.clear();
-    if (j.base_tensor || j.values) {
-      // A keyframe's tensor coded as its values (j.values) is intra against zeros: no base
-      // needed to read it.
-      const codec::delta_input in{j.type, cur, j.values ? std::span(codec::zero_base(), n) : base};
-      codec::delta_kind kind =
-          j.values ? codec::delta_kind::intra : codec::choose_kind(in, opt.relative);
-      if (kind == codec::delta_kind::difference && opt.intra && !shared_tables &&
-          codec::prefer_intra(in))
-        kind = codec::delta_kind::intra;
+    if ((base_tensor || j.values) && !as_keyframe) {
       // Per slab, unless the paper's whole-checkpoint scope shares one table per kind: a table
       // for every 16 MiB of a tensor (the tensor's own for smaller ones) follows large tensors
       // whose parts move differently (DeepSpeed's flat partitions hold every layer).
@@ -236,6 +259,10 @@ content_store::impl::tensor_result content_store::impl::encode_tensor(
       f.error->merge(codec::measure_error(j.type, cur, recon));
     } else {
       codec::encode_exact_into(j.type, cur, slab.enc);
+      if (as_keyframe && base_tensor) {  // exact in a delta frame: counts in the frame's error
+        if (!f.error) f.error.emplace();
+        f.error->merge(codec::measure_error(j.type, cur, cur));
+      }
     }
     {
       // The digests on another core while this thread appends the encoding and then hands the
@@ -522,6 +549,7 @@ content_store::impl::tensor_job content_store::impl::job_for(
   j.second_moment = is_second_moment(role);
   j.first_moment = is_first_moment(role);
   j.weights = !is_optimizer_state(role);
+  j.named = !t.state_name.empty() || !is_position_name(t.name);
   const int kb = opt.keyframe_bits;
   // Second moments keep fewer bits on a lossy chain (content_options::moment_bits).
   const int keep = kb && opt.moment_bits && j.second_moment ? std::min(kb, opt.moment_bits) : kb;

@@ -13,7 +13,9 @@ through tests/fs/scale_lib.py: weights, Adam's exp_avg and exp_avg_sq; --size-mi
   dcp     the same as DCP shards, step_K/__0_0.distcp (scale_lib.write_dcp: a byte item, then a
           torch.save per tensor, smallest first), rotated the same way;
   exact   a 48 MiB ordinary file rewritten in place at random offsets (1-4 MiB of random bytes,
-          then fsync): extents, partial rewrites, exact blocks reused from the version before.
+          then fsync): extents, partial rewrites, exact blocks reused from the version before;
+  latest  one file, last.pt, saved over at every step (`torch.save(state, "last.pt")`): in place
+          (O_TRUNC) on even steps, written as last.pt.tmp and renamed over it on odd ones.
 The daemon is killed --kills times, each after a random 2-12 s of this (seeded by --seed), with
 the writers in whatever state they are. Then, on a fresh mount each time:
   - every file whose fsync returned (and whose directory's) reads back: byte-identical to what
@@ -24,14 +26,15 @@ the writers in whatever state they are. Then, on a fresh mount each time:
     then on byte-identical;
   - a file removed, or rewritten, when the kill came: the old bytes, the new ones, or (removed)
     no file; a file being saved: no file, an empty one, or (its commit done, its fsync cut
-    short) one that passes the check above;
+    short) one that passes the check above; last.pt saved over in place may also read empty
+    (the truncation of a closed file is journaled at once);
   - `ckptctl verify --deep` (the store offline) finds no damage and `ckptctl gc --dry-run` no
     garbage the daemon should have removed when it opened the store;
   - no writer saw an error before its daemon was killed.
 Then the writers go on from where they were (their next saves are deltas on what survived).
 
 A benchmark-style tool, not a timed test: its output is the number of kills survived and what
-was checked. A short run is a ctest (fs.crash_soak: 4 kills of 32 MiB states).
+was checked. A short run is a ctest (bench.crash_soak_short: 4 kills of 96 MiB states).
 
 Usage: crash_soak.py CKPTFS [--ckptctl PATH] [--kills 20] [--size-mib 128] [--keep 2]
                      [--seed 1] [--opts O,...] [--dir BASE]
@@ -183,7 +186,8 @@ class Writer:
         try:
             os.makedirs(f"{self.mnt}/{self.dir}", exist_ok=True)
             while not self.killed.is_set():
-                {"torch": self.save, "dcp": self.save, "exact": self.rewrite}[self.kind]()
+                {"torch": self.save, "dcp": self.save, "exact": self.rewrite,
+                 "latest": self.latest}[self.kind]()
                 self.ops += 1
         except OSError as e:
             if not self.killed.is_set():
@@ -233,6 +237,40 @@ class Writer:
             fsync_dir(root)
             for name in names:
                 self.ledger.drop(f"{self.dir}/{d}/{name}")
+
+    def latest(self):
+        """One file saved over and over (`torch.save(state, "last.pt")` every step): in place
+        (O_TRUNC) on even steps, on odd ones a temporary file renamed over it (safe-save)."""
+        self.k += 1
+        if self.k > 1:
+            self.state.step()
+        rel = f"{self.dir}/last.pt"
+        path = f"{self.mnt}/{rel}"
+        sd = self.state.state_dict()
+        buf = io.BytesIO()
+        torch.save(sd, buf)
+        loose = ("torch", sample(sd))
+        old = self.ledger.get(rel)
+        # Until the new bytes are acknowledged: the old ones, or the new ones (the commit done,
+        # its acknowledgement cut short); in place also empty (the truncation is journaled at
+        # once) and, for a first save, no file.
+        before = Entry(hashes=old.hashes if old else (), loose=loose, absent_ok=old is None,
+                       empty_ok=True)
+        if self.k % 2 == 0:
+            self.ledger.set(rel, before)
+            write_all(path, buf.getbuffer())
+            fsync_dir(f"{self.mnt}/{self.dir}")
+        else:
+            tmp_rel = f"{self.dir}/last.pt.tmp"
+            self.ledger.set(tmp_rel, Entry(loose=loose, absent_ok=True, empty_ok=True))
+            write_all(f"{self.mnt}/{tmp_rel}", buf.getbuffer())
+            before.empty_ok = old is None
+            self.ledger.set(rel, before)
+            os.rename(f"{self.mnt}/{tmp_rel}", path)
+            self.ledger.drop(tmp_rel)
+            fsync_dir(f"{self.mnt}/{self.dir}")
+        self.ledger.set(rel, Entry(loose=loose))
+        self.ledger.set(rel, Entry(hashes=[sha256_file(path)]))
 
     def rewrite(self):
         rel = f"{self.dir}/data.bin"
@@ -357,12 +395,12 @@ def main():
     rng = random.Random(args.seed)
     ledger = Ledger()
     writers = [Writer(kind, i, args, ledger, random.Random(args.seed * 100 + i))
-               for i, kind in enumerate(("torch", "dcp", "exact"))]
+               for i, kind in enumerate(("torch", "dcp", "exact", "latest"))]
     work = tempfile.mkdtemp(prefix="ckptfs-soak-", dir=args.dir)
     store, mnt = f"{work}/store", f"{work}/mnt"
     failures = []
     t0 = time.monotonic()
-    print(f"crash_soak: {args.kills} kills, writers torch/dcp/exact, {args.size_mib} MiB states, "
+    print(f"crash_soak: {args.kills} kills, writers torch/dcp/exact/latest, {args.size_mib} MiB states, "
           f"keep {args.keep}, seed {args.seed}, -o {args.opts or '(defaults)'}; {work}", flush=True)
     try:
         for kill_no in range(1, args.kills + 1):

@@ -281,9 +281,10 @@ TEST_CASE("a read the kernel makes away from the reader decodes one block, not i
 
 TEST_CASE("a cold read of a tensor coded as values decodes one frame, not its chain",
           "[content][chunked]") {
-  // "w" drifts (a delta on its base at every version); "m" is new at every version, so each of
-  // its deltas codes it as values (intra, every slab). Reading the newest version cold decodes
-  // w's chunks through the whole chain and m's from its own frame alone.
+  // "w" drifts (a delta on its base at every version); "m" (SGD's momentum buffer by its name:
+  // optimizer state) is new at every version, so each of its deltas codes it as values (intra,
+  // every slab). Reading the newest version cold decodes w's chunks through the whole chain and
+  // m's from its own frame alone.
   temp_dir d;
   fs::content_options opt;
   opt.keyframe_interval = 100;
@@ -298,8 +299,9 @@ TEST_CASE("a cold read of a tensor coded as values decodes one frame, not its ch
   for (int v = 0; v < 4; ++v) {
     w.step(rng);
     for (auto& x : m) x = (coin(rng) ? 1.0f : -1.0f) * mag(rng);
-    refs.push_back(s.content.put("run/step_" + std::to_string(v) + ".safetensors",
-                                 format::memory_source(safetensors({{"m", m}, {"w", w.values}}))));
+    refs.push_back(s.content.put(
+        "run/step_" + std::to_string(v) + ".safetensors",
+        format::memory_source(safetensors({{"state.0.momentum_buffer", m}, {"w", w.values}}))));
     served.push_back(read_all(s.content, refs.back()));
   }
   const auto detail = s.content.detail(refs[3]);
