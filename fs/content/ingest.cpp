@@ -353,15 +353,33 @@ content_store::impl::base_choice content_store::impl::choose_base(std::uint64_t 
   c.since = m.deltas_since_keyframe(c.base);
   if (!l.head) {
     // A lineage's first version: content matching another lineage (a renamed run, temp files
-    // with random names, a step directory written under a temporary name) starts from the most
-    // recently extended matching head instead of a keyframe; never from another rank's or
-    // shard's (their rows differ: a delta against them would be a lossy first version).
+    // with random names, a step directory written under a temporary name) starts from a
+    // matching head instead of a keyframe; never from another rank's or shard's (their rows
+    // differ: a delta against them would be a lossy first version). Of several, the one whose
+    // path shares the most leading components with this one (`last.pt.tmp` beside `last.pt`,
+    // rather than another run of the same model saved a moment later elsewhere: its weights
+    // would be stored as a keyframe's, encode_tensor), then the most recently extended.
     const std::string ranks = lineage_rank_tokens(l.path_key);
+    const auto shared = [&](const std::string& key) {
+      std::size_t n = 0, i = 0;
+      while (i < key.size() && i < l.path_key.size() && key[i] == l.path_key[i]) {
+        if (key[i] == '/') ++n;
+        ++i;
+      }
+      return n;
+    };
     const lineage_rec* donor = nullptr;
-    for (const auto& [lid, o] : m.lineages)
-      if (lid != lineage_id && o.signature == l.signature && o.head && m.versions.count(o.head) &&
-          lineage_rank_tokens(o.path_key) == ranks && (!donor || o.head > donor->head))
+    std::size_t donor_shared = 0;
+    for (const auto& [lid, o] : m.lineages) {
+      if (lid == lineage_id || o.signature != l.signature || !o.head || !m.versions.count(o.head) ||
+          lineage_rank_tokens(o.path_key) != ranks)
+        continue;
+      const std::size_t n = shared(o.path_key);
+      if (!donor || n > donor_shared || (n == donor_shared && o.head > donor->head)) {
         donor = &o;
+        donor_shared = n;
+      }
+    }
     if (donor) {
       c.base = donor->head;
       c.since = m.deltas_since_keyframe(c.base);

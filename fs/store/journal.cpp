@@ -157,7 +157,7 @@ void journal::replay(const std::function<void(std::span<const std::byte>)>& appl
   if (pos < data.size()) {
     // Drop the torn/damaged tail so that new records follow the last good one; make the cut
     // durable before anything is appended after it. Bytes that are not all zero are kept aside
-    // first (JOURNAL.tail-<offset>, durable before the cut): a damaged record in the middle
+    // first (JOURNAL.tail-<offset>-<time>, durable before the cut): a damaged record in the middle
     // cuts every record after it, and whatever they recorded can still be looked at.
     const std::span<const std::byte> tail(data.data() + pos, data.size() - pos);
     tail_ = {pos, tail.size(), {}};

@@ -390,6 +390,8 @@ def parse_args():
 
 def main():
     args = parse_args()
+    # The mount library's watchdog ends a hung run: a kill and its checks take well under 60 s.
+    os.environ.setdefault("CKPTFS_TEST_DEADLINE", str(120 + 60 * args.kills))
     require_fuse()
     torch.set_num_threads(1)
     rng = random.Random(args.seed)

@@ -321,6 +321,34 @@ TEST_CASE("weights a look-alike lineage's head does not predict are stored as a 
   CHECK(s2.content.detail(rm).tensors.at(0).mode == "intra");
 }
 
+TEST_CASE("a new path forks the matching lineage its path is nearest to, then the newest",
+          "[content]") {
+  // Two runs of one architecture, a/ and b/. A save through a temporary name in b/ (a safe
+  // save: b/x.safetensors.tmp, renamed over b/x.safetensors) starts from b's head, not from a's,
+  // which was extended after it; a new path sharing nothing with either starts from the newest.
+  temp_dir d;
+  opened s(d.path, {});
+  std::mt19937_64 rng(43);
+  std::normal_distribution<float> w(0.0f, 0.05f);
+  std::vector<float> a(20000), b(20000);
+  for (auto& x : a) x = w(rng);
+  for (auto& x : b) x = w(rng);
+  const auto put = [&](const std::string& path, const std::vector<float>& v) {
+    return s.content.put(path, format::memory_source(safetensors({{"w", v}})));
+  };
+  put("a/x.safetensors", a);
+  const auto rb = put("b/x.safetensors", b);
+  a[7] += 0.01f;
+  const auto ra = put("a/x.safetensors", a);  // a's head is now the newest
+  b[7] += 0.01f;
+  const auto tmp = put("b/x.safetensors.tmp", b);
+  CHECK(s.content.info(tmp).base == rb.version);
+  CHECK(s.content.detail(tmp).tensors.at(0).mode != "rounded");  // a delta on its own run
+  const auto other = put("c/y.safetensors", a);
+  CHECK(s.content.info(other).base == tmp.version);  // the newest head (ra's came before it)
+  CHECK(ra.version < tmp.version);
+}
+
 TEST_CASE("another rank's or shard's lineage is never a new lineage's base", "[content]") {
   using fs::lineage_rank_tokens;
   CHECK(lineage_rank_tokens("run/step_5.pt").empty());
