@@ -46,6 +46,7 @@ import io
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -111,6 +112,9 @@ class Entry:
 
 
 class Ledger:
+    """path -> Entry, shared by the writers (which update it around every operation) and the
+    check after a kill."""
+
     def __init__(self):
         self.mu = threading.Lock()
         self.entries = {}  # path relative to the mount -> Entry
@@ -140,7 +144,6 @@ def loose_check(path, loose):
         got = sample(read_dcp(path, loose[2]))
     else:
         got = sample(torch.load(path))
-        saved = {k: v for k, v in saved.items()}
     names = {k for k in saved if k != "#step"}
     gnames = {k for k in got if k != "#step"}
     if names != gnames:
@@ -439,12 +442,15 @@ def main():
             if failures:
                 break
         with open(daemon_log(store), errors="replace") as f:
-            errors = [line.strip() for line in f if " error:" in line]
+            errors = [line.split(" error: ", 1)[1].strip() for line in f if " error: " in line]
         print(f"crash_soak: {kill_no} kills in {time.monotonic() - t0:.0f} s; operations "
               + ", ".join(f"{w.dir} {w.ops}" for w in writers)
               + f"; daemon log error lines: {len(errors)}", flush=True)
-        for line in errors[:5]:
-            print(f"  {line}")
+        kinds = {}  # the messages with their numbers masked, and how often each came
+        for e in errors:
+            kinds.setdefault(re.sub(r"[0-9]+", "N", e), []).append(e)
+        for kind, lines in sorted(kinds.items(), key=lambda kv: -len(kv[1])):
+            print(f"  {len(lines)} x {kind}")
     finally:
         if not failures:
             shutil.rmtree(work, ignore_errors=True)

@@ -37,27 +37,13 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ckptfs_testlib import (daemon_log, kill9, mounted, rotate_checkpoints,  # noqa: E402
                             settle_rotation, sha256)
-from scale_lib import MiB, TrainingState, save, scratch_dir, stat  # noqa: E402
+from scale_lib import (MiB, TrainingState, save, scratch_dir, stat, tmp_objects,  # noqa: E402
+                       writing_object)
 
 SIZE = 160 * MiB
 KEEP = 2
 OPTS = ("reclaim=1",)
 SAVES = 20  # at most, for all the kills
-
-
-def tmp_objects(store):
-    return [n for n in os.listdir(f"{store}/objects") if n.endswith(".obj.tmp")]
-
-
-def writing_object(store):
-    """True while an object is being written (a non-empty *.obj.tmp)."""
-    for n in tmp_objects(store):
-        try:
-            if os.path.getsize(f"{store}/objects/{n}") > 0:
-                return True
-        except FileNotFoundError:  # renamed meanwhile
-            pass
-    return False
 
 
 def rewrites_logged(store):

@@ -50,7 +50,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ckptfs_testlib import (daemon_log, kill9, mounted, sha256, start,  # noqa: E402
                             status_json, wait_mounted)
 from scale_lib import (MiB, TrainingState, check, flat_tensors, read_dcp, sample, save,  # noqa: E402
-                       scratch_dir, stat, write_dcp)
+                       scratch_dir, stat, tmp_objects, write_dcp, writing_object)
 
 SIZE = 160 * MiB
 
@@ -220,21 +220,6 @@ def store_wait_published(scratch_or_store, version, timeout=60):
         time.sleep(0.02)
 
 
-def tmp_objects(store):
-    return [n for n in os.listdir(f"{store}/objects") if n.endswith(".obj.tmp")]
-
-
-def streaming(store):
-    """True while an object is being written (a non-empty *.obj.tmp)."""
-    for n in tmp_objects(store):
-        try:
-            if os.path.getsize(f"{store}/objects/{n}") > 0:
-                return True
-        except FileNotFoundError:  # committed (renamed) meanwhile
-            pass
-    return False
-
-
 def after_crash(binary, ckptctl, store, mnt, hashes, label, opts=()):
     """Remount after a kill -9: what was fsync'ed reads identical, nothing half-made is left."""
     with mounted(binary, store, mnt, *opts):
@@ -300,7 +285,7 @@ def kill_mid_stream(binary, ckptctl, store, mnt, hashes, opts, versions):
         t = threading.Thread(target=third)
         t.start()
         deadline = time.monotonic() + 120
-        while not streaming(store):
+        while not writing_object(store):
             assert t.is_alive() and time.monotonic() < deadline, \
                 "never saw the third version's object being streamed"
             time.sleep(0.002)

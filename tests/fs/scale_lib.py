@@ -232,6 +232,22 @@ def open_file_blocks(pid, prefixes):
     return total
 
 
+def tmp_objects(store):
+    """STORE/objects/*.obj.tmp: objects being written (a commit's, a stream's, a rewrite's)."""
+    return [n for n in os.listdir(f"{store}/objects") if n.endswith(".obj.tmp")]
+
+
+def writing_object(store):
+    """True while an object is being written (a non-empty *.obj.tmp)."""
+    for n in tmp_objects(store):
+        try:
+            if os.path.getsize(f"{store}/objects/{n}") > 0:
+                return True
+        except FileNotFoundError:  # committed (renamed) meanwhile
+            pass
+    return False
+
+
 def mib(n):
     return f"{n / MiB:.0f} MiB"
 
