@@ -356,17 +356,14 @@ content_store::impl::base_choice content_store::impl::choose_base(std::uint64_t 
     // with random names, a step directory written under a temporary name) starts from a
     // matching head instead of a keyframe; never from another rank's or shard's (their rows
     // differ: a delta against them would be a lossy first version). Of several, the one whose
-    // path shares the most leading components with this one (`last.pt.tmp` beside `last.pt`,
-    // rather than another run of the same model saved a moment later elsewhere: its weights
-    // would be stored as a keyframe's, encode_tensor), then the most recently extended.
+    // path key begins with the longest part of this one's (`run/last.pt.tmp` from `run/last.pt`,
+    // rather than from another run of the same model saved a moment later elsewhere, whose
+    // weights it would store as a keyframe's: encode_tensor), then the most recently extended.
     const std::string ranks = lineage_rank_tokens(l.path_key);
     const auto shared = [&](const std::string& key) {
-      std::size_t n = 0, i = 0;
-      while (i < key.size() && i < l.path_key.size() && key[i] == l.path_key[i]) {
-        if (key[i] == '/') ++n;
-        ++i;
-      }
-      return n;
+      std::size_t i = 0;
+      while (i < key.size() && i < l.path_key.size() && key[i] == l.path_key[i]) ++i;
+      return i;
     };
     const lineage_rec* donor = nullptr;
     std::size_t donor_shared = 0;

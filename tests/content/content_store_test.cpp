@@ -324,8 +324,9 @@ TEST_CASE("weights a look-alike lineage's head does not predict are stored as a 
 TEST_CASE("a new path forks the matching lineage its path is nearest to, then the newest",
           "[content]") {
   // Two runs of one architecture, a/ and b/. A save through a temporary name in b/ (a safe
-  // save: b/x.safetensors.tmp, renamed over b/x.safetensors) starts from b's head, not from a's,
-  // which was extended after it; a new path sharing nothing with either starts from the newest.
+  // save: b/x.safetensors.tmp, renamed over b/x.safetensors) starts from b/x's head, not from
+  // a's or b/z's, extended after it; a new path sharing nothing with them starts from the
+  // newest.
   temp_dir d;
   opened s(d.path, {});
   std::mt19937_64 rng(43);
@@ -340,6 +341,10 @@ TEST_CASE("a new path forks the matching lineage its path is nearest to, then th
   const auto rb = put("b/x.safetensors", b);
   a[7] += 0.01f;
   const auto ra = put("a/x.safetensors", a);  // a's head is now the newest
+  std::vector<float> z(b);
+  z[9] += 0.5f;
+  const auto rz = put("b/z.safetensors", z);  // a fork in b/, newer still
+  REQUIRE(s.content.info(rz).base == rb.version);
   b[7] += 0.01f;
   const auto tmp = put("b/x.safetensors.tmp", b);
   CHECK(s.content.info(tmp).base == rb.version);
