@@ -73,7 +73,12 @@ store_session::store_session(const bf::path& store_dir, const store_session_opti
   content_options content = opt.content;
   if (opt.heads) content.heads_dir = heads_dir().string();
   content_.emplace(*objects_, *journal_, content);
-  content_->set_logger([](const std::string& m) { log_error(m); });
+  content_->set_logger([](log_level level, const std::string& m) {
+    if (level == log_level::error)
+      log_error(m);
+    else
+      log_info(m);
+  });
 
   fs_config cfg;
   cfg.store_dir = dir_.string();

@@ -620,7 +620,7 @@ struct content_store::impl {
   std::atomic<std::uint64_t> streamed_bytes{0};  // tensor bytes coded by streams
   mutable std::mutex declined_mu;
   std::string last_declined;  // why the last declined stream declined (declined_mu)
-  std::function<void(const std::string&)> log;  // set_logger's
+  log_sink log;               // set_logger's
 
   // ---- retention.cpp ----
   // Appends `len` encoded bytes at data-area offset `at` of the version `from` (a metadata

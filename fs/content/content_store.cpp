@@ -118,9 +118,10 @@ void content_store::discard_head(std::uint64_t version) {
   if (impl_->heads) impl_->heads->drop(version);
 }
 
-void content_store::set_logger(std::function<void(const std::string&)> log) {
+void content_store::set_logger(log_sink log) {
   if (!impl_->heads_error.empty())
-    log("head images are off: " + impl_->heads_error + "; restores decode the chains");
+    log(log_level::error,
+        "head images are off: " + impl_->heads_error + "; restores decode the chains");
   impl_->log = log;
   if (impl_->heads) impl_->heads->set_log(std::move(log));
 }

@@ -26,6 +26,7 @@
 #include "codec/format/source.hpp"
 #include "codec/quantizer.hpp"
 #include "codec/tensor_codec.hpp"
+#include "fs/content/log_sink.hpp"
 #include "fs/content/staged_file.hpp"
 #include "fs/content/version_meta.hpp"
 #include "fs/store/journal.hpp"
@@ -378,8 +379,10 @@ class content_store {
   // the kernel's passthrough backing file, fs/fuse/passthrough.hpp): it is no longer read, used
   // as a base or kept across a restart; the version decodes through its chain from now on.
   void discard_head(std::uint64_t version);
-  // Where problems that fail no request go (a head image that could not be kept on disk).
-  void set_logger(std::function<void(const std::string&)> log);
+  // Where what fails no request goes: routine work at info (a head image rebuilt from its chain,
+  // a stream's work redone), what the store could not do as configured at error (a head image
+  // not kept on disk).
+  void set_logger(log_sink log);
 
   // What the store holds in memory and on scratch disk right now (`ckptctl status`).
   struct resources {

@@ -78,8 +78,8 @@ void content_store::impl::note_dcp_metadata(std::string_view path,
   } catch (const std::exception& e) {
     try {
       if (log)
-        log("DCP metadata " + std::string(path) + " not read (" + e.what() +
-            "): its shards' tensors keep positional names");
+        log(log_level::error, "DCP metadata " + std::string(path) + " not read (" + e.what() +
+                                  "): its shards' tensors keep positional names");
     } catch (...) {
       // Nowhere to say it: the file is stored, its shards keep positional names.
     }

@@ -350,8 +350,9 @@ void head_store::rechecksum(std::uint64_t version, std::uint64_t checksum) {
   if (::renameat(dir_fd_, file_name(version, old).c_str(), dir_fd_,
                  file_name(version, checksum).c_str()) != 0 &&
       errno != ENOENT && log_)
-    log_("head image of version " + std::to_string(version) +
-         " not renamed after its rewrite (rebuilt after a restart): " + std::strerror(errno));
+    log_(log_level::error,
+         "head image of version " + std::to_string(version) +
+             " not renamed after its rewrite (rebuilt after a restart): " + std::strerror(errno));
 }
 
 std::shared_ptr<head_image> head_store::retire(std::uint64_t version) {
@@ -387,8 +388,9 @@ std::shared_ptr<head_image> head_store::retire(std::uint64_t version) {
       ::fsync(dir_fd_) != 0) {
     const int e = errno;
     if (log_)
-      log_("head image of version " + std::to_string(version) +
-           " kept beside the next save (its name could not be removed: " + std::strerror(e) + ")");
+      log_(log_level::error, "head image of version " + std::to_string(version) +
+                                 " kept beside the next save (its name could not be removed: " +
+                                 std::strerror(e) + ")");
     // Nothing released from it: it serves its version as before (a name that did not go is
     // still right; one that went is made again after a restart, as for a crash).
     {
@@ -408,8 +410,8 @@ std::shared_ptr<head_image> head_store::retire(std::uint64_t version) {
   }
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (took > 0.25 && log_)  // the directory's fsync waits for the file system's journal
-    log_("head image of version " + std::to_string(version) + " retired after " +
-         std::to_string(int(took * 1000)) + " ms (removing its name durably)");
+    log_(log_level::info, "head image of version " + std::to_string(version) + " retired after " +
+                              std::to_string(int(took * 1000)) + " ms (removing its name durably)");
   return image;
 }
 
@@ -546,8 +548,9 @@ void head_store::worker(std::stop_token stop) {
         run_rebuild(*job);
       } catch (const std::exception& e) {
         if (log_)
-          log_("head image of version " + std::to_string(job->version) +
-               " not rebuilt (its version decodes through its chain instead): " + e.what());
+          log_(log_level::error,
+               "head image of version " + std::to_string(job->version) +
+                   " not rebuilt (its version decodes through its chain instead): " + e.what());
       }
       {
         std::lock_guard lock(mu_);
@@ -564,8 +567,9 @@ void head_store::worker(std::stop_token stop) {
     } catch (const std::exception& e) {
       failed = true;
       if (log_)
-        log_("head image of version " + std::to_string(image->version()) +
-             " not kept (its version decodes through its chain instead): " + e.what());
+        log_(log_level::error,
+             "head image of version " + std::to_string(image->version()) +
+                 " not kept (its version decodes through its chain instead): " + e.what());
     }
     {
       std::lock_guard lock(mu_);

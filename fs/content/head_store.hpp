@@ -31,6 +31,7 @@
 #include <utility>
 #include <vector>
 
+#include "fs/content/log_sink.hpp"
 #include "fs/content/staged_file.hpp"
 
 namespace ckpt::fs {
@@ -156,7 +157,7 @@ class head_store {
   void wait_published();
   // Called with a message when publishing fails (the image stays readable from memory and the
   // staging file; it is just not kept across a restart).
-  void set_log(std::function<void(const std::string&)> log) { log_ = std::move(log); }
+  void set_log(log_sink log) { log_ = std::move(log); }
 
  private:
   void worker(std::stop_token stop);
@@ -190,7 +191,7 @@ class head_store {
   };
   std::deque<punch_job> to_punch_;  // release(): on the releaser thread as well
   std::uint64_t releasing_ = 0;     // images the releaser holds right now
-  std::function<void(const std::string&)> log_;
+  log_sink log_;
   std::jthread releaser_;
   std::jthread worker_;  // last: stopped and joined before the rest goes
 };

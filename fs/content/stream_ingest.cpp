@@ -215,8 +215,9 @@ void content_store::impl::run_stream(stream& s) {
         base_meta.reset();
         base_by_name.clear();
         if (log)
-          log("DCP shard " + s.path_ + ": tensor " + t->name +
-              " is not in its base; the rest of the shard is coded without a base");
+          log(log_level::info,
+              "DCP shard " + s.path_ + ": tensor " + t->name +
+                  " is not in its base; the rest of the shard is coded without a base");
       }
       // Likewise for a keyframe's hint from the head before it: names are positions.
       if (shard && previous && !shard_tensor_in(*t, *previous, previous_by_name)) {
@@ -275,8 +276,9 @@ void content_store::impl::give_back_image(std::shared_ptr<head_image>& image) no
     size = it->second.size;
   }
   if (log)
-    log("head image of version " + std::to_string(v) +
-        " is rebuilt from its chain: the save that read it was not stored as its next version");
+    log(log_level::info,
+        "head image of version " + std::to_string(v) +
+            " is rebuilt from its chain: the save that read it was not stored as its next version");
   rebuild_head(v, checksum, size);
 }
 
@@ -328,8 +330,9 @@ std::optional<content_ref> content_store::impl::finish_stream(stream& s, std::st
     // there; a base of another signature still means another layout (tensors added or gone,
     // where a commit would have stored a keyframe): said in the log.
     if (other_layout && log)
-      log("DCP shard " + s.path_ + " was coded against version " + std::to_string(s.bc_.base) +
-          ", whose layout differs from the finished shard's");
+      log(log_level::info, "DCP shard " + s.path_ + " was coded against version " +
+                               std::to_string(s.bc_.base) +
+                               ", whose layout differs from the finished shard's");
   } else if (real_signature != s.signature_) {
     if (s.meta_.kind != version_kind::delta && !staged.modified()) {
       why = "its records came in another order than predicted";
@@ -432,8 +435,8 @@ content_ref content_store::put(std::string_view path, std::shared_ptr<staged_fil
         renamed(*s->stored_, path);
       } catch (const std::exception& e) {
         if (impl_->log)
-          impl_->log("lineage of " + std::string(path) +
-                     " not joined after its rename: " + e.what());
+          impl_->log(log_level::error, "lineage of " + std::string(path) +
+                                           " not joined after its rename: " + e.what());
       }
     }
     return *s->stored_;
@@ -445,8 +448,8 @@ content_ref content_store::put(std::string_view path, std::shared_ptr<staged_fil
   } else {
     impl_->streams_dropped.fetch_add(1);
     if (impl_->log)
-      impl_->log("streamed encode of " + std::string(path) + " dropped (" + s->dropped_ +
-                 "); storing the finished file instead");
+      impl_->log(log_level::info, "streamed encode of " + std::string(path) + " dropped (" +
+                                      s->dropped_ + "); storing the finished file instead");
   }
   return put(path, std::move(staged));
 }

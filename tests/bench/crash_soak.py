@@ -21,9 +21,10 @@ the writers in whatever state they are. Then, on a fresh mount each time:
   - every file whose fsync returned (and whose directory's) reads back: byte-identical to what
     it read as after its fsync when that read finished before the kill; otherwise (the kill came
     between the fsync and the read) torch.load / DCP's reader returns the saved tensors within
-    the codec's bounds' envelope (same names, dtypes and shapes, integers exact, every float
-    tensor with a relative L2 error under 0.95: what garbage or zeros do not pass), and from
-    then on byte-identical;
+    the codec's bounds (same names, dtypes and shapes, integers exact, the weights within twice
+    their change since one of the writer's last saves, Adam's exp_avg_sq within a factor 2
+    element by element, exp_avg within 0.95 of its norm: fidelity_problem), and from then on
+    byte-identical;
   - a file removed, or rewritten, when the kill came: the old bytes, the new ones, or (removed)
     no file; a file being saved: no file, an empty one, or (its commit done, its fsync cut
     short) one that passes the check above; last.pt saved over in place may also read empty
@@ -32,6 +33,7 @@ the writers in whatever state they are. Then, on a fresh mount each time:
     garbage the daemon should have removed when it opened the store;
   - no writer saw an error before its daemon was killed.
 Then the writers go on from where they were (their next saves are deltas on what survived).
+At the end, the daemon's log holds no error a kill does not explain (EXPECTED_ERRORS).
 
 A benchmark-style tool, not a timed test: its output is the number of kills survived and what
 was checked. A short run is a ctest (bench.crash_soak_short: 4 kills of 96 MiB states).
@@ -41,6 +43,7 @@ Usage: crash_soak.py CKPTFS [--ckptctl PATH] [--kills 20] [--size-mib 128] [--ke
 Needs root and FUSE; run by Debian's /usr/bin/python3.
 """
 import argparse
+import dataclasses
 import hashlib
 import io
 import json
@@ -101,8 +104,8 @@ def write_all(path, data, offset=None):
 
 class Entry:
     """What a path may read as after a crash: one of `hashes` (sha256 of its bytes); or, with
-    `loose` (kind, samples[, dcp metadata]), anything that passes the loose check (its bytes as
-    served were not read before the kill); `absent_ok`: no file (or, `empty_ok`, an empty one)."""
+    `loose` (a Loose), anything that passes the loose check (its bytes as served were not read
+    before the kill); `absent_ok`: no file (or, `empty_ok`, an empty one)."""
 
     def __init__(self, hashes=(), loose=None, absent_ok=False, empty_ok=False):
         self.hashes = set(hashes)
@@ -136,12 +139,62 @@ class Ledger:
             return list(self.entries.items())
 
 
+@dataclasses.dataclass(frozen=True)
+class Loose:
+    """A save whose read-back is checked against the codec's bounds: its kind ("torch" or "dcp"),
+    the samples of what was saved, the DCP metadata to read it with, and the samples of the
+    writer's saves before it (newest first, up to HISTORY): its base is one of those (each
+    writer's saves form one lineage) or, for a lineage's first save, a look-alike whose weights
+    are then coded as a keyframe."""
+    kind: str
+    saved: dict
+    meta: object = None
+    priors: tuple = ()
+
+
+# A kill can cost a writer its in-flight save, so its next save's base may be a few saves back.
+HISTORY = 4
+
+
+def change_norm(name, u, priors):
+    """The largest L2 distance from `u` to the same tensor in a prior save (0 with none)."""
+    return max((float((u.double() - p[name][2].double()).norm()) for p in priors if name in p),
+               default=0.0)
+
+
+def fidelity_problem(name, u, g, priors):
+    """What is wrong with float tensor `g` read back for `u` saved as `name`, or None.
+    Adam's exp_avg_sq within a factor 2 element by element (ratio-coded); exp_avg within 0.95
+    of its norm (coded as values: each element within |u|); the weights within 2^-12 of their
+    norm plus twice their largest change since a prior save. A delta reads back within its
+    change from its base's read-back (docs/codec.md "Guarantees"), so its error is its change
+    plus what its base's read-back was off, and a chain's error stays near its change (this
+    state's steps are heavy-tailed: a delta here reads back about 0.8 of its change off); a
+    lineage's first save is a keyframe or, forked from a look-alike, has its weights coded as
+    one (2^-13). A base from another writer's lineage predicts nothing: the fork fault found
+    on 2026-12-07 read back 59-100% off, where this allows about a quarter."""
+    if not torch.isfinite(g).all():
+        return "not finite"
+    if name.endswith("exp_avg_sq"):
+        far = int(((g < u / 2) | (g > u * 2)).sum())
+        return f"{far} elements off by more than 2x" if far else None
+    norm = float(u.double().norm())
+    err = float((g.double() - u.double()).norm())
+    if name.endswith("exp_avg"):
+        bound = 0.95 * norm
+    else:
+        bound = norm * 2.0 ** -12 + 2 * change_norm(name, u, priors)
+    if err > bound:
+        return f"L2 error {err:.4g} over its bound {bound:.4g} (norm {norm:.4g})"
+    return None
+
+
 def loose_check(path, loose):
-    """The envelope of the codec's bounds, for a file whose served bytes were never read: same
-    tensors, integers exact, floats with a relative L2 error under 0.95 (zeros read 1.0)."""
-    kind, saved = loose[0], loose[1]
-    if kind == "dcp":
-        got = sample(read_dcp(path, loose[2]))
+    """The codec's bounds, for a file whose served bytes were never read: same tensors, integers
+    exact, every float tensor as fidelity_problem allows."""
+    saved = loose.saved
+    if loose.kind == "dcp":
+        got = sample(read_dcp(path, loose.meta))
     else:
         got = sample(torch.load(path))
     names = {k for k in saved if k != "#step"}
@@ -159,12 +212,18 @@ def loose_check(path, loose):
             if not torch.equal(g, u):
                 return f"{name}: integers differ"
             continue
-        norm = float(u.double().norm())
-        err = float((g.double() - u.double()).norm())
-        if not torch.isfinite(g).all() or (norm > 0 and err > 0.95 * norm) or \
-                (norm == 0 and err > 0):
-            return f"{name}: read back far from what was saved ({err:.3g} vs {norm:.3g})"
+        why = fidelity_problem(name, u, g, loose.priors)
+        if why:
+            return f"{name}: read back outside the codec's bounds: {why}"
     return None
+
+
+# The daemon's error lines a kill -9 explains: a journal write it cut short (its bytes are
+# dropped and kept aside at the next open), and the unrecorded objects then left for gc. Routine
+# work after a crash (a head image rebuilt from its chain) is logged at info. Any other error
+# line fails the soak.
+EXPECTED_ERRORS = ("were not intact records and were dropped",
+                   "no version records, as the journal was not whole")
 
 
 class Writer:
@@ -179,10 +238,18 @@ class Writer:
         self.state = TrainingState(args.size_mib * MiB, params=2, small=4, seed=100 + index) \
             if kind != "exact" else None
         self.exact = None  # the exact file's bytes as they should be (bytearray)
+        self.priors = []  # samples of this writer's latest saves, newest first
         self.mnt = None
         self.killed = None
         self.failure = None
         self.ops = 0
+
+    def loose(self, kind, saved, meta=None):
+        """The Loose of this save (saved: its samples), which also becomes the newest prior of
+        the writer's next save (the step is taken whether or not this save survives)."""
+        e = Loose(kind, saved, meta, tuple(self.priors))
+        self.priors = ([saved] + self.priors)[:HISTORY]
+        return e
 
     def run(self, mnt, killed):
         self.mnt, self.killed = mnt, killed
@@ -210,12 +277,12 @@ class Writer:
             d = f"{self.dir}/step_{k}"
             rel = f"{d}/__0_0.distcp"
             meta = write_dcp(buf, sd, {"step": k}, clone=True)
-            loose = ("dcp", sample(flat_tensors(sd)), meta)
+            loose = self.loose("dcp", sample(flat_tensors(sd)), meta)
         else:
             d = f"{self.dir}/checkpoint-{k}"
             rel = f"{d}/state.pt"
             torch.save(sd, buf)
-            loose = ("torch", sample(sd))
+            loose = self.loose("torch", sample(sd))
         os.makedirs(f"{self.mnt}/{d}", exist_ok=True)
         self.ledger.set(rel, Entry(loose=loose, absent_ok=True, empty_ok=True))
         write_all(f"{self.mnt}/{rel}", buf.getbuffer())
@@ -252,7 +319,7 @@ class Writer:
         sd = self.state.state_dict()
         buf = io.BytesIO()
         torch.save(sd, buf)
-        loose = ("torch", sample(sd))
+        loose = self.loose("torch", sample(sd))
         old = self.ledger.get(rel)
         # Until the new bytes are acknowledged: the old ones, or the new ones (the commit done,
         # its acknowledgement cut short); in place also empty (the truncation is journaled at
@@ -450,7 +517,10 @@ def main():
         for e in errors:
             kinds.setdefault(re.sub(r"[0-9]+", "N", e), []).append(e)
         for kind, lines in sorted(kinds.items(), key=lambda kv: -len(kv[1])):
-            print(f"  {len(lines)} x {kind}")
+            expected = any(p in kind for p in EXPECTED_ERRORS)
+            print(f"  {len(lines)} x {kind}" + ("" if expected else "  (UNEXPECTED)"))
+            if not expected:
+                failures.append(f"the daemon logged an error a kill does not explain: {lines[0]}")
     finally:
         if not failures:
             shutil.rmtree(work, ignore_errors=True)
