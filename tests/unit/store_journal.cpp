@@ -39,6 +39,14 @@ records read_journal(const boost::filesystem::path& file) {
   return replay_all(j);
 }
 
+// A new journal at `file` holding `rs`, synced and closed.
+void write_journal(const boost::filesystem::path& file, const records& rs) {
+  journal j(file);
+  replay_all(j);
+  for (auto& r : rs) j.append(r);
+  j.sync();
+}
+
 records sample(int n) {
   records rs;
   for (int i = 0; i < n; ++i)
@@ -121,12 +129,7 @@ TEST_CASE("journal: a torn tail at every byte of the last record is dropped", "[
   test::temp_dir tmp;
   const auto good = tmp.path() / "good";
   const records rs = sample(4);  // record 3 has 111 bytes
-  {
-    journal j(good);
-    replay_all(j);
-    for (auto& r : rs) j.append(r);
-    j.sync();
-  }
+  write_journal(good, rs);
   const std::uint64_t full = boost::filesystem::file_size(good);
   const std::uint64_t last_start = full - record_header - rs.back().size();
   const records prefix(rs.begin(), rs.end() - 1);
@@ -158,12 +161,7 @@ TEST_CASE("journal: a flipped bit in a middle record stops replay there", "[stor
   test::temp_dir tmp;
   const auto file = tmp.path() / "journal";
   const records rs = sample(10);
-  {
-    journal j(file);
-    replay_all(j);
-    for (auto& r : rs) j.append(r);
-    j.sync();
-  }
+  write_journal(file, rs);
   std::uint64_t start5 = journal_header;
   for (int i = 0; i < 5; ++i) start5 += record_header + rs[i].size();
   SECTION("in the payload") {
@@ -200,12 +198,7 @@ TEST_CASE("journal: a tail of zeros (a block allocated, never written) is droppe
   test::temp_dir tmp;
   const auto file = tmp.path() / "journal";
   const records rs = sample(3);
-  {
-    journal j(file);
-    replay_all(j);
-    for (auto& r : rs) j.append(r);
-    j.sync();
-  }
+  write_journal(file, rs);
   const std::uint64_t size = boost::filesystem::file_size(file);
   {
     std::ofstream out(file.string(), std::ios::binary | std::ios::app);
