@@ -83,14 +83,30 @@ def _arm_watchdog():
         _watchdog.start()
 
 
+def log_errors(store, since=0):
+    """The daemon's error lines in its log from byte offset `since` on."""
+    try:
+        with open(daemon_log(store), errors="replace") as f:
+            f.seek(since)
+            return [line.rstrip("\n") for line in f if " error: " in line]
+    except FileNotFoundError:
+        return []
+
+
 @contextlib.contextmanager
-def mounted(binary, store, mnt, *opts, timeout=20):
+def mounted(binary, store, mnt, *opts, timeout=20, errors_ok=False):
     """Runs `ckptfs STORE MNT -f [-o OPTS]` for the duration of the block; always unmounts and
-    reaps the daemon, also when the block raises. Yields the daemon's Popen."""
+    reaps the daemon, also when the block raises. Yields the daemon's Popen. When the block
+    ends normally, the daemon must have logged no error line while it ran (routine work logs at
+    info): a test that makes errors happen (damage, a full disk) says so with errors_ok=True."""
+    log = daemon_log(store)
+    since = os.path.getsize(log) if os.path.exists(log) else 0
     proc = start(binary, store, mnt, *opts)
+    clean = False
     try:
         wait_mounted(mnt, proc, timeout)
         yield proc
+        clean = True
     finally:
         if os.path.ismount(mnt):
             if subprocess.run(["fusermount3", "-u", mnt], check=False).returncode != 0:
@@ -103,6 +119,9 @@ def mounted(binary, store, mnt, *opts, timeout=20):
         if os.path.ismount(mnt):
             subprocess.run(["fusermount3", "-uz", mnt], check=False)
         _live.pop(mnt, None)
+    if clean and not errors_ok:
+        errors = log_errors(store, since)
+        assert not errors, f"the daemon logged errors on {store}: " + "\n".join(errors[:5])
 
 
 SKIP = 77  # ctest SKIP_RETURN_CODE of the mount tests

@@ -151,7 +151,7 @@ def test_enospc(binary, tmp):
     try:
         early = {f"early{i}": os.urandom(200 << 10) for i in range(3)}
         # Memory buffers: the store refuses at commit time.
-        with mounted(binary, store, mnt):
+        with mounted(binary, store, mnt, errors_ok=True):
             for name, data in early.items():
                 with open(f"{mnt}/{name}", "wb") as f:
                     f.write(data)
@@ -169,7 +169,7 @@ def test_enospc(binary, tmp):
                 assert read(f"{mnt}/{name}") == data, f"{name} changed"
             os.unlink(f"{mnt}/big")
         # A small buffer: the staging file fills up, so write() itself fails.
-        with mounted(binary, store, mnt, "buffer=1M"):
+        with mounted(binary, store, mnt, "buffer=1M", errors_ok=True):
             with open(f"{mnt}/spill", "wb", buffering=0) as f:
                 try:
                     for _ in range(16):
@@ -194,7 +194,7 @@ def test_enospc(binary, tmp):
         # A full disk under the journal: fsyncdir fails, later changes fail with EIO (never
         # half-applied), and once there is room again the daemon rewrites the journal and
         # changes work again.
-        with mounted(binary, store, mnt):
+        with mounted(binary, store, mnt, errors_ok=True):
             with open(f"{store}/filler", "wb") as f:
                 try:
                     while True:
@@ -250,7 +250,7 @@ def test_eio(binary, tmp):
         b = f.read(1)
         f.seek(size // 2)
         f.write(bytes([b[0] ^ 0x10]))
-    with mounted(binary, store, mnt):
+    with mounted(binary, store, mnt, errors_ok=True):
         expect_errno(errno.EIO, read, f"{mnt}/bad")
         assert read(f"{mnt}/good") == good
         expect_errno(errno.EIO, read, f"{mnt}/bad")  # still EIO, daemon still serving

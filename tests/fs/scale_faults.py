@@ -137,7 +137,8 @@ def test_scratch_unusable(binary, ckptctl, tmp):
             store, mnt = f"{tmp}/unusable{n}-store", f"{tmp}/unusable{n}-mnt"
             lin = Lineage(ckptctl, seed=10 + n)
             hashes = {}
-            with mounted(binary, store, mnt, f"scratch={scratch}", "buffer=256M"):
+            with mounted(binary, store, mnt, f"scratch={scratch}", "buffer=256M",
+                         errors_ok=True):
                 for k in (1, 2):
                     path = f"{mnt}/step_{k}.pt"
                     saved = lin.save(path)
@@ -147,7 +148,8 @@ def test_scratch_unusable(binary, ckptctl, tmp):
             log = log_of(store)
             assert "head images are off" in log, f"no log line about the heads:\n{log}"
             # Too large for buffer=: the rest needs a staging file in the unusable scratch.
-            with mounted(binary, store, mnt, f"scratch={scratch}", "buffer=32M") as proc:
+            with mounted(binary, store, mnt, f"scratch={scratch}", "buffer=32M",
+                         errors_ok=True) as proc:
                 # Raw writes of the serialised checkpoint: torch.save aborts the process when a
                 # write into its zip writer fails (its destructor throws again).
                 err = write_file(f"{mnt}/big.pt", serialised(lin.state.state_dict()))
@@ -160,7 +162,7 @@ def test_scratch_unusable(binary, ckptctl, tmp):
             log = log_of(store)
             assert "scratch file" in log, f"the failed staging file was not logged:\n{log}"
             assert "Not a directory" in log or "Read-only" in log, log
-            with mounted(binary, store, mnt, f"scratch={scratch}"):
+            with mounted(binary, store, mnt, f"scratch={scratch}", errors_ok=True):
                 for path, h in hashes.items():
                     assert sha256(path) == h, f"{path} changed after remount"
             print(f"scratch_unusable ({'a file' if n == 0 else 'read-only tmpfs'}): saves within "
@@ -176,7 +178,7 @@ def test_scratch_full(binary, ckptctl, tmp):
     try:
         lin = Lineage(ckptctl, seed=20)
         hashes = {}
-        with mounted(binary, store, mnt, f"scratch={scratch}", "buffer=512M"):
+        with mounted(binary, store, mnt, f"scratch={scratch}", "buffer=512M", errors_ok=True):
             p1 = f"{mnt}/run/step_1.pt"
             os.makedirs(f"{mnt}/run")
             saved = lin.save(p1)
