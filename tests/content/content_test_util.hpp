@@ -2,11 +2,13 @@
 // Shared by the content store tests: a temporary store directory, a store opened on it as the
 // daemon opens one (objects, journal, replay, content store), safetensors files built in memory,
 // a drifting two-tensor model, and whole-version reads.
+#include <algorithm>
 #include <boost/filesystem.hpp>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <stdexcept>
@@ -48,6 +50,26 @@ struct opened {
       : objects(dir / "objects"), journal(dir / "journal"), content(objects, journal, opt) {
     journal.replay([&](std::span<const std::byte> r) { REQUIRE(content.apply(r)); });
     content.replay_done(live);
+  }
+};
+
+// What a content store logged (set_logger), for tests that check what it reports and at which
+// level. Thread-safe: head images publish and rebuild on their own threads.
+struct log_lines {
+  std::mutex mu;
+  std::vector<std::pair<fs::log_level, std::string>> lines;
+  fs::log_sink sink() {
+    return [this](fs::log_level level, const std::string& m) {
+      std::lock_guard lock(mu);
+      lines.emplace_back(level, m);
+    };
+  }
+  // How many lines at `level` contain `text` ("" : every line at the level).
+  std::size_t count(fs::log_level level, const std::string& text = "") {
+    std::lock_guard lock(mu);
+    return std::size_t(std::count_if(lines.begin(), lines.end(), [&](const auto& l) {
+      return l.first == level && l.second.find(text) != std::string::npos;
+    }));
   }
 };
 

@@ -222,6 +222,37 @@ TEST_CASE("small checkpoints get no head image, and a put from a plain source no
   CHECK_FALSE(s.content.published_head(r2));
 }
 
+TEST_CASE("an unusable heads directory is logged as an error, and versions decode their chains",
+          "[content][heads]") {
+  temp_dir d;
+  fs::content_options opt;
+  opt.heads_dir = (d.path / "not-a-dir" / "heads").string();
+  opt.head_min = 1 << 20;
+  std::ofstream(d.path / "not-a-dir") << "a file where the scratch directory should be";
+  opened s(d.path, opt);
+  log_lines log;
+  s.content.set_logger(log.sink());  // the problem was found at open: reported now
+  CHECK(log.count(fs::log_level::error, "head images are off") == 1);
+  std::mt19937_64 rng(9);
+  drifting_weights a(500'000, rng), b(1000, rng);
+  std::vector<fs::content_ref> refs;
+  std::vector<bytes> served;
+  for (int v = 0; v < 2; ++v) {
+    a.step(rng);
+    b.step(rng);
+    const bytes file = torch_like(a.values, b.values);
+    refs.push_back(
+        s.content.put("run/ckpt.pt", std::make_shared<memory_staged>(file, d.path.string())));
+    served.push_back(read_all(s.content, refs.back()));
+  }
+  s.content.wait_heads();
+  CHECK(s.content.info(refs[1]).kind == "delta");
+  CHECK_FALSE(s.content.published_head(refs[1]));
+  s.content.drop_caches();
+  CHECK(read_all(s.content, refs[1]) == served[1]);
+  CHECK(log.count(fs::log_level::error) == 1);  // said once
+}
+
 TEST_CASE("a missing head image is rebuilt from the chain at startup", "[content][heads]") {
   temp_dir d;
   fs::content_options opt;

@@ -310,6 +310,8 @@ TEST_CASE("a stream whose read bytes are rewritten drops its work, the file is s
           "[content][stream]") {
   temp_dir d;
   opened s(d.path, options(d));
+  log_lines log;
+  s.content.set_logger(log.sink());
   model m;
   const auto first = stream_in(s.content, "run/a.pt", m.step(), fresh_buffer(d));
   bytes file = m.step();
@@ -341,6 +343,9 @@ TEST_CASE("a stream whose read bytes are rewritten drops its work, the file is s
   for (std::size_t i = 1024; i < got.size(); ++i)
     REQUIRE(std::abs(got[i] - want[i]) <= 3 * std::abs(want[i] - base[i]) + 1e-6f);
   CHECK(object_files(d) == 2);  // the dropped stream's object is gone
+  // Routine work redone, not a failure: logged at info.
+  CHECK(log.count(fs::log_level::info, "streamed encode of run/b.pt dropped") == 1);
+  CHECK(log.count(fs::log_level::error) == 0);
 }
 
 TEST_CASE("a stream reads its base from the retired head image, and a dropped one has it rebuilt",
@@ -350,6 +355,8 @@ TEST_CASE("a stream reads its base from the retired head image, and a dropped on
   // does not become its lineage's next version.
   temp_dir d;
   opened s(d.path, options(d));
+  log_lines log;
+  s.content.set_logger(log.sink());
   model m;
   const auto first = stream_in(s.content, "run/a.pt", m.step(), fresh_buffer(d));
   s.content.wait_heads();
@@ -392,7 +399,9 @@ TEST_CASE("a stream reads its base from the retired head image, and a dropped on
     // The lineage's next save is a delta on it, read from the rebuilt image.
     const auto next = stream_in(s.content, "run/a.pt", m.step(), fresh_buffer(d));
     CHECK(s.content.info(next).base == first.version);
+    CHECK(log.count(fs::log_level::info, "is rebuilt from its chain") == 1);
   }
+  CHECK(log.count(fs::log_level::error) == 0);
 }
 
 TEST_CASE("a stream declines what it does not stream, and a cancelled one leaves nothing",
