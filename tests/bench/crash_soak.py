@@ -23,8 +23,8 @@ the writers in whatever state they are. Then, on a fresh mount each time:
     between the fsync and the read) torch.load / DCP's reader returns the saved tensors within
     the codec's bounds (same names, dtypes and shapes, integers exact, the weights within twice
     their change since one of the writer's last saves, Adam's exp_avg_sq within a factor 2
-    element by element, exp_avg within 0.95 of its norm: fidelity_problem), and from then on
-    byte-identical;
+    element by element, exp_avg within 0.95 of its norm: fidelity_problem; with --opts lossless
+    equal), and from then on byte-identical;
   - a file removed, or rewritten, when the kill came: the old bytes, the new ones, or (removed)
     no file; a file being saved: no file, an empty one, or (its commit done, its fsync cut
     short) one that passes the check above; last.pt saved over in place may also read empty
@@ -189,9 +189,9 @@ def fidelity_problem(name, u, g, priors):
     return None
 
 
-def loose_check(path, loose):
+def loose_check(path, loose, exact=False):
     """The codec's bounds, for a file whose served bytes were never read: same tensors, integers
-    exact, every float tensor as fidelity_problem allows."""
+    exact, every float tensor as fidelity_problem allows (`exact`, a lossless mount: equal)."""
     saved = loose.saved
     if loose.kind == "dcp":
         got = sample(read_dcp(path, loose.meta))
@@ -212,7 +212,10 @@ def loose_check(path, loose):
             if not torch.equal(g, u):
                 return f"{name}: integers differ"
             continue
-        why = fidelity_problem(name, u, g, loose.priors)
+        if exact:
+            why = None if torch.equal(g, u) else "differs on a lossless mount"
+        else:
+            why = fidelity_problem(name, u, g, loose.priors)
         if why:
             return f"{name}: read back outside the codec's bounds: {why}"
     return None
@@ -400,7 +403,7 @@ def check_store(args, ledger, writers, store, mnt, kill_no):
                 ledger.set(rel, Entry(hashes=[h]))
                 continue
             if e.loose:
-                why = loose_check(path, e.loose)
+                why = loose_check(path, e.loose, exact="lossless" in args.opt_list)
                 if why is None:
                     checked["loose"] += 1
                     ledger.set(rel, Entry(hashes=[h]))  # from now on, exactly these bytes
