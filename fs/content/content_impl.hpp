@@ -398,6 +398,10 @@ struct content_store::impl {
   version_rec get_for_read(std::uint64_t v) const;
   std::uint64_t deltas_since_keyframe(std::uint64_t v) const;  // mu held
   bool is_head(const version_rec& r) const;                    // mu held
+  // Whether lineage `lineage`'s head image is worth its disk: some other version of the lineage
+  // has a name (mu held). With the head as its only live file the image is a second full copy
+  // of it, and the store holds more than a plain directory would ("Keeping one checkpoint").
+  bool image_pays(std::uint64_t lineage, std::uint64_t head) const;
   static nlohmann::json version_json(const version_rec& r);
   static nlohmann::json lineage_json(const lineage_rec& l);
   void apply_version(const nlohmann::json& j);                         // mu held

@@ -44,6 +44,12 @@ bool content_store::impl::is_head(const version_rec& r) const {
   return it != lineages.end() && it->second.head == r.id;
 }
 
+bool content_store::impl::image_pays(std::uint64_t lineage, std::uint64_t head) const {
+  for (const auto& [id, r] : versions)
+    if (r.lineage == lineage && id != head && r.refs) return true;
+  return false;
+}
+
 json content_store::impl::version_json(const version_rec& r) {
   json j{{"t", "c.v"},           {"v", r.id},   {"o", r.obj.id},    {"os", r.obj.size},
          {"oc", r.obj.checksum}, {"z", r.size}, {"k", int(r.kind)}, {"f", r.format},
@@ -238,9 +244,10 @@ void content_store::replay_done(std::span<const content_ref> live) {
     for (auto o : impl_->replaced)
       if (!in_use.count(o)) doomed.push_back(o);
     impl_->replaced.clear();
-    // Head images on disk that still match their lineage's newest version are kept.
+    // Head images on disk that still match their lineage's newest version are kept, where the
+    // lineage keeps other live files (image_pays); the others' files go, and none is rebuilt.
     for (const auto& [lid, l] : impl_->lineages)
-      if (auto it = vs.find(l.head); it != vs.end())
+      if (auto it = vs.find(l.head); it != vs.end() && impl_->image_pays(lid, l.head))
         heads[l.head] = {it->second.obj.checksum, it->second.size};
   }
   impl_->remove_objects(doomed);

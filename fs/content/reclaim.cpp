@@ -101,14 +101,27 @@ void content_store::remove_objects(const std::vector<std::uint64_t>& ids) {
 
 void content_store::unref(const content_ref& ref) {
   if (!ref.version) return;
-  std::lock_guard lock(impl_->mu);
-  auto it = impl_->versions.find(ref.version);
-  if (it == impl_->versions.end() || it->second.refs == 0) return;
-  --it->second.refs;
-  // Removed after the next journal sync: collecting a base chain may also take a superseded
-  // head whose successor's record is not durable yet.
-  impl_->collect(ref.version, impl_->unneeded);
-  impl_->hint_chain(ref.version);  // kept without a name: its chain may be worth freeing
+  std::uint64_t drop_image = 0;
+  {
+    std::lock_guard lock(impl_->mu);
+    auto it = impl_->versions.find(ref.version);
+    if (it == impl_->versions.end() || it->second.refs == 0) return;
+    --it->second.refs;
+    const std::uint64_t lineage = it->second.lineage;
+    // Removed after the next journal sync: collecting a base chain may also take a superseded
+    // head whose successor's record is not durable yet.
+    impl_->collect(ref.version, impl_->unneeded);
+    impl_->hint_chain(ref.version);  // kept without a name: its chain may be worth freeing
+    // The last other live file of the lineage went (a save over it, its directory rotated
+    // away): its head's image would now be a second copy of the one file left.
+    if (const auto l = impl_->lineages.find(lineage); impl_->heads && l != impl_->lineages.end() &&
+                                                      l->second.head &&
+                                                      !impl_->image_pays(lineage, l->second.head))
+      drop_image = l->second.head;
+  }
+  // Outside mu: the head store takes its own lock. Reads of the head decode its chain from now
+  // on, and its next save reads its base through the chain (as with heads=off).
+  if (drop_image) impl_->heads->drop(drop_image);
 }
 
 }  // namespace ckpt::fs

@@ -289,6 +289,66 @@ TEST_CASE("a missing head image is rebuilt from the chain at startup", "[content
   CHECK_FALSE(s.content.published_head(refs.front()));  // only heads get images
 }
 
+TEST_CASE("a lineage whose only live file is its head keeps no image, across a restart too",
+          "[content][heads]") {
+  // Saving over one file (or rotating down to one checkpoint): the image would be a second
+  // full copy of the one live file. It goes when the last other live file does; the head reads
+  // through its chain, its next save takes its base from there, and a restart rebuilds nothing.
+  temp_dir d;
+  fs::content_options opt;
+  opt.heads_dir = (d.path / "heads").string();
+  opt.head_min = 1 << 20;
+  std::mt19937_64 rng(41);
+  drifting_weights a(600'000, rng), b(1000, rng);
+  auto save = [&](opened& s, const std::string& path) {
+    a.step(rng);
+    b.step(rng);
+    return s.content.put(
+        path, std::make_shared<memory_staged>(torch_like(a.values, b.values), opt.heads_dir));
+  };
+  const auto files = [&] { return fs::head_store::files_in(opt.heads_dir).size(); };
+  fs::content_ref v1, v2, v3, v4;
+  bytes served3;
+  {
+    opened s(d.path, opt);
+    v1 = save(s, "run/last.pt");
+    s.content.wait_heads();
+    CHECK(s.content.published_head(v1));  // a lineage's first file: nothing to compare with
+    v2 = save(s, "run/last.pt");
+    s.content.unref(v1);  // saved over: v2 is the only live file
+    s.content.wait_heads();
+    CHECK_FALSE(s.content.published_head(v2));
+    CHECK(files() == 0);
+    v3 = save(s, "run/last.pt");  // its base read through the chain
+    CHECK(s.content.info(v3).kind == "delta");
+    CHECK(s.content.info(v3).base == v2.version);
+    s.content.unref(v2);
+    s.content.wait_heads();
+    CHECK_FALSE(s.content.published_head(v3));
+    served3 = read_all(s.content, v3);
+    s.journal.sync();
+  }
+  {
+    opened s(d.path, opt, std::vector<fs::content_ref>{v3});
+    s.content.wait_heads();
+    CHECK_FALSE(s.content.published_head(v3));  // not rebuilt
+    CHECK(files() == 0);
+    CHECK(read_all(s.content, v3) == served3);
+    // The next save while v3 keeps its name (kept beside it, say as checkpoint-3): the lineage
+    // has another live file, and its new head's image pays again.
+    v4 = save(s, "run/last.pt");
+    s.content.wait_heads();
+    CHECK(s.content.info(v4).base == v3.version);
+    CHECK(s.content.published_head(v4));
+    CHECK(files() == 1);
+    // Rotated away: the image goes at once.
+    s.content.unref(v3);
+    s.content.wait_heads();
+    CHECK_FALSE(s.content.published_head(v4));
+    CHECK(files() == 0);
+  }
+}
+
 TEST_CASE("a rekeyed head keeps its image across a restart (renamed to the new checksum)",
           "[content][heads]") {
   temp_dir d;
@@ -297,18 +357,18 @@ TEST_CASE("a rekeyed head keeps its image across a restart (renamed to the new c
   opt.head_min = 1 << 20;
   std::mt19937_64 rng(32);
   drifting_weights a(700'000, rng), b(300'000, rng);
-  fs::content_ref head;
+  fs::content_ref head, first;
   bytes served;
   {
     opened s(d.path, opt);
-    fs::content_ref first;
     for (int v = 0; v < 3; ++v) {
       a.step(rng);
       b.step(rng);
       auto staged = std::make_shared<memory_staged>(torch_like(a.values, b.values), opt.heads_dir);
       const auto r = s.content.put("run/last.pt", staged);
       if (v == 0) first = r;
-      if (v < 2) s.content.unref(r);  // overwritten: only the newest keeps a name
+      // Overwritten but the first: a lineage whose only live file is its head keeps no image.
+      if (v == 1) s.content.unref(r);
       head = r;
     }
     s.content.wait_heads();
@@ -327,7 +387,7 @@ TEST_CASE("a rekeyed head keeps its image across a restart (renamed to the new c
     }
     CHECK(files == 1);
   }
-  opened s(d.path, opt, std::vector<fs::content_ref>{head});
+  opened s(d.path, opt, std::vector<fs::content_ref>{first, head});
   // Found at startup, not queued for a rebuild from the chain.
   const auto image = s.content.published_head(head);
   REQUIRE(image);
