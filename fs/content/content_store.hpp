@@ -155,6 +155,10 @@ struct content_options {
   // delta's base and the usual restore do not replay the chain. Empty heads_dir: no heads.
   std::string heads_dir;
   std::uint64_t head_min = std::uint64_t(64) << 20;
+  // Where a lineage's head is its only live file (saved over one path, rotated down to one),
+  // its image would be a second full copy of it: false (heads=auto) keeps none there, true
+  // (heads=on) keeps one anyway, for restores at a plain directory's speed.
+  bool heads_always = false;
   // Float tensors of fewer bytes are stored exactly in every version instead of coded
   // (format::recognise_options::min_compress_bytes): Adam's step counters, loss scales. A
   // tensor's frame, its table and its metadata cost about 100-200 bytes, so below a few hundred

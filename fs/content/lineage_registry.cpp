@@ -245,9 +245,14 @@ void content_store::replay_done(std::span<const content_ref> live) {
       if (!in_use.count(o)) doomed.push_back(o);
     impl_->replaced.clear();
     // Head images on disk that still match their lineage's newest version are kept, where the
-    // lineage keeps other live files (image_pays); the others' files go, and none is rebuilt.
+    // lineage keeps other live files (image_pays; one pass here, a store may hold thousands of
+    // lineages); the others' files go, and none is rebuilt.
+    std::set<std::uint64_t> others_live;
+    for (const auto& [id, r] : vs)
+      if (r.refs && !impl_->is_head(r)) others_live.insert(r.lineage);
     for (const auto& [lid, l] : impl_->lineages)
-      if (auto it = vs.find(l.head); it != vs.end() && impl_->image_pays(lid, l.head))
+      if (auto it = vs.find(l.head);
+          it != vs.end() && (impl_->opt.heads_always || others_live.count(lid)))
         heads[l.head] = {it->second.obj.checksum, it->second.size};
   }
   impl_->remove_objects(doomed);

@@ -114,10 +114,14 @@ void content_store::unref(const content_ref& ref) {
     impl_->hint_chain(ref.version);  // kept without a name: its chain may be worth freeing
     // The last other live file of the lineage went (a save over it, its directory rotated
     // away): its head's image would now be a second copy of the one file left.
-    if (const auto l = impl_->lineages.find(lineage); impl_->heads && l != impl_->lineages.end() &&
-                                                      l->second.head &&
-                                                      !impl_->image_pays(lineage, l->second.head))
-      drop_image = l->second.head;
+    // Checkpoints below head_min have no image: no need to look (image_pays walks the store).
+    if (const auto l = impl_->lineages.find(lineage);
+        impl_->heads && !impl_->opt.heads_always && l != impl_->lineages.end()) {
+      const auto h = impl_->versions.find(l->second.head);
+      if (h != impl_->versions.end() && h->second.size >= impl_->opt.head_min &&
+          !impl_->image_pays(lineage, h->first))
+        drop_image = h->first;
+    }
   }
   // Outside mu: the head store takes its own lock. Reads of the head decode its chain from now
   // on, and its next save reads its base through the chain (as with heads=off).

@@ -196,7 +196,9 @@ void take_option(daemon_options& d, const std::string& o) {
     d.buffer_bytes = parse_size(val, key);
   } else if (key == "heads") {
     need_value();
-    d.heads = choose(val, key, {"on", "off"}) == 0;
+    const int c = choose(val, key, {"auto", "on", "off"});
+    d.heads = c != 2;
+    d.content.heads_always = c == 1;
   } else if (key == "head_min") {
     need_value();
     d.content.head_min = parse_size(val, key);
@@ -412,13 +414,17 @@ std::string usage_text(std::string_view program) {
          " here).\n"
          "                         The daemon stays within cache + buffer + 512M whatever the\n"
          "                         file sizes and writers\n"
-         "  -o heads=on|off        on (default): the newest version of each large checkpoint\n"
+         "  -o heads=auto|on|off   auto (default): the newest version of each large checkpoint\n"
          "                         (head_min or more of tensors) is kept as a full-size image in\n"
          "                         SCRATCH/heads, so restoring it and storing the next delta\n"
          "                         decode nothing; costs the checkpoint's size on disk per\n"
          "                         lineage (counted in ckptctl ls) and its size in writes per\n"
-         "                         save. off: no images (the store holds compressed bytes\n"
-         "                         only), restores decode the keyframe and the deltas after it\n"
+         "                         save; none where the newest is its lineage's only live\n"
+         "                         file (saved over one last.pt, save_total_limit=1): there\n"
+         "                         it would be a second full copy of it. on: there too (fast\n"
+         "                         restores of the one file, twice its size on disk). off: no\n"
+         "                         images (the store holds compressed bytes only), restores\n"
+         "                         decode the keyframe and the deltas after it\n"
          "  -o head_min=SIZE       smallest checkpoint (compressed tensor bytes) given a head\n"
          "                         image (default 64M); smaller ones keep theirs in the cache\n"
          "  -o scratch=DIR         where staging files and head images live (default STORE);\n"

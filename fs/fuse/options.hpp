@@ -74,12 +74,12 @@ struct daemon_options {
   bool keyframe_bits_set = false;  // -o keyframe_bits given (it contradicts -o lossless)
   bool grid_set = false;           // -o grid given (bits=1 refuses it)
   std::uint64_t buffer_bytes = default_buffer_bytes();
-  bool direct_checkpoint_reads = true;    // -o reads=direct (default) or reads=cached
-  bool heads = true;                      // -o heads=on|off (head_min: content.head_min)
-  std::string scratch;                    // -o scratch=DIR: staging and heads (default STORE)
-  bool passthrough = true;                // -o passthrough=on|off
-  double reclaim = 1.25;                  // -o reclaim=F (fs_config::rewrite_factor), 0: off
-  bool stream = true;                     // -o stream=on|off (fs_config::stream_after)
+  bool direct_checkpoint_reads = true;  // -o reads=direct (default) or reads=cached
+  bool heads = true;        // -o heads=auto|on|off (content.heads_always, content.head_min)
+  std::string scratch;      // -o scratch=DIR: staging and heads (default STORE)
+  bool passthrough = true;  // -o passthrough=on|off
+  double reclaim = 1.25;    // -o reclaim=F (fs_config::rewrite_factor), 0: off
+  bool stream = true;       // -o stream=on|off (fs_config::stream_after)
   std::vector<std::string> fuse_options;  // passed to libfuse as -o
 };
 

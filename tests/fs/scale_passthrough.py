@@ -19,6 +19,13 @@ opens of it are served by the kernel straight from that file:
             step 3, with nobody reading step 2, is coded against step 2's image, which is
             released behind the stream: the daemon's open files never hold more than 1.3
             checkpoints of disk blocks (the old image beside the new staging file was 1.8).
+  single    a 128 MiB torch checkpoint saved over one last.pt three times (heads=auto, the
+            default): once the second save replaced the first, the lineage's only live file is
+            its head, and no head image is kept (it would be a second full copy of the file);
+            the third save is a delta on the second all the same (its base read through the
+            chain), reads back identical after a remount, where no image is rebuilt either;
+            with heads=on the remount rebuilds it; a checkpoint saved beside it under a new
+            step directory brings images back under heads=auto.
   mmap_writer  a writer opened while a passthrough reader holds the file shares the inode's
             backing file (the kernel's rule), so a shared writable mmap of the writer reaches
             the head image itself. Whatever it writes there is not the file's content (nothing
@@ -159,7 +166,8 @@ def write(path, data, flags=os.O_TRUNC):
 def test_rewrite(binary, ckptctl, tmp):
     store, mnt = f"{tmp}/rewrite-store", f"{tmp}/rewrite-mnt"
     w = Weights(41)
-    with mounted(binary, store, mnt) as proc:
+    # One file saved over and over: heads=auto would keep no image of it (its only live file).
+    with mounted(binary, store, mnt, "heads=on") as proc:
         p = f"{mnt}/model.safetensors"
         write(p, w.step())
         write(p, w.step())
@@ -280,9 +288,59 @@ def test_mmap_writer(binary, ckptctl, tmp):
           f"{'did not change' if mapped else 'failed and did not change'} the stored version")
 
 
+def no_heads_for(store, seconds=1.0):
+    """True when STORE/heads holds no image now and for `seconds` more (a publication queued
+    before the drop would show up within that)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if any(n.endswith(".head") for n in heads_of(store)):
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_single(binary, ckptctl, tmp):
+    store, mnt = f"{tmp}/single-store", f"{tmp}/single-mnt"
+    state = TrainingState(128 * MiB, params=2, small=4, seed=43)
+    with mounted(binary, store, mnt) as proc:
+        p = f"{mnt}/last.pt"
+        save(state.state_dict(), p)
+        v1 = stat(ckptctl, p)
+        wait_published(store, v1["version"])  # a lineage's first file keeps its image
+        state.step()
+        save(state.state_dict(), p)
+        v2 = stat(ckptctl, p)
+        assert v2["kind"] == "delta" and v2["base"] == v1["version"], v2
+        assert no_heads_for(store), f"an image beside the one live file: {heads_of(store)}"
+        state.step()
+        save(state.state_dict(), p)
+        v3 = stat(ckptctl, p)
+        assert v3["kind"] == "delta" and v3["base"] == v2["version"], v3
+        assert no_heads_for(store), heads_of(store)
+        h3 = sha256(p)
+        assert proc.poll() is None
+    with mounted(binary, store, mnt):
+        assert no_heads_for(store, 2.0), f"rebuilt at startup: {heads_of(store)}"
+        assert sha256(p) == h3, "the newest version reads differently through its chain"
+    with mounted(binary, store, mnt, "heads=on"):
+        wait_published(store, v3["version"])  # heads=on: rebuilt from the chain
+        assert sha256(p) == h3
+    with mounted(binary, store, mnt):
+        assert no_heads_for(store, 2.0), f"heads=auto kept heads=on's image: {heads_of(store)}"
+        for k in (4, 5):
+            os.makedirs(f"{mnt}/run/step_{k}")
+            state.step()
+            save(state.state_dict(), f"{mnt}/run/step_{k}/model.pt")
+        v5 = stat(ckptctl, f"{mnt}/run/step_5/model.pt")
+        assert v5["kind"] == "delta", v5
+        wait_published(store, v5["version"])  # step_4 stays: the image pays again
+    print("single: no head image while a lineage's only live file is its head (nor rebuilt at "
+          "startup), heads=on rebuilds it, a second live file brings it back")
+
+
 def main():
     binary, ckptctl = sys.argv[1], sys.argv[2]
-    only = sys.argv[3:] or ["reads", "rewrite", "scratch", "mmap_writer"]
+    only = sys.argv[3:] or ["reads", "rewrite", "scratch", "single", "mmap_writer"]
     if os.geteuid() != 0:
         print("SKIPPED: the mount tests run as root")
         sys.exit(77)

@@ -193,6 +193,20 @@ TEST_CASE("fuse options: moment_bits 0..23, default 2", "[fuse]") {
     CHECK_THROWS_AS(parse_o(bad), usage_error);
 }
 
+TEST_CASE("fuse options: heads auto (default), on or off", "[fuse]") {
+  const auto d = parse_o("bits=3");
+  CHECK(d.heads);
+  CHECK_FALSE(d.content.heads_always);  // auto: none where the head is the only live file
+  CHECK_FALSE(content_options{}.heads_always);
+  CHECK(parse_o("heads=auto").heads);
+  CHECK_FALSE(parse_o("heads=auto").content.heads_always);
+  CHECK(parse_o("heads=on").heads);
+  CHECK(parse_o("heads=on").content.heads_always);
+  CHECK_FALSE(parse_o("heads=off").heads);
+  for (const char* bad : {"heads=yes", "heads=", "heads", "heads=ON"})
+    CHECK_THROWS_AS(parse_o(bad), usage_error);
+}
+
 TEST_CASE("fuse options: min_tensor is a size of at least one byte", "[fuse]") {
   CHECK(parse_o("bits=3").content.min_tensor_bytes == 256);
   CHECK(ckpt::fs::content_options{}.min_tensor_bytes == 4096);  // the library's own
