@@ -953,6 +953,10 @@ content_ref content_store::impl::record_version(std::string_view path, version_m
     // A superseded head that nothing else needs goes only after this record is durable.
     if (old_head) m.collect(old_head, m.unneeded);
     superseded = old_head;
+    // A save over the lineage's only live file (its name truncated at open: `torch.save` over
+    // one last.pt) leaves this version the only one: no image (image_pays). Where the old file
+    // still has its name here (a tmp file renamed over it next), unref() drops the image then.
+    if (head && old_head && !m.opt.heads_always && !m.image_pays(lineage_id, id)) head.reset();
   }
   if (head) m.heads->adopt(id, obj.checksum, std::move(head));
   // The previous head's image goes: its version now decodes through its chain like any other.

@@ -319,12 +319,16 @@ TEST_CASE("a lineage whose only live file is its head keeps no image, across a r
     s.content.wait_heads();
     CHECK_FALSE(s.content.published_head(v2));
     CHECK(files() == 0);
+    // Saved over with the name truncated at open (torch.save over one last.pt): v2 loses its
+    // name before v3 exists, and v3 gets no image at its commit.
+    s.content.unref(v2);
     v3 = save(s, "run/last.pt");  // its base read through the chain
     CHECK(s.content.info(v3).kind == "delta");
     CHECK(s.content.info(v3).base == v2.version);
-    s.content.unref(v2);
+    CHECK_FALSE(s.content.published_head(v3));
     s.content.wait_heads();
     CHECK_FALSE(s.content.published_head(v3));
+    CHECK(files() == 0);
     served3 = read_all(s.content, v3);
     s.journal.sync();
   }
