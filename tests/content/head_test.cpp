@@ -73,6 +73,14 @@ class memory_staged final : public fs::staged_file {
   bool in_file_ = false, modified_ = false;
 };
 
+// Head images in DIR/heads for every checkpoint of 1 MiB of tensors or more.
+fs::content_options heads_options(const temp_dir& d) {
+  fs::content_options opt;
+  opt.heads_dir = (d.path / "heads").string();
+  opt.head_min = 1 << 20;
+  return opt;
+}
+
 // A torch.save-like zip: data.pkl, two float storages of n elements and an int64 one, CRCs set.
 bytes torch_like(const std::vector<float>& a, const std::vector<float>& b) {
   using namespace ckpt::format::test;
@@ -119,9 +127,7 @@ void check_crcs(const bytes& served) {
 TEST_CASE("head images read exactly as the chain decodes, and are kept across a restart",
           "[content][heads]") {
   temp_dir d;
-  fs::content_options opt;
-  opt.heads_dir = (d.path / "heads").string();
-  opt.head_min = 1 << 20;
+  fs::content_options opt = heads_options(d);
   opt.keyframe_interval = 20;
   std::mt19937_64 rng(31);
   drifting_weights a(700'000, rng), b(300'000, rng);  // 4 MiB in all: a head image each version
@@ -255,9 +261,7 @@ TEST_CASE("an unusable heads directory is logged as an error, and versions decod
 
 TEST_CASE("a missing head image is rebuilt from the chain at startup", "[content][heads]") {
   temp_dir d;
-  fs::content_options opt;
-  opt.heads_dir = (d.path / "heads").string();
-  opt.head_min = 1 << 20;
+  fs::content_options opt = heads_options(d);
   std::mt19937_64 rng(77);
   drifting_weights a(500'000, rng), b(200'000, rng);
   std::vector<fs::content_ref> refs;
@@ -295,9 +299,7 @@ TEST_CASE("a lineage whose only live file is its head keeps no image, across a r
   // full copy of the one live file. It goes when the last other live file does; the head reads
   // through its chain, its next save takes its base from there, and a restart rebuilds nothing.
   temp_dir d;
-  fs::content_options opt;
-  opt.heads_dir = (d.path / "heads").string();
-  opt.head_min = 1 << 20;
+  fs::content_options opt = heads_options(d);
   std::mt19937_64 rng(41);
   drifting_weights a(600'000, rng), b(1000, rng);
   auto save = [&](opened& s, const std::string& path) {
@@ -356,9 +358,7 @@ TEST_CASE("a lineage whose only live file is its head keeps no image, across a r
 TEST_CASE("a rekeyed head keeps its image across a restart (renamed to the new checksum)",
           "[content][heads]") {
   temp_dir d;
-  fs::content_options opt;
-  opt.heads_dir = (d.path / "heads").string();
-  opt.head_min = 1 << 20;
+  fs::content_options opt = heads_options(d);
   std::mt19937_64 rng(32);
   drifting_weights a(700'000, rng), b(300'000, rng);
   fs::content_ref head, first;
