@@ -6,6 +6,7 @@
 // record is appended last.
 #include <tbb/task_group.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <chrono>
@@ -361,9 +362,7 @@ content_store::impl::base_choice content_store::impl::choose_base(std::uint64_t 
     // weights it would store as a keyframe's: encode_tensor), then the most recently extended.
     const std::string ranks = lineage_rank_tokens(l.path_key);
     const auto shared = [&](const std::string& key) {
-      std::size_t i = 0;
-      while (i < key.size() && i < l.path_key.size() && key[i] == l.path_key[i]) ++i;
-      return i;
+      return std::size_t(std::ranges::mismatch(key, l.path_key).in1 - key.begin());
     };
     const lineage_rec* donor = nullptr;
     std::size_t donor_shared = 0;

@@ -49,8 +49,9 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ckptfs_testlib import (daemon_log, kill9, mounted, sha256, start,  # noqa: E402
                             status_json, wait_mounted)
-from scale_lib import (MiB, TrainingState, check, flat_tensors, read_dcp, sample, save,  # noqa: E402
-                       scratch_dir, stat, tmp_objects, write_dcp, writing_object)
+from scale_lib import (MiB, TrainingState, check, flat_tensors, heads_of, read_dcp,  # noqa: E402
+                       sample, save, scratch_dir, stat, tmp_objects, wait_published, write_dcp,
+                       writing_object)
 
 SIZE = 160 * MiB
 
@@ -121,11 +122,6 @@ def write_file(path, data):
     return None
 
 
-def heads_of(store):
-    d = os.path.join(store, "heads")
-    return sorted(os.listdir(d)) if os.path.isdir(d) else []
-
-
 def test_scratch_unusable(binary, ckptctl, tmp):
     blocker = f"{tmp}/not-a-dir"
     with open(blocker, "w") as f:
@@ -183,7 +179,7 @@ def test_scratch_full(binary, ckptctl, tmp):
             os.makedirs(f"{mnt}/run")
             saved = lin.save(p1)
             v1 = lin.verify("full v1", p1, saved)
-            store_wait_published(scratch, v1["version"])
+            wait_published(scratch, v1["version"])
             hashes[p1] = sha256(p1)
             with open(p1, "rb") as holder:  # version 1's image stays while this is open
                 holder.read(4096)
@@ -202,7 +198,7 @@ def test_scratch_full(binary, ckptctl, tmp):
             saved = lin.save(p3)
             v3 = lin.verify("full v3", p3, saved)
             assert v3["kind"] == "delta" and v3["base"] == v2["version"], v3
-            store_wait_published(scratch, v3["version"])
+            wait_published(scratch, v3["version"])
             hashes[p3] = sha256(p3)
         assert heads_of(scratch) and heads_of(scratch)[0].startswith(f"{v3['version']:016x}-")
         with mounted(binary, store, mnt, f"scratch={scratch}"):
@@ -212,14 +208,6 @@ def test_scratch_full(binary, ckptctl, tmp):
               "through the chain and served as the next base; the next image was published")
     finally:
         umount(scratch)
-
-
-def store_wait_published(scratch_or_store, version, timeout=60):
-    prefix = f"{version:016x}-"
-    deadline = time.monotonic() + timeout
-    while not any(n.startswith(prefix) and n.endswith(".head") for n in heads_of(scratch_or_store)):
-        assert time.monotonic() < deadline, f"head image of version {version} not published"
-        time.sleep(0.02)
 
 
 def after_crash(binary, ckptctl, store, mnt, hashes, label, opts=()):

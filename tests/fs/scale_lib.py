@@ -248,6 +248,22 @@ def writing_object(store):
     return False
 
 
+def heads_of(scratch):
+    """The files in SCRATCH/heads (SCRATCH is the store unless -o scratch= named another)."""
+    d = os.path.join(scratch, "heads")
+    return sorted(os.listdir(d)) if os.path.isdir(d) else []
+
+
+def wait_published(scratch, version, timeout=60):
+    """Waits until the head image of `version` is on disk (SCRATCH/heads/<version>-<checksum>
+    .head): until then it holds its write buffer's memory, which the next save would add to."""
+    prefix = f"{version:016x}-"
+    deadline = time.monotonic() + timeout
+    while not any(n.startswith(prefix) and n.endswith(".head") for n in heads_of(scratch)):
+        assert time.monotonic() < deadline, f"head image of version {version} not published"
+        time.sleep(0.02)
+
+
 def mib(n):
     return f"{n / MiB:.0f} MiB"
 

@@ -38,7 +38,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ckptfs_testlib import mounted, peak_rss, sha256  # noqa: E402
-from scale_lib import MiB, TrainingState, mib, rss, scratch_dir, stat  # noqa: E402
+from scale_lib import MiB, TrainingState, mib, rss, scratch_dir, stat, wait_published  # noqa: E402
 
 TOLERANCE = 128 * MiB
 CACHE, BUFFER = 1 << 30, 256 * MiB
@@ -51,17 +51,6 @@ def slope(ys):
     n = len(ys)
     mx, my = (n - 1) / 2, sum(ys) / n
     return sum((i - mx) * (y - my) for i, y in enumerate(ys)) / sum((i - mx) ** 2 for i in range(n))
-
-
-def wait_published(store, version, timeout=60):
-    """Waits until the head image of `version` is on disk (STORE/heads/<version>-<checksum>.head):
-    until then it holds its write buffer's memory, which the next save would add to."""
-    prefix = f"{version:016x}-"
-    deadline = time.monotonic() + timeout
-    while not any(n.startswith(prefix) and n.endswith(".head")
-                  for n in os.listdir(os.path.join(store, "heads"))):
-        assert time.monotonic() < deadline, f"head image of version {version} not published"
-        time.sleep(0.02)
 
 
 def phase(name, args, work):

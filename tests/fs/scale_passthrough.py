@@ -51,26 +51,13 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ckptfs_testlib import mounted, sha256  # noqa: E402
-from scale_lib import (MiB, TrainingState, cpu_seconds, open_file_blocks, save,  # noqa: E402
-                       scratch_dir, stat)
+from scale_lib import (MiB, TrainingState, cpu_seconds, heads_of, open_file_blocks,  # noqa: E402
+                       save, scratch_dir, stat, wait_published)
 
 
 def kernel_has_passthrough():
     major, minor = (int(x) for x in platform.release().split(".")[:2])
     return (major, minor) >= (6, 9)
-
-
-def heads_of(store):
-    d = os.path.join(store, "heads")
-    return sorted(os.listdir(d)) if os.path.isdir(d) else []
-
-
-def wait_published(store, version, timeout=60):
-    prefix = f"{version:016x}-"
-    deadline = time.monotonic() + timeout
-    while not any(n.startswith(prefix) and n.endswith(".head") for n in heads_of(store)):
-        assert time.monotonic() < deadline, f"head image of version {version} not published"
-        time.sleep(0.02)
 
 
 def read_cost(proc, path):
