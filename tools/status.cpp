@@ -106,6 +106,9 @@ void print_text(const nlohmann::json& r) {
         static_cast<unsigned long long>(ju64(heads, "retirements")),
         human_bytes(jnum(heads, "retired_disk_bytes")).c_str(),
         static_cast<unsigned long long>(ju64(heads, "retire_refused")));
+  if (jbool(heads, "enabled") && ju64(heads, "saves_without_image"))
+    std::printf("          %s made no image: their checkpoint was the only live file kept\n",
+                plural(ju64(heads, "saves_without_image"), "save").c_str());
   if (!jbool(heads, "enabled")) std::printf("heads:    off (restores decode the chains)\n");
   std::printf("scratch:  %s: %s in staging files and head images, %s free\n",
               jstr(scratch, "dir").c_str(), human_bytes(jnum(scratch, "bytes")).c_str(),

@@ -225,6 +225,13 @@ struct lineage_rec {
   std::uint64_t head = 0;
   std::uint64_t since_keyframe = 0;
   bool journaled = true;  // its record is in the journal (a new lineage's goes with its first put)
+  // heads=auto: the last head of this lineage lost its image because it was the lineage's only
+  // live file (saved over, or rotated down to one). Its next save writes no reconstruction into
+  // its staged bytes, as with heads=off, instead of a head image the save's rotation would drop:
+  // a run that keeps one checkpoint writes each save once. Cleared by a commit whose lineage has
+  // another live file (that head's image is then rebuilt from its chain). Not journaled: after a
+  // restart one save makes its image again.
+  bool single = false;
   std::shared_ptr<std::mutex> encode_mu = std::make_shared<std::mutex>();
 };
 
@@ -448,6 +455,9 @@ struct content_store::impl {
     // A keyframe's lineage head, the base it would have had (not pinned, only its record is
     // read): the tensors that head coded as values are coded so in the keyframe too.
     std::uint64_t previous = 0;
+    // The new version's reconstruction goes into its staged bytes, which become its head image;
+    // not where the base's lineage keeps one file (lineage_rec::single).
+    bool image = true;
   };
   // The record of c.previous, or null (none, it went meanwhile, or keyframes are exact).
   std::shared_ptr<const cache_item> previous_meta(const base_choice& c);
@@ -620,6 +630,7 @@ struct content_store::impl {
   std::optional<content_ref> finish_stream(content_store::stream& s, std::string_view path,
                                            std::string& why);
   std::atomic<std::uint64_t> streams_running{0}, streamed_puts{0}, streams_dropped{0};
+  std::atomic<std::uint64_t> saves_without_image{0};  // base_choice::image false, since the start
   std::atomic<std::uint64_t> streams_declined{0};
   std::atomic<std::uint64_t> streamed_bytes{0};  // tensor bytes coded by streams
   mutable std::mutex declined_mu;

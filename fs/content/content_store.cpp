@@ -145,6 +145,7 @@ content_store::resources content_store::usage() const {
     r.head_retired_bytes = h.retired_disk_bytes;
     r.head_retirements = h.retirements;
     r.head_retire_refused = h.retire_refused;
+    r.saves_without_image = impl_->saves_without_image.load();
   }
   r.streams_running = impl_->streams_running.load();
   r.streamed_puts = impl_->streamed_puts.load();

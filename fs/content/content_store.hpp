@@ -397,6 +397,8 @@ class content_store {
     // Head images a stream codes against, freed behind it (head_store::retire), and their disk.
     std::uint64_t heads_retired = 0, head_retired_bytes = 0;
     std::uint64_t head_retirements = 0, head_retire_refused = 0;  // since the mount
+    // Saves that wrote no head image because their lineage keeps one live file (heads=auto).
+    std::uint64_t saves_without_image = 0;
     // Streaming writes: streams running now; since the start, puts that used a stream's work,
     // streams whose work was dropped (the file changed after it was read, or was not what
     // the stream predicted), and streams that declined (left the file to its commit: too small,

@@ -386,6 +386,9 @@ content_store::impl::base_choice content_store::impl::choose_base(std::uint64_t 
 }
 
 void content_store::impl::settle_choice(base_choice& c) {
+  if (const auto b = versions.find(c.base); b != versions.end() && b->second.lineage)
+    if (const auto l = lineages.find(current_lineage(b->second.lineage)); l != lineages.end())
+      c.image = !l->second.single;
   c.keyframe = opt.lossless || !c.base ||
                c.since + 1 >= std::uint64_t(opt.keyframe_interval_for(versions.at(c.base).size));
   if (c.keyframe) c.previous = std::exchange(c.base, 0);
@@ -845,7 +848,7 @@ content_ref content_store::impl::put(std::string_view path, const format::source
     // overwritten with its reconstruction as it is made (a lossless one already is its own), the
     // CRC fields below. Small checkpoints instead keep their reconstruction in the cache, a
     // whole tensor at a time: it is the next version's base and the likeliest next read.
-    make_head = m.heads && staged && tensor_bytes >= m.opt.head_min;
+    make_head = m.heads && staged && tensor_bytes >= m.opt.head_min && bc.image;
     const bool retain = !make_head && tensor_bytes <= m.cache.budget() / 2;
     std::vector<std::uint32_t> tensor_crc(layout.tensors.size());
     std::vector<bool> replaced(layout.tensors.size());
@@ -904,6 +907,8 @@ content_ref content_store::impl::record_version(std::string_view path, version_m
   const store::object_ref obj = out.finish(meta, dictionary);
 
   std::uint64_t superseded = 0;
+  bool rebuild = false;
+  if (lineage_id && m.heads && !bc.image) ++m.saves_without_image;
   version_rec r;
   r.obj = obj;
   r.size = meta.size;
@@ -955,9 +960,22 @@ content_ref content_store::impl::record_version(std::string_view path, version_m
     // A save over the lineage's only live file (its name truncated at open: `torch.save` over
     // one last.pt) leaves this version the only one: no image (image_pays). Where the old file
     // still has its name here (a tmp file renamed over it next), unref() drops the image then.
-    if (head && old_head && !m.opt.heads_always && !m.image_pays(lineage_id, id)) head.reset();
+    if (lineage_id && m.heads && !m.opt.heads_always) {
+      auto& l = m.lineages.at(lineage_id);
+      const bool pays = !old_head || m.image_pays(lineage_id, id);
+      if (!pays) {
+        head.reset();
+        l.single = true;
+      } else if (l.single) {
+        // Saved without an image (bc.image): another file of the lineage lives now, and the
+        // image pays again. Rebuilt from the chain below, after this record.
+        l.single = false;
+        rebuild = !head;
+      }
+    }
   }
   if (head) m.heads->adopt(id, obj.checksum, std::move(head));
+  if (rebuild) m.rebuild_head(id, obj.checksum, meta.size);
   // The previous head's image goes: its version now decodes through its chain like any other.
   if (superseded && m.heads) m.heads->drop(superseded);
   // Its reconstruction leaves the cache too. A delta dropped its base's tensor by tensor above;

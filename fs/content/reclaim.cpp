@@ -119,8 +119,10 @@ void content_store::unref(const content_ref& ref) {
         impl_->heads && !impl_->opt.heads_always && l != impl_->lineages.end()) {
       const auto h = impl_->versions.find(l->second.head);
       if (h != impl_->versions.end() && h->second.size >= impl_->opt.head_min &&
-          !impl_->image_pays(lineage, h->first))
+          !impl_->image_pays(lineage, h->first)) {
         drop_image = h->first;
+        l->second.single = true;  // its next save makes no image either (lineage_rec::single)
+      }
     }
   }
   // Outside mu: the head store takes its own lock. Reads of the head decode its chain from now

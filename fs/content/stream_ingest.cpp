@@ -229,7 +229,7 @@ void content_store::impl::run_stream(stream& s) {
       j.refresh = s.bc_.refresh;
       // The reconstruction replaces the written bytes only where they become the head image.
       const auto sink = [&](std::uint64_t off, std::span<const std::byte> recon) {
-        if (heads && j.rewrites()) staged.overwrite(t->offset + off, recon);
+        if (heads && s.bc_.image && j.rewrites()) staged.overwrite(t->offset + off, recon);
         staged.settle(t->offset + off + recon.size());
       };
       s.results_.back() =
@@ -362,7 +362,8 @@ std::optional<content_ref> content_store::impl::finish_stream(stream& s, std::st
     }
     note_rounding(meta);
     member_crcs(meta, layout, tensor_crc, replaced, src,
-                std::span<std::byte>(slab.cur.data(), kSlabBytes), heads ? &staged : nullptr);
+                std::span<std::byte>(slab.cur.data(), kSlabBytes),
+                heads && s.bc_.image ? &staged : nullptr);
   }
   meta.layout = std::move(layout);
 
@@ -387,7 +388,7 @@ std::optional<content_ref> content_store::impl::finish_stream(stream& s, std::st
     lineage_lock.unlock();
   }
   return record_version(path, std::move(meta), out, 0, s.lineage_id_, s.bc_, *s.pin_, {},
-                        heads ? s.staged_ : nullptr);
+                        heads && s.bc_.image ? s.staged_ : nullptr);
 }
 
 std::shared_ptr<content_store::stream> content_store::start_stream(

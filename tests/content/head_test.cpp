@@ -355,6 +355,63 @@ TEST_CASE("a lineage whose only live file is its head keeps no image, across a r
   }
 }
 
+TEST_CASE("a lineage that keeps one file writes no reconstruction for an image it would drop",
+          "[content][heads]") {
+  // HF's save_total_limit=1: each save comes beside the last, which is deleted after it. The
+  // new head's image would be dropped at that deletion; once the lineage showed it keeps one
+  // file, its saves write no reconstruction into their staged bytes (as with heads=off). When
+  // another file of the lineage lives at a commit, the image is made from the chain instead.
+  temp_dir d;
+  fs::content_options opt = heads_options(d);
+  std::mt19937_64 rng(42);
+  drifting_weights a(600'000, rng), b(1000, rng);
+  opened s(d.path, opt);
+  std::shared_ptr<memory_staged> staged;
+  auto save = [&](const std::string& path) {
+    a.step(rng);
+    b.step(rng);
+    staged = std::make_shared<memory_staged>(torch_like(a.values, b.values), opt.heads_dir);
+    return s.content.put(path, staged);
+  };
+  const auto without = [&] { return s.content.usage().saves_without_image; };
+  const fs::content_ref v1 = save("run/checkpoint-1/model.pt");
+  const fs::content_ref v2 = save("run/checkpoint-2/model.pt");
+  REQUIRE(s.content.info(v2).kind == "delta");
+  CHECK(staged->modified());  // v1 still has its name: v2's staged bytes become its image
+  s.content.unref(v1);        // rotated away: v2 is the only live file, its image goes
+  s.content.wait_heads();
+  CHECK_FALSE(s.content.published_head(v2));
+  CHECK(without() == 0);
+
+  const fs::content_ref v3 = save("run/checkpoint-3/model.pt");
+  CHECK(s.content.info(v3).kind == "delta");
+  CHECK(s.content.info(v3).base == v2.version);
+  CHECK_FALSE(staged->modified());  // no image will be kept: the written bytes stay as written
+  CHECK(without() == 1);
+  const bytes served3 = read_all(s.content, v3);
+  s.content.unref(v2);
+  s.content.wait_heads();
+  CHECK_FALSE(s.content.published_head(v3));
+  CHECK(read_all(s.content, v3) == served3);
+
+  // Kept beside the next save this time: the new head's image pays, and it is rebuilt from its
+  // chain since its save wrote none.
+  const fs::content_ref v4 = save("run/checkpoint-4/model.pt");
+  CHECK_FALSE(staged->modified());
+  CHECK(without() == 2);
+  s.content.wait_heads();
+  const auto image = s.content.published_head(v4);
+  CHECK(image);
+  const bytes served4 = read_all(s.content, v4);
+  s.content.discard_head(v4.version);  // the same bytes through the chain
+  CHECK(read_all(s.content, v4) == served4);
+  // The lineage keeps two files now: the next save makes its image as it is written.
+  const fs::content_ref v5 = save("run/checkpoint-5/model.pt");
+  CHECK(staged->modified());
+  CHECK(without() == 2);
+  (void)v5;
+}
+
 TEST_CASE("a rekeyed head keeps its image across a restart (renamed to the new checksum)",
           "[content][heads]") {
   temp_dir d;

@@ -23,7 +23,7 @@ opens of it are served by the kernel straight from that file:
             default): once the second save replaced the first, the lineage's only live file is
             its head, and no head image is kept (it would be a second full copy of the file);
             the third save is a delta on the second all the same (its base read through the
-            chain), reads back identical after a remount, where no image is rebuilt either;
+            chain), writes no reconstruction for an image (the lineage keeps one file), reads back identical after a remount, where no image is rebuilt either;
             with heads=on the remount rebuilds it; a checkpoint saved beside it under a new
             step directory brings images back under heads=auto.
   mmap_writer  a writer opened while a passthrough reader holds the file shares the inode's
@@ -50,7 +50,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ckptfs_testlib import mounted, sha256  # noqa: E402
+from ckptfs_testlib import mounted, sha256, status_json  # noqa: E402
 from scale_lib import (MiB, TrainingState, cpu_seconds, heads_of, open_file_blocks,  # noqa: E402
                        save, scratch_dir, stat, wait_published)
 
@@ -304,6 +304,10 @@ def test_single(binary, ckptctl, tmp):
         v3 = stat(ckptctl, p)
         assert v3["kind"] == "delta" and v3["base"] == v2["version"], v3
         assert no_heads_for(store), heads_of(store)
+        # The lineage showed it keeps one file: the third save wrote no reconstruction for an
+        # image it would not keep (the second still did, then lost it).
+        heads = status_json(ckptctl, mnt)["heads"]
+        assert heads["saves_without_image"] == 1, heads
         h3 = sha256(p)
         assert proc.poll() is None
     with mounted(binary, store, mnt):
