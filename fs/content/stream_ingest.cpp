@@ -175,6 +175,14 @@ void content_store::impl::run_stream(stream& s) {
       }
     }
     s.pin_.emplace(*this, s.bc_.base);
+    // A lineage that keeps one file makes no image (lineage_rec::single): its save is left to the
+    // commit where heads=off leaves it, so that its reconstruction stays in the cache as the next
+    // save's base instead of that base being decoded through the chain.
+    if (walk && !s.bc_.image && walk->predicted_bytes(true) <= cache.budget() / 2) {
+      s.pin_.reset();
+      s.declined_ = "its lineage keeps one file, and the cache keeps it";
+      return;
+    }
     if (heads && s.bc_.base) s.base_image_ = heads->retire(s.bc_.base);
     const auto next = [&]() -> std::optional<format::tensor_info> {
       if (held_next < held.size()) return held[held_next++];
