@@ -228,9 +228,10 @@ struct lineage_rec {
   // heads=auto: the last head of this lineage lost its image because it was the lineage's only
   // live file (saved over, or rotated down to one). Its next save writes no reconstruction into
   // its staged bytes, as with heads=off, instead of a head image the save's rotation would drop:
-  // a run that keeps one checkpoint writes each save once. Cleared by a commit whose lineage has
-  // another live file (that head's image is then rebuilt from its chain). Not journaled: after a
-  // restart one save makes its image again.
+  // a run that keeps one checkpoint writes each save once. Cleared by a commit that finds a file
+  // of the lineage live besides the new version and the one it supersedes (the rotation after
+  // a save deletes that one); that head's image is then rebuilt from its chain. Not journaled:
+  // found again at startup from the live files (replay_done).
   bool single = false;
   std::shared_ptr<std::mutex> encode_mu = std::make_shared<std::mutex>();
 };
@@ -406,9 +407,10 @@ struct content_store::impl {
   std::uint64_t deltas_since_keyframe(std::uint64_t v) const;  // mu held
   bool is_head(const version_rec& r) const;                    // mu held
   // Whether lineage `lineage`'s head image is worth its disk: some other version of the lineage
-  // has a name (mu held). With the head as its only live file the image is a second full copy
-  // of it, and the store holds more than a plain directory would ("Keeping one checkpoint").
-  bool image_pays(std::uint64_t lineage, std::uint64_t head) const;
+  // has a name (mu held), other than `besides` where given. With the head as its only live file
+  // the image is a second full copy of it, and the store holds more than a plain directory
+  // would ("Keeping one checkpoint").
+  bool image_pays(std::uint64_t lineage, std::uint64_t head, std::uint64_t besides = 0) const;
   static nlohmann::json version_json(const version_rec& r);
   static nlohmann::json lineage_json(const lineage_rec& l);
   void apply_version(const nlohmann::json& j);                         // mu held

@@ -960,17 +960,20 @@ content_ref content_store::impl::record_version(std::string_view path, version_m
     // A save over the lineage's only live file (its name truncated at open: `torch.save` over
     // one last.pt) leaves this version the only one: no image (image_pays). Where the old file
     // still has its name here (a tmp file renamed over it next), unref() drops the image then.
-    if (lineage_id && m.heads && !m.opt.heads_always) {
+    // Either way the lineage's next saves make no image (lineage_rec::single).
+    if (lineage_id && m.heads && !m.opt.heads_always && meta.size >= m.opt.head_min) {
       auto& l = m.lineages.at(lineage_id);
-      const bool pays = !old_head || m.image_pays(lineage_id, id);
-      if (!pays) {
-        head.reset();
-        l.single = true;
-      } else if (l.single) {
-        // Saved without an image (bc.image): another file of the lineage lives now, and the
-        // image pays again. Rebuilt from the chain below, after this record.
+      if (bc.image) {
+        if (old_head && !m.image_pays(lineage_id, id)) {
+          head.reset();
+          l.single = true;
+        }
+      } else if (m.image_pays(lineage_id, id, old_head)) {
+        // Saved without an image, and a file older than the one this save supersedes (which a
+        // rotation right after the save deletes: save_total_limit=1) still lives: the lineage
+        // keeps more than one file now. Its image is made from the chain, after this record.
         l.single = false;
-        rebuild = !head;
+        rebuild = true;
       }
     }
   }

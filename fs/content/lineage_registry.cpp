@@ -44,9 +44,10 @@ bool content_store::impl::is_head(const version_rec& r) const {
   return it != lineages.end() && it->second.head == r.id;
 }
 
-bool content_store::impl::image_pays(std::uint64_t lineage, std::uint64_t head) const {
+bool content_store::impl::image_pays(std::uint64_t lineage, std::uint64_t head,
+                                     std::uint64_t besides) const {
   for (const auto& [id, r] : versions)
-    if (r.lineage == lineage && id != head && r.refs) return true;
+    if (r.lineage == lineage && id != head && id != besides && r.refs) return true;
   return false;
 }
 
@@ -246,14 +247,19 @@ void content_store::replay_done(std::span<const content_ref> live) {
     impl_->replaced.clear();
     // Head images on disk that still match their lineage's newest version are kept, where the
     // lineage keeps other live files (image_pays; one pass here, a store may hold thousands of
-    // lineages); the others' files go, and none is rebuilt.
+    // lineages); the others' files go, and none is rebuilt: their next saves make no image
+    // either (lineage_rec::single).
     std::set<std::uint64_t> others_live;
     for (const auto& [id, r] : vs)
       if (r.refs && !impl_->is_head(r)) others_live.insert(r.lineage);
-    for (const auto& [lid, l] : impl_->lineages)
-      if (auto it = vs.find(l.head);
-          it != vs.end() && (impl_->opt.heads_always || others_live.count(lid)))
+    for (auto& [lid, l] : impl_->lineages) {
+      const auto it = vs.find(l.head);
+      if (it == vs.end()) continue;
+      if (impl_->opt.heads_always || others_live.count(lid))
         heads[l.head] = {it->second.obj.checksum, it->second.size};
+      else
+        l.single = it->second.size >= impl_->opt.head_min;
+    }
   }
   impl_->remove_objects(doomed);
   if (!impl_->heads) return;

@@ -340,17 +340,28 @@ TEST_CASE("a lineage whose only live file is its head keeps no image, across a r
     CHECK_FALSE(s.content.published_head(v3));  // not rebuilt
     CHECK(files() == 0);
     CHECK(read_all(s.content, v3) == served3);
-    // The next save while v3 keeps its name (kept beside it, say as checkpoint-3): the lineage
-    // has another live file, and its new head's image pays again.
+    // The next save while v3 keeps its name (kept beside it, say as checkpoint-3). The startup
+    // found the lineage keeping one file: v4's save writes no image, and v3 may still be
+    // rotated away right after it (save_total_limit=1), so none is made yet.
     v4 = save(s, "run/last.pt");
+    CHECK(s.content.usage().saves_without_image == 1);
     s.content.wait_heads();
     CHECK(s.content.info(v4).base == v3.version);
-    CHECK(s.content.published_head(v4));
-    CHECK(files() == 1);
-    // Rotated away: the image goes at once.
-    s.content.unref(v3);
-    s.content.wait_heads();
     CHECK_FALSE(s.content.published_head(v4));
+    // v3 still lives at the next save's commit: the lineage keeps more than one file, and the
+    // new head's image pays again (rebuilt from its chain, as its save wrote none).
+    const fs::content_ref v5 = save(s, "run/last.pt");
+    CHECK(s.content.usage().saves_without_image == 2);
+    s.content.wait_heads();
+    CHECK(s.content.published_head(v5));
+    CHECK(files() == 1);
+    s.content.unref(v3);  // v4 still lives: the image stays
+    s.content.wait_heads();
+    CHECK(s.content.published_head(v5));
+    // Rotated down to one file: the image goes at once.
+    s.content.unref(v4);
+    s.content.wait_heads();
+    CHECK_FALSE(s.content.published_head(v5));
     CHECK(files() == 0);
   }
 }
@@ -394,22 +405,28 @@ TEST_CASE("a lineage that keeps one file writes no reconstruction for an image i
   CHECK_FALSE(s.content.published_head(v3));
   CHECK(read_all(s.content, v3) == served3);
 
-  // Kept beside the next save this time: the new head's image pays, and it is rebuilt from its
-  // chain since its save wrote none.
+  // The run starts keeping two checkpoints: v3 is not rotated away after v4's save. At v4's
+  // commit that cannot be told from a rotation still to come, at v5's it can: v5's image is
+  // made from its chain, since its save wrote none.
   const fs::content_ref v4 = save("run/checkpoint-4/model.pt");
   CHECK_FALSE(staged->modified());
   CHECK(without() == 2);
   s.content.wait_heads();
-  const auto image = s.content.published_head(v4);
-  CHECK(image);
-  const bytes served4 = read_all(s.content, v4);
-  s.content.discard_head(v4.version);  // the same bytes through the chain
-  CHECK(read_all(s.content, v4) == served4);
-  // The lineage keeps two files now: the next save makes its image as it is written.
+  CHECK_FALSE(s.content.published_head(v4));
   const fs::content_ref v5 = save("run/checkpoint-5/model.pt");
+  CHECK_FALSE(staged->modified());
+  CHECK(without() == 3);
+  s.content.wait_heads();
+  CHECK(s.content.published_head(v5));
+  const bytes served5 = read_all(s.content, v5);
+  s.content.discard_head(v5.version);  // the same bytes through the chain
+  CHECK(read_all(s.content, v5) == served5);
+  s.content.unref(v3);
+  // The lineage keeps two files now: the next save makes its image as it is written.
+  const fs::content_ref v6 = save("run/checkpoint-6/model.pt");
   CHECK(staged->modified());
-  CHECK(without() == 2);
-  (void)v5;
+  CHECK(without() == 3);
+  (void)v6;
 }
 
 TEST_CASE("a rekeyed head keeps its image across a restart (renamed to the new checksum)",
