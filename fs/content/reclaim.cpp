@@ -106,17 +106,21 @@ void content_store::unref(const content_ref& ref) {
     std::lock_guard lock(impl_->mu);
     auto it = impl_->versions.find(ref.version);
     if (it == impl_->versions.end() || it->second.refs == 0) return;
-    --it->second.refs;
+    const bool unnamed = --it->second.refs == 0;  // else a pin or another name still holds it
     const std::uint64_t lineage = it->second.lineage;
     // Removed after the next journal sync: collecting a base chain may also take a superseded
     // head whose successor's record is not durable yet.
     impl_->collect(ref.version, impl_->unneeded);
     impl_->hint_chain(ref.version);  // kept without a name: its chain may be worth freeing
     // The last other live file of the lineage went (a save over it, its directory rotated
-    // away): its head's image would now be a second copy of the one file left.
+    // away): its head's image would now be a second copy of the one file left. A reader's pin
+    // let go, or one of several names, changes no file's life: a lineage's first version, the
+    // only file, keeps its image through the reads of it. The head itself losing its last name
+    // (truncated at open by a save over it, removed) leaves an image only a save in progress
+    // may still read (it retired it already: head_store::retire), so it goes too.
     // Checkpoints below head_min have no image: no need to look (image_pays walks the store).
     if (const auto l = impl_->lineages.find(lineage);
-        impl_->heads && !impl_->opt.heads_always && l != impl_->lineages.end()) {
+        unnamed && impl_->heads && !impl_->opt.heads_always && l != impl_->lineages.end()) {
       const auto h = impl_->versions.find(l->second.head);
       if (h != impl_->versions.end() && h->second.size >= impl_->opt.head_min &&
           !impl_->image_pays(lineage, h->first)) {

@@ -366,6 +366,31 @@ TEST_CASE("a lineage whose only live file is its head keeps no image, across a r
   }
 }
 
+TEST_CASE("a reader's pin let go keeps the image of a lineage's only file", "[content][heads]") {
+  // A handle reading a version pins it (ref) and lets go after the next journal sync (unref):
+  // no file lost its name, and a lineage's first version keeps its image. Losing its name
+  // drops it (the image would be all that is left of a removed file).
+  temp_dir d;
+  fs::content_options opt = heads_options(d);
+  std::mt19937_64 rng(43);
+  drifting_weights a(600'000, rng), b(1000, rng);
+  opened s(d.path, opt);
+  const fs::content_ref v1 =
+      s.content.put("run/last.pt",
+                    std::make_shared<memory_staged>(torch_like(a.values, b.values), opt.heads_dir));
+  s.content.wait_heads();
+  REQUIRE(s.content.published_head(v1));
+  s.content.ref(v1);  // a reader's handle
+  s.content.unref(v1);
+  s.content.wait_heads();
+  CHECK(s.content.published_head(v1));
+  CHECK(fs::head_store::files_in(opt.heads_dir).size() == 1);
+  s.content.unref(v1);  // removed
+  s.content.wait_heads();
+  CHECK_FALSE(s.content.published_head(v1));
+  CHECK(fs::head_store::files_in(opt.heads_dir).empty());
+}
+
 TEST_CASE("a lineage that keeps one file writes no reconstruction for an image it would drop",
           "[content][heads]") {
   // HF's save_total_limit=1: each save comes beside the last, which is deleted after it. The

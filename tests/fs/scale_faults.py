@@ -189,8 +189,10 @@ def test_scratch_full(binary, ckptctl, tmp):
                 assert v2["kind"] == "delta" and v2["base"] == v1["version"], v2
                 deadline = time.monotonic() + 60
                 while "not kept" not in log_of(store):
-                    assert time.monotonic() < deadline, "no log line about the lost image:\n" + \
-                        log_of(store)
+                    assert time.monotonic() < deadline, (
+                        f"no log line about the lost image; scratch heads {heads_of(scratch)}, "
+                        f"df {os.statvfs(scratch).f_bfree * os.statvfs(scratch).f_frsize}, "
+                        f"status {status_json(ckptctl, mnt)['heads']}:\n{log_of(store)}")
                     time.sleep(0.05)
                 hashes[p2] = sha256(p2)
                 assert not any(h.startswith(f"{v2['version']:016x}-") for h in heads_of(scratch))

@@ -260,7 +260,8 @@ def wait_published(scratch, version, timeout=60):
     prefix = f"{version:016x}-"
     deadline = time.monotonic() + timeout
     while not any(n.startswith(prefix) and n.endswith(".head") for n in heads_of(scratch)):
-        assert time.monotonic() < deadline, f"head image of version {version} not published"
+        assert time.monotonic() < deadline, \
+            f"head image of version {version} not published: {heads_of(scratch)}"
         time.sleep(0.02)
 
 
