@@ -127,6 +127,7 @@ void content_store::impl::run_stream(stream& s) {
     std::optional<format::tensor_info> t;
     std::vector<format::tensor_info> held;  // a shard's first tensors, walked before coding
     std::size_t held_next = 0;
+    std::uint64_t compressible = 0;  // of the shard's tensors walked so far
     if (s.distcp_) {
       // Its archives one after the other; the lineage (by signature) is known at the commit.
       // Its size is known only at its end: its tensors are walked, not coded, until they make
@@ -136,7 +137,6 @@ void content_store::impl::run_stream(stream& s) {
       // meanwhile wait in the write buffer, spilled past its budget, as they would for the
       // commit.
       shard.emplace(padded, opt.recognise());
-      std::uint64_t compressible = 0;
       while (compressible == 0 || compressible < least) {
         auto u = shard->next();
         if (!u) {
@@ -177,11 +177,25 @@ void content_store::impl::run_stream(stream& s) {
     s.pin_.emplace(*this, s.bc_.base);
     // A lineage that keeps one file makes no image (lineage_rec::single): its save is left to the
     // commit where heads=off leaves it, so that its reconstruction stays in the cache as the next
-    // save's base instead of that base being decoded through the chain.
-    if (walk && !s.bc_.image && walk->predicted_bytes(true) <= cache.budget() / 2) {
-      s.pin_.reset();
-      s.declined_ = "its lineage keeps one file, and the cache keeps it";
-      return;
+    // save's base instead of that base being decoded through the chain. A shard's size is known
+    // at its end: it is walked on until its tensors pass half the cache, as with heads=off.
+    if (!s.bc_.image) {
+      const std::uint64_t kept = cache.budget() / 2;
+      bool small = walk && walk->predicted_bytes(true) <= kept;
+      while (shard && !small && compressible <= kept) {
+        auto u = shard->next();
+        if (!u) {
+          small = true;
+          break;
+        }
+        if (u->compress) compressible += u->length;
+        held.push_back(std::move(*u));
+      }
+      if (small) {
+        s.pin_.reset();
+        s.declined_ = "its lineage keeps one file, and the cache keeps it";
+        return;
+      }
     }
     if (heads && s.bc_.base) s.base_image_ = heads->retire(s.bc_.base);
     const auto next = [&]() -> std::optional<format::tensor_info> {

@@ -721,6 +721,44 @@ TEST_CASE("without head images, a DCP shard larger than half the cache is stream
   }
 }
 
+TEST_CASE("a DCP shard of a lineage that keeps one file streams as without head images",
+          "[content][stream]") {
+  // Each step's shard in a new directory, the step before removed after it (one kept): from
+  // the third step on no image is made, and the shard follows heads=off's rule, walked until it
+  // passes half the cache.
+  const bool smallest_first = GENERATE(false, true);
+  INFO("smallest first " << smallest_first);
+  model m;  // 2.4 MB of tensors a shard
+  const auto run = [&](std::uint64_t cache) {
+    temp_dir d;
+    auto o = options(d);
+    o.cache_bytes = cache;
+    opened s(d.path, o);
+    std::vector<fs::content_ref> refs;
+    for (int v = 0; v < 4; ++v) {
+      auto buf = fresh_buffer(d);
+      refs.push_back(stream_in(s.content, "dcp/step_" + std::to_string(v) + "/__0_0.distcp",
+                               shard_step(m, smallest_first), buf));
+      CHECK(s.content.info(refs.back()).kind == (v == 0 ? "keyframe" : "delta"));
+      CHECK(s.content.info(refs.back()).format == "distcp");
+      if (v >= 2) CHECK_FALSE(buf->modified());
+      if (v > 0) s.content.unref(refs[std::size_t(v) - 1]);
+    }
+    CHECK(s.content.usage().saves_without_image == 2);
+    CHECK(s.content.usage().streams_dropped == 0);
+    return s.content.usage();
+  };
+  SECTION("larger than half the cache: streamed") {
+    CHECK(run(std::uint64_t(4) << 20).streamed_puts == 4);
+  }
+  SECTION("kept by the cache: left to the commit") {
+    const auto u = run(std::uint64_t(64) << 20);
+    CHECK(u.streamed_puts == 2);
+    CHECK(u.last_declined == "its lineage keeps one file, and the cache keeps it");
+    CHECK(u.cache_bytes >= 2'000'000);  // the newest reconstruction: the next base
+  }
+}
+
 namespace {
 
 // DCP's .metadata (pickled as CPython pickles torch's dataclasses: NEWOBJ, then BUILD with the
