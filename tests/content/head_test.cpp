@@ -106,6 +106,21 @@ bytes torch_like(const std::vector<float>& a, const std::vector<float>& b) {
   return z.finish();
 }
 
+// A checkpoint of two drifting tensors (2.4 MB), a training step further at each next(): its
+// bytes staged as the write buffer stages them.
+struct drifting_checkpoint {
+  std::mt19937_64 rng;
+  drifting_weights a, b;
+  std::string heads_dir;
+  drifting_checkpoint(std::uint64_t seed, std::string dir)
+      : rng(seed), a(600'000, rng), b(1000, rng), heads_dir(std::move(dir)) {}
+  std::shared_ptr<memory_staged> next() {
+    a.step(rng);
+    b.step(rng);
+    return std::make_shared<memory_staged>(torch_like(a.values, b.values), heads_dir);
+  }
+};
+
 // Every CRC the served zip names matches its member's served bytes (what torch.load checks).
 void check_crcs(const bytes& served) {
   const auto l = format::recognise(format::memory_source(served));
@@ -300,14 +315,8 @@ TEST_CASE("a lineage whose only live file is its head keeps no image, across a r
   // through its chain, its next save takes its base from there, and a restart rebuilds nothing.
   temp_dir d;
   fs::content_options opt = heads_options(d);
-  std::mt19937_64 rng(41);
-  drifting_weights a(600'000, rng), b(1000, rng);
-  auto save = [&](opened& s, const std::string& path) {
-    a.step(rng);
-    b.step(rng);
-    return s.content.put(
-        path, std::make_shared<memory_staged>(torch_like(a.values, b.values), opt.heads_dir));
-  };
+  drifting_checkpoint ckpt(41, opt.heads_dir);
+  auto save = [&](opened& s, const std::string& path) { return s.content.put(path, ckpt.next()); };
   const auto files = [&] { return fs::head_store::files_in(opt.heads_dir).size(); };
   fs::content_ref v1, v2, v3, v4;
   bytes served3;
@@ -372,12 +381,9 @@ TEST_CASE("a reader's pin let go keeps the image of a lineage's only file", "[co
   // drops it (the image would be all that is left of a removed file).
   temp_dir d;
   fs::content_options opt = heads_options(d);
-  std::mt19937_64 rng(43);
-  drifting_weights a(600'000, rng), b(1000, rng);
+  drifting_checkpoint ckpt(43, opt.heads_dir);
   opened s(d.path, opt);
-  const fs::content_ref v1 =
-      s.content.put("run/last.pt",
-                    std::make_shared<memory_staged>(torch_like(a.values, b.values), opt.heads_dir));
+  const fs::content_ref v1 = s.content.put("run/last.pt", ckpt.next());
   s.content.wait_heads();
   REQUIRE(s.content.published_head(v1));
   s.content.ref(v1);  // a reader's handle
@@ -399,14 +405,11 @@ TEST_CASE("a lineage that keeps one file writes no reconstruction for an image i
   // another file of the lineage lives at a commit, the image is made from the chain instead.
   temp_dir d;
   fs::content_options opt = heads_options(d);
-  std::mt19937_64 rng(42);
-  drifting_weights a(600'000, rng), b(1000, rng);
+  drifting_checkpoint ckpt(42, opt.heads_dir);
   opened s(d.path, opt);
   std::shared_ptr<memory_staged> staged;
   auto save = [&](const std::string& path) {
-    a.step(rng);
-    b.step(rng);
-    staged = std::make_shared<memory_staged>(torch_like(a.values, b.values), opt.heads_dir);
+    staged = ckpt.next();
     return s.content.put(path, staged);
   };
   const auto without = [&] { return s.content.usage().saves_without_image; };

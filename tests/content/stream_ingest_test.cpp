@@ -282,47 +282,6 @@ TEST_CASE("without head images, a checkpoint larger than half the cache is strea
   }
 }
 
-TEST_CASE("a lineage that keeps one file streams as without head images", "[content][stream]") {
-  // heads=auto: once the lineage's only live file is its head (a save beside the last one,
-  // which is then deleted), its saves make no image. Its stream then follows heads=off's rule:
-  // the written bytes stay as written, and a checkpoint the cache keeps is left to the commit.
-  model m;  // 2.4 MB of tensors a version
-  const auto run = [&](std::uint64_t cache) {
-    temp_dir d;
-    auto o = options(d);
-    o.cache_bytes = cache;
-    opened s(d.path, o);
-    std::vector<fs::content_ref> refs;
-    std::vector<std::shared_ptr<fs::write_buffer>> bufs;
-    for (int v = 0; v < 4; ++v) {
-      bufs.push_back(fresh_buffer(d));
-      refs.push_back(stream_in(s.content, "run/checkpoint-" + std::to_string(v) + "/model.pt",
-                               m.step(), bufs.back()));
-      CHECK(s.content.info(refs.back()).kind == (v == 0 ? "keyframe" : "delta"));
-      if (v > 0) s.content.unref(refs[std::size_t(v) - 1]);  // rotated: one checkpoint kept
-    }
-    CHECK(bufs[1]->modified());  // its base's file still had its name: an image was made
-    CHECK_FALSE(bufs[2]->modified());
-    CHECK_FALSE(bufs[3]->modified());
-    CHECK(s.content.usage().saves_without_image == 2);
-    s.content.wait_heads();
-    CHECK(s.content.usage().heads == 0);
-    return s.content.usage();
-  };
-  SECTION("larger than half the cache: streamed") {
-    const auto u = run(std::uint64_t(4) << 20);
-    CHECK(u.streamed_puts == 4);
-    CHECK(u.cache_bytes < 1'000'000);  // bases decoded through the chain
-  }
-  SECTION("kept by the cache: left to the commit") {
-    const auto u = run(std::uint64_t(64) << 20);
-    CHECK(u.streamed_puts == 2);  // the two before the lineage showed it keeps one file
-    CHECK(u.streams_declined == 2);
-    CHECK(u.last_declined == "its lineage keeps one file, and the cache keeps it");
-    CHECK(u.cache_bytes >= 2'000'000);  // the newest reconstruction: the next base
-  }
-}
-
 TEST_CASE("a file renamed while a stream follows it joins its new name's lineage",
           "[content][stream]") {
   temp_dir d;
@@ -721,14 +680,14 @@ TEST_CASE("without head images, a DCP shard larger than half the cache is stream
   }
 }
 
-TEST_CASE("a DCP shard of a lineage that keeps one file streams as without head images",
-          "[content][stream]") {
-  // Each step's shard in a new directory, the step before removed after it (one kept): from
-  // the third step on no image is made, and the shard follows heads=off's rule, walked until it
-  // passes half the cache.
-  const bool smallest_first = GENERATE(false, true);
-  INFO("smallest first " << smallest_first);
-  model m;  // 2.4 MB of tensors a shard
+TEST_CASE("a lineage that keeps one file streams as without head images", "[content][stream]") {
+  // heads=auto: once the lineage's only live file is its head (each save beside the last, which
+  // is then deleted), its saves make no image, from the third on. Their streams then follow
+  // heads=off's rule: the written bytes stay as written, and a checkpoint the cache keeps is left
+  // to the commit, a DCP shard once it is walked past half the cache.
+  const int kind = GENERATE(0, 1, 2);  // torch.save; a DCP shard largest, smallest first
+  INFO("kind " << kind);
+  model m;  // 2.4 MB of tensors a version
   const auto run = [&](std::uint64_t cache) {
     temp_dir d;
     auto o = options(d);
@@ -737,23 +696,33 @@ TEST_CASE("a DCP shard of a lineage that keeps one file streams as without head 
     std::vector<fs::content_ref> refs;
     for (int v = 0; v < 4; ++v) {
       auto buf = fresh_buffer(d);
-      refs.push_back(stream_in(s.content, "dcp/step_" + std::to_string(v) + "/__0_0.distcp",
-                               shard_step(m, smallest_first), buf));
+      const std::string step = std::to_string(v);
+      refs.push_back(
+          kind == 0 ? stream_in(s.content, "run/checkpoint-" + step + "/model.pt", m.step(), buf)
+                    : stream_in(s.content, "dcp/step_" + step + "/__0_0.distcp",
+                                shard_step(m, kind == 2), buf));
       CHECK(s.content.info(refs.back()).kind == (v == 0 ? "keyframe" : "delta"));
-      CHECK(s.content.info(refs.back()).format == "distcp");
+      CHECK(s.content.info(refs.back()).format == (kind == 0 ? "torch_zip" : "distcp"));
+      // The second's base still had its name at its commit: its image was made.
+      if (v == 1) CHECK(buf->modified());
       if (v >= 2) CHECK_FALSE(buf->modified());
-      if (v > 0) s.content.unref(refs[std::size_t(v) - 1]);
+      if (v > 0) s.content.unref(refs[std::size_t(v) - 1]);  // rotated: one checkpoint kept
     }
     CHECK(s.content.usage().saves_without_image == 2);
     CHECK(s.content.usage().streams_dropped == 0);
+    s.content.wait_heads();
+    CHECK(s.content.usage().heads == 0);
     return s.content.usage();
   };
   SECTION("larger than half the cache: streamed") {
-    CHECK(run(std::uint64_t(4) << 20).streamed_puts == 4);
+    const auto u = run(std::uint64_t(4) << 20);
+    CHECK(u.streamed_puts == 4);
+    CHECK(u.cache_bytes < 1'000'000);  // bases decoded through the chain
   }
   SECTION("kept by the cache: left to the commit") {
     const auto u = run(std::uint64_t(64) << 20);
-    CHECK(u.streamed_puts == 2);
+    CHECK(u.streamed_puts == 2);  // the two before the lineage showed it keeps one file
+    CHECK(u.streams_declined == 2);
     CHECK(u.last_declined == "its lineage keeps one file, and the cache keeps it");
     CHECK(u.cache_bytes >= 2'000'000);  // the newest reconstruction: the next base
   }
