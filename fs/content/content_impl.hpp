@@ -475,7 +475,7 @@ struct content_store::impl {
   // names are positions: a changed model's tensor may come under a name of another shape).
   bool shard_tensor_in(const format::tensor_info& t, const cache_item& base,
                        const std::unordered_map<std::string, std::size_t>& base_by_name) const;
-  void settle_choice(base_choice& c);  // keyframe or delta, and the pin (mu held)
+  void settle_choice(base_choice& c);  // keyframe or delta, an image or not, the pin (mu held)
   struct base_pin {
     impl& m;
     std::uint64_t base;

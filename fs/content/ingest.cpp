@@ -908,7 +908,6 @@ content_ref content_store::impl::record_version(std::string_view path, version_m
 
   std::uint64_t superseded = 0;
   bool rebuild = false;
-  if (lineage_id && m.heads && !bc.image) ++m.saves_without_image;
   version_rec r;
   r.obj = obj;
   r.size = meta.size;
@@ -953,6 +952,7 @@ content_ref content_store::impl::record_version(std::string_view path, version_m
     }
     if (lineage_id) r.dcp_items = m.take_pending_dcp(r.path);
     m.versions.emplace(id, std::move(r));
+    if (lineage_id && m.heads && !bc.image) ++m.saves_without_image;
     for (const std::uint64_t d : donors) ++m.versions.at(d).dependents;
     // A superseded head that nothing else needs goes only after this record is durable.
     if (old_head) m.collect(old_head, m.unneeded);

@@ -38,6 +38,7 @@ import errno
 import io
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -191,7 +192,7 @@ def test_scratch_full(binary, ckptctl, tmp):
                 while "not kept" not in log_of(store):
                     assert time.monotonic() < deadline, (
                         f"no log line about the lost image; scratch heads {heads_of(scratch)}, "
-                        f"df {os.statvfs(scratch).f_bfree * os.statvfs(scratch).f_frsize}, "
+                        f"free {shutil.disk_usage(scratch).free}, "
                         f"status {status_json(ckptctl, mnt)['heads']}:\n{log_of(store)}")
                     time.sleep(0.05)
                 hashes[p2] = sha256(p2)
