@@ -48,9 +48,15 @@ newest version at once, as after a failure: --repeats rounds, each from a fresh 
 remount, the page cache dropped) and from the plain directory (the page cache dropped), the
 side that goes first alternating: wall time from the release to the last torch.load (or DCP
 read), the daemon's peak RSS and CPU, each load checked as above against the rank's last state.
+With --writer-keep K the writers rotate, as a training run that keeps its last K checkpoints
+does: after each step every rank's versions beyond its newest K go on both sides, and once the
+daemon has done its rotation work (`ckptctl status`: nothing pending, the store's size steady)
+the store's bytes (objects, head images, journal) are measured against the rotated plain
+directory's, with the rewrites and the bytes the daemon wrote to the disk.
 
 Usage: fs_scale.py CKPTFS_BINARY [--sizes 1,4,12] [--versions 6] [--repeats 3] [--writers 8]
-                   [--shard-gib 1] [--writer-steps 3] [--skip-sizes] [--skip-writers]
+                   [--shard-gib 1] [--writer-steps 3] [--writer-keep K] [--skip-sizes]
+                   [--skip-writers]
                    [--cache 2G] [--buffer 1G] [--opts O,...] [--dir BASE] [--keep]
                    [--json PATH] [--ckptctl PATH] [--quick] [--layout torch|dcp]
 --quick: 0.25 GiB, 3 versions, 2 writers x 128 MiB, 1 repeat (a smoke test, about a minute).
@@ -93,7 +99,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "fs"))
 sys.path.insert(0, HERE)
 from ckptfs_testlib import (is_first_moment, mounted, peak_rss, reset_peak_rss,  # noqa: E402
-                            stat_json, status_json)
+                            settle_rotation, stat_json, status_json)
 from fs_speed import drop_caches, prefault  # noqa: E402
 from scale_lib import (cpu_seconds, flat_tensors, open_file_blocks, proc_io, read_dcp,  # noqa: E402
                        write_dcp)
@@ -820,7 +826,7 @@ def writers_step(step, side, args, proc, sampler, barrier, results, procs, plain
         rec["daemon_read"] = io1["read_bytes"] - io0["read_bytes"]
         rec["daemon_written"] = io1["write_bytes"] - io0["write_bytes"]
         rec.update(sampler.window())
-    elif step > 2:  # the plain side keeps two versions per rank on disk
+    elif step > 2 and not args.writer_keep:  # the plain side keeps two versions per rank
         for rank in range(args.writers):
             remove_version(os.path.join(plain, f"ckpt_rank{rank}"), args.layout, step - 2, rank)
     print(f"  step {step} {side:5s} {rec['wall_s']:.2f} s, CPU busy {rec['cpu_busy']:.0%}, "
@@ -829,6 +835,35 @@ def writers_step(step, side, args, proc, sampler, barrier, results, procs, plain
              f"{rec['daemon_read'] / GiB:.2f} GiB, wrote {rec['daemon_written'] / GiB:.2f} GiB, "
              f"peak RSS {rec['daemon_peak_rss'] / GiB:.2f} GiB" if side == "mount" else ""),
           flush=True)
+    return rec
+
+
+def rotate_writers(step, args, proc, store, mnt, plain, io_start):
+    """--writer-keep K: every rank's versions beyond its newest K go on both sides (DCP: the
+    step directory, as a rotation of step_N/ directories removes it; torch: the file), then,
+    once the daemon has looked at the deletions and done its rewrites, the store's bytes
+    (objects, head images, journal: du of the store) against the rotated plain directory's, and
+    the bytes the daemon has written to the disk since the first step."""
+    if step > args.writer_keep:
+        for side_dir in (mnt, plain):
+            for rank in range(args.writers):
+                remove_version(os.path.join(side_dir, f"ckpt_rank{rank}"), args.layout,
+                               step - args.writer_keep, rank)
+    t = time.perf_counter()
+    status = settle_rotation(args.ckptctl, mnt, store, deadline_s=900, watched=store)
+    heads = os.path.join(store, "heads")  # none with heads=off
+    rot = status["rotation"]
+    rec = {"step": step, "settle_s": time.perf_counter() - t, "store_bytes": du(store)[1],
+           "heads_bytes": du(heads)[1] if os.path.isdir(heads) else 0, "plain_bytes": du(plain)[1],
+           "rewrites": rot["rewrites"], "rewrite_written_bytes": rot["written_bytes"],
+           "rewrite_freed_bytes": rot["freed_bytes"],
+           "daemon_disk_written": proc_io(proc.pid)["write_bytes"] - io_start}
+    print(f"  step {step} rotated to {min(step, args.writer_keep)} per rank: store "
+          f"{rec['store_bytes'] / GiB:.2f} GiB (head images {rec['heads_bytes'] / GiB:.2f}) = "
+          f"{rec['store_bytes'] / max(rec['plain_bytes'], 1):.2f}x the plain directory's "
+          f"{rec['plain_bytes'] / GiB:.2f} GiB; rewrites {rec['rewrites']} (wrote "
+          f"{rec['rewrite_written_bytes'] / GiB:.2f}, freed {rec['rewrite_freed_bytes'] / GiB:.2f}"
+          f" GiB); settled in {rec['settle_s']:.1f} s", flush=True)
     return rec
 
 
@@ -863,16 +898,20 @@ def run_writers(args, cfg, work):
                 p.start()
                 procs.append(p)
             threading.Thread(target=watch, daemon=True).start()
+            r["stat"], r["rotation"] = {}, []
+            io_start = proc_io(proc.pid)["write_bytes"]
             for step in range(1, args.writer_steps + 1):
                 for side in side_order(step):
                     r["steps"].append(writers_step(step, side, args, proc, sampler, barrier,
                                                    results, procs, plain))
-            r["stat"] = {}
-            for rank in range(args.writers):
-                for step in range(1, args.writer_steps + 1):
+                # Each new version's record, before a rotation can remove it.
+                for rank in range(args.writers):
                     r["stat"][f"{rank}/{step}"] = ckptctl_stat(
                         args.ckptctl,
                         os.path.join(mnt, f"ckpt_rank{rank}", ckpt_name(args.layout, step, rank)))
+                if args.writer_keep:
+                    r["rotation"].append(rotate_writers(step, args, proc, store, mnt, plain,
+                                                        io_start))
             r["sampled_peak_rss_anon"] = sampler.whole.get("rss_anon", 0)
             r["heads"] = heads_status(args.ckptctl, mnt)
             r["store_bytes"] = du(store)
@@ -973,6 +1012,19 @@ def summarise_writers(r, args, cfg):
               "all_deltas": later == own_base, "not_deltas_or_wrong_base": wrong})
     s["logical_bytes"] = sum(x["bytes"] for x in mount)
     s["ratio"] = s["logical_bytes"] / max(r["store_bytes"][1], 1)
+    if r.get("rotation"):
+        rot = r["rotation"]
+        late = [x for x in rot if x["step"] > args.writer_keep]
+        s["rotation"] = {
+            "keep": args.writer_keep,
+            "store_over_plain": [x["store_bytes"] / max(x["plain_bytes"], 1) for x in rot],
+            "store_over_plain_after_keep": [x["store_bytes"] / max(x["plain_bytes"], 1)
+                                            for x in late],
+            "daemon_disk_written": rot[-1]["daemon_disk_written"],
+            "disk_written_over_plain": rot[-1]["daemon_disk_written"] / max(s["logical_bytes"], 1),
+            "rewrites": rot[-1]["rewrites"],
+            "rewrite_written_bytes": rot[-1]["rewrite_written_bytes"],
+            "rewrite_freed_bytes": rot[-1]["rewrite_freed_bytes"]}
     restores = {(x["round"], x["side"]): x for x in r.get("restores", [])}
     rounds = sorted(k for k, side in restores if side == "mount" and (k, "plain") in restores)
     s["restores"] = [{"round": k, "mount_s": restores[(k, "mount")]["wall_s"],
@@ -1020,8 +1072,21 @@ def print_writers(r, cfg):
               f"{r['heads']['retirements']}, kept it whole (being published, or open): "
               f"{r['heads']['retire_refused']}")
     app, alloc = r["store_bytes"]
-    print(f"   store: {alloc / MiB:.1f} MiB allocated ({app / MiB:.1f} apparent) for "
-          f"{s['logical_bytes'] / MiB:.1f} MiB written: {s['ratio']:.1f}x", flush=True)
+    if s.get("rotation"):
+        rot = s["rotation"]
+        after = rot["store_over_plain_after_keep"]
+        print(f"   rotation, {rot['keep']} kept per rank: store / rotated plain directory after "
+              f"each step " + ", ".join(f"{x:.2f}" for x in rot["store_over_plain"])
+              + (f" (from step {rot['keep'] + 1}: {min(after):.2f}-{max(after):.2f}x)"
+                 if after else ""))
+        print(f"   rewrites {rot['rewrites']}: wrote {rot['rewrite_written_bytes'] / GiB:.2f} GiB, "
+              f"freed {rot['rewrite_freed_bytes'] / GiB:.2f} GiB; the daemon wrote "
+              f"{rot['daemon_disk_written'] / GiB:.2f} GiB to the disk in all, "
+              f"{rot['disk_written_over_plain']:.2f}x the {s['logical_bytes'] / GiB:.2f} GiB "
+              f"the ranks saved")
+    else:
+        print(f"   store: {alloc / MiB:.1f} MiB allocated ({app / MiB:.1f} apparent) for "
+              f"{s['logical_bytes'] / MiB:.1f} MiB written: {s['ratio']:.1f}x", flush=True)
     if not s["restores"]:
         return
     print(f"\n== the {r['writers']} ranks restore their newest version at once: wall time from the "
@@ -1115,6 +1180,10 @@ def parse_args():
     ap.add_argument("--writers", type=int, help="concurrent writer processes (default 8)")
     ap.add_argument("--shard-gib", type=float, help="GiB per writer (default 1)")
     ap.add_argument("--writer-steps", type=int, help="steps of the writers (default 3)")
+    ap.add_argument("--writer-keep", type=int, default=0, metavar="K",
+                    help="rotate: after each step, every rank's versions beyond its newest K "
+                    "go on both sides, and the store is measured against the rotated plain "
+                    "directory (default 0: the mount keeps every version)")
     ap.add_argument("--layout", choices=("torch", "dcp"), default="torch",
                     help="torch: one torch.save file per version (default); dcp: a DCP shard "
                     "per version and rank (step_K/__R_0.distcp, .metadata beside it)")
@@ -1137,6 +1206,8 @@ def parse_args():
                                                 "ckptctl")
     if args.versions < 2 or args.repeats < 1 or args.writers < 1 or args.writer_steps < 2:
         ap.error("need --versions >= 2, --repeats >= 1, --writers >= 1, --writer-steps >= 2")
+    if args.writer_keep < 0:
+        ap.error("--writer-keep must be at least 1 (0: no rotation)")
     if any(s <= 0 for s in args.size_list) or args.shard_gib <= 0:
         ap.error("sizes must be positive")
     if re.search(r"(^|,)\s*(cache|buffer)=", args.opts):
@@ -1220,8 +1291,8 @@ def main():
     print_header(header, cfg)
     print(f"layout: {args.layout}", flush=True)
     config = {k: getattr(args, k) for k in (
-        "sizes", "versions", "repeats", "writers", "shard_gib", "writer_steps", "skip_sizes",
-        "skip_writers", "quick", "ckptctl", "layout")}
+        "sizes", "versions", "repeats", "writers", "shard_gib", "writer_steps", "writer_keep",
+        "skip_sizes", "skip_writers", "quick", "ckptctl", "layout")}
     config.update(cfg, extra_opts=args.opts, tolerance=TOLERANCE)
     out = {"header": header, "config": config, "sizes": [], "writers": None}
 
