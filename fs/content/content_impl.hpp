@@ -634,6 +634,10 @@ struct content_store::impl {
   std::atomic<std::uint64_t> streams_running{0}, streamed_puts{0}, streams_dropped{0};
   std::atomic<std::uint64_t> saves_without_image{0};  // base_choice::image false, since the start
   std::atomic<std::uint64_t> streams_declined{0};
+  // Cache keys of streams' kept reconstructions before their version has an id: version ids
+  // never reach this bit.
+  static constexpr std::uint64_t kStreamCacheKeys = std::uint64_t(1) << 63;
+  std::atomic<std::uint64_t> stream_cache_keys{0};
   std::atomic<std::uint64_t> streamed_bytes{0};  // tensor bytes coded by streams
   mutable std::mutex declined_mu;
   std::string last_declined;  // why the last declined stream declined (declined_mu)

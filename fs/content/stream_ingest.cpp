@@ -32,10 +32,13 @@ class content_store::stream {
       : m_(m),
         path_(std::move(path)),
         distcp_(path_.ends_with(".distcp")),
-        staged_(std::move(staged)) {}
+        staged_(std::move(staged)),
+        cache_key_(impl::kStreamCacheKeys | m.stream_cache_keys.fetch_add(1)) {}
   ~stream() {
     stop();
     m_.give_back_image(base_image_);  // put() gave it back already, unless it never ran
+    // Reconstructions kept for a version that was not recorded (finish_stream moved the others).
+    for (const std::size_t i : retained_) m_.cache.erase({cache_key_, k_tensor, i});
   }
   stream(const stream&) = delete;
   stream& operator=(const stream&) = delete;
@@ -63,6 +66,10 @@ class content_store::stream {
   // The base's head image, retired for this stream (head_store::retire): read by it alone and
   // released behind it. Given back by put() once the version is stored (give_back_image).
   std::shared_ptr<head_image> base_image_;
+  // Without an image, whole tensors' reconstructions are kept in the cache as a commit keeps
+  // them (the next save's base), under this key until the version has its id; by found_ index.
+  const std::uint64_t cache_key_;
+  std::vector<std::size_t> retained_;
   version_meta meta_;
   std::optional<content_object_writer> out_;
   std::vector<format::tensor_info> found_;                   // the storage records in file order
@@ -109,15 +116,10 @@ void content_store::impl::run_stream(stream& s) {
     const format::source data(kUnknownSize, [&staged](std::uint64_t off, std::span<std::byte> out) {
       staged.read_fully(off, out);
     });
-    // Without head images a stream's reconstruction goes nowhere but into the object, so it is
-    // worth following only a checkpoint the commit would not keep in the cache either (more
-    // compressible bytes than half of it, put()'s rule): there the commit would decode the base
-    // through its chain after the last byte anyway, and the file would wait in the staging file
-    // to be read back. With head images, one of head_min (put()'s rule for making an image).
-    const std::uint64_t least =
-        heads ? opt.head_min : std::max(opt.head_min, cache.budget() / 2 + 1);
-    const char* const too_small =
-        heads ? "smaller than head_min" : "head images off, and the cache keeps it";
+    // Checkpoints of head_min or more are followed (put()'s rule for making an image), with
+    // head images or without.
+    const std::uint64_t least = opt.head_min;
+    const char* const too_small = "smaller than head_min";
     if (opt.scope != codec::bucket_scope::tensor) {
       s.declined_ = "checkpoint-scope buckets need every tensor first";
       return;
@@ -175,28 +177,15 @@ void content_store::impl::run_stream(stream& s) {
       }
     }
     s.pin_.emplace(*this, s.bc_.base);
-    // A lineage that keeps one file makes no image (lineage_rec::single): its save is left to the
-    // commit where heads=off leaves it, so that its reconstruction stays in the cache as the next
-    // save's base instead of that base being decoded through the chain. A shard's size is known
-    // at its end: it is walked on until its tensors pass half the cache, as with heads=off.
-    if (!s.bc_.image) {
-      const std::uint64_t kept = cache.budget() / 2;
-      bool small = walk && walk->predicted_bytes(true) <= kept;
-      while (shard && !small && compressible <= kept) {
-        auto u = shard->next();
-        if (!u) {
-          small = true;
-          break;
-        }
-        if (u->compress) compressible += u->length;
-        held.push_back(std::move(*u));
-      }
-      if (small) {
-        s.pin_.reset();
-        s.declined_ = "its lineage keeps one file, and the cache keeps it";
-        return;
-      }
-    }
+    // Without an image (head images off, or a lineage that keeps one file: lineage_rec::single)
+    // the reconstruction's other home is the cache, as at a commit: a checkpoint whose
+    // compressible bytes fit in half of it keeps its tensors there whole (put()'s rule), the
+    // next save's base, read without decoding the chain. A shard's size is known only at its
+    // end: its tensors are kept while they fit.
+    const bool image = heads && s.bc_.image;
+    std::uint64_t retain_left = image || (walk && walk->predicted_bytes(true) > cache.budget() / 2)
+                                    ? 0
+                                    : cache.budget() / 2;
     if (heads && s.bc_.base) s.base_image_ = heads->retire(s.bc_.base);
     const auto next = [&]() -> std::optional<format::tensor_info> {
       if (held_next < held.size()) return held[held_next++];
@@ -249,9 +238,23 @@ void content_store::impl::run_stream(stream& s) {
       tensor_job j =
           job_for(index, *t, base_meta.get(), base_by_name, previous.get(), &previous_by_name);
       j.refresh = s.bc_.refresh;
+      // Tensors over kRetainTensorMax are never kept whole (put()'s rule); past half the cache
+      // (a shard found larger) none from then on.
+      if (t->length > retain_left) retain_left = 0;
+      std::shared_ptr<cache_item> keep;
+      if (retain_left && t->length <= kRetainTensorMax) {
+        retain_left -= t->length;
+        keep = std::make_shared<cache_item>();
+        keep->data = byte_buffer(t->length);
+        // Charged before it is filled, so the cache makes room first; nothing reads this key
+        // but finish_stream.
+        cache.put({s.cache_key_, k_tensor, index}, keep, t->length);
+        s.retained_.push_back(index);
+      }
       // The reconstruction replaces the written bytes only where they become the head image.
       const auto sink = [&](std::uint64_t off, std::span<const std::byte> recon) {
-        if (heads && s.bc_.image && j.rewrites()) staged.overwrite(t->offset + off, recon);
+        if (keep) std::memcpy(keep->data.data() + off, recon.data(), recon.size());
+        if (image && j.rewrites()) staged.overwrite(t->offset + off, recon);
         staged.settle(t->offset + off + recon.size());
       };
       s.results_.back() =
@@ -409,8 +412,17 @@ std::optional<content_ref> content_store::impl::finish_stream(stream& s, std::st
     if (lineages.count(s.lineage_id_)) break;
     lineage_lock.unlock();
   }
-  return record_version(path, std::move(meta), out, 0, s.lineage_id_, s.bc_, *s.pin_, {},
-                        heads && s.bc_.image ? s.staged_ : nullptr);
+  const content_ref ref = record_version(path, std::move(meta), out, 0, s.lineage_id_, s.bc_,
+                                         *s.pin_, {}, heads && s.bc_.image ? s.staged_ : nullptr);
+  // The kept reconstructions under the version's id (those the cache has not evicted already).
+  for (const std::size_t i : s.retained_)
+    if (auto item = cache.get({s.cache_key_, k_tensor, i})) {
+      const std::uint64_t n = s.found_[i].length;
+      cache.erase({s.cache_key_, k_tensor, i});
+      cache.put({ref.version, k_tensor, i}, std::move(item), n);
+    }
+  s.retained_.clear();
+  return ref;
 }
 
 std::shared_ptr<content_store::stream> content_store::start_stream(

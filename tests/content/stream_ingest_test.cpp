@@ -264,20 +264,23 @@ TEST_CASE("without head images, a checkpoint larger than half the cache is strea
     CHECK(s.content.usage().heads == 0);
     CHECK(s.content.usage().cache_bytes < 1'000'000);  // bases decoded through the chain
   }
-  SECTION("kept by the cache: left to the commit") {
+  SECTION("kept by the cache: streamed, the reconstruction kept there") {
     temp_dir d;
     auto o = options(d);
     heads_off(std::uint64_t(64) << 20)(o);
     opened s(d.path, o);
     for (int v = 0; v < 3; ++v) {
+      const std::uint64_t frames = s.content.usage().chunk_frames_decoded;
       const auto r = stream_in(s.content, "run/c.pt", m.step(), fresh_buffer(d));
       CHECK(s.content.info(r).kind == (v == 0 ? "keyframe" : "delta"));
+      // The base came from the cache: nothing decoded through the chain.
+      CHECK(s.content.usage().chunk_frames_decoded == frames);
     }
-    CHECK(s.content.usage().streamed_puts == 0);
+    CHECK(s.content.usage().streamed_puts == 3);
     CHECK(s.content.usage().streams_dropped == 0);
-    CHECK(s.content.usage().streams_declined == 3);
-    CHECK(s.content.usage().last_declined == "head images off, and the cache keeps it");
-    // The commit kept the newest reconstruction (2.4 MB) in the cache: the next base.
+    CHECK(s.content.usage().streams_declined == 0);
+    // The stream kept the newest reconstruction (2.4 MB) in the cache, as a commit does: the
+    // next base.
     CHECK(s.content.usage().cache_bytes >= 2'000'000);
   }
 }
@@ -661,21 +664,22 @@ TEST_CASE("without head images, a DCP shard larger than half the cache is stream
     CHECK(s.content.usage().streamed_puts == 3);
     CHECK(s.content.usage().heads == 0);
   }
-  SECTION("kept by the cache: left to the commit") {
+  SECTION("kept by the cache: streamed, the reconstruction kept there") {
     temp_dir d;
     auto o = options(d);
     heads_off(std::uint64_t(64) << 20)(o);
     opened s(d.path, o);
     for (int v = 0; v < 3; ++v) {
+      const std::uint64_t frames = s.content.usage().chunk_frames_decoded;
       const auto r =
           stream_in(s.content, path_of(v), shard_step(m, smallest_first), fresh_buffer(d));
       CHECK(s.content.info(r).kind == (v == 0 ? "keyframe" : "delta"));
       CHECK(s.content.info(r).format == "distcp");
+      CHECK(s.content.usage().chunk_frames_decoded == frames);  // the base from the cache
     }
-    CHECK(s.content.usage().streamed_puts == 0);
+    CHECK(s.content.usage().streamed_puts == 3);
     CHECK(s.content.usage().streams_dropped == 0);
-    CHECK(s.content.usage().streams_declined == 3);
-    CHECK(s.content.usage().last_declined == "head images off, and the cache keeps it");
+    CHECK(s.content.usage().streams_declined == 0);
     CHECK(s.content.usage().cache_bytes >= 2'000'000);  // the newest reconstruction, kept
   }
 }
@@ -683,11 +687,12 @@ TEST_CASE("without head images, a DCP shard larger than half the cache is stream
 TEST_CASE("a lineage that keeps one file streams as without head images", "[content][stream]") {
   // heads=auto: once the lineage's only live file is its head (each save beside the last, which
   // is then deleted), its saves make no image, from the third on. Their streams then follow
-  // heads=off's rule: the written bytes stay as written, and a checkpoint the cache keeps is left
-  // to the commit, a DCP shard once it is walked past half the cache.
+  // heads=off's rule: the written bytes stay as written, and a checkpoint the cache keeps has
+  // its reconstruction kept there, the next save's base (a DCP shard's tensors while they fit).
   const int kind = GENERATE(0, 1, 2);  // torch.save; a DCP shard largest, smallest first
   INFO("kind " << kind);
   model m;  // 2.4 MB of tensors a version
+  std::uint64_t frames_of_last = 0;
   const auto run = [&](std::uint64_t cache) {
     temp_dir d;
     auto o = options(d);
@@ -697,6 +702,7 @@ TEST_CASE("a lineage that keeps one file streams as without head images", "[cont
     for (int v = 0; v < 4; ++v) {
       auto buf = fresh_buffer(d);
       const std::string step = std::to_string(v);
+      const std::uint64_t frames = s.content.usage().chunk_frames_decoded;
       refs.push_back(
           kind == 0 ? stream_in(s.content, "run/checkpoint-" + step + "/model.pt", m.step(), buf)
                     : stream_in(s.content, "dcp/step_" + step + "/__0_0.distcp",
@@ -706,6 +712,8 @@ TEST_CASE("a lineage that keeps one file streams as without head images", "[cont
       // The second's base still had its name at its commit: its image was made.
       if (v == 1) CHECK(buf->modified());
       if (v >= 2) CHECK_FALSE(buf->modified());
+      // The 4th save's base, the 3rd (no image), was read from the cache where it fits there.
+      if (v == 3) frames_of_last = s.content.usage().chunk_frames_decoded - frames;
       if (v > 0) s.content.unref(refs[std::size_t(v) - 1]);  // rotated: one checkpoint kept
     }
     CHECK(s.content.usage().saves_without_image == 2);
@@ -718,14 +726,75 @@ TEST_CASE("a lineage that keeps one file streams as without head images", "[cont
     const auto u = run(std::uint64_t(4) << 20);
     CHECK(u.streamed_puts == 4);
     CHECK(u.cache_bytes < 1'000'000);  // bases decoded through the chain
+    CHECK(frames_of_last > 0);
   }
-  SECTION("kept by the cache: left to the commit") {
+  SECTION("kept by the cache: streamed, the reconstruction kept there") {
     const auto u = run(std::uint64_t(64) << 20);
-    CHECK(u.streamed_puts == 2);  // the two before the lineage showed it keeps one file
-    CHECK(u.streams_declined == 2);
-    CHECK(u.last_declined == "its lineage keeps one file, and the cache keeps it");
+    CHECK(u.streamed_puts == 4);
+    CHECK(u.streams_declined == 0);
     CHECK(u.cache_bytes >= 2'000'000);  // the newest reconstruction: the next base
+    CHECK(frames_of_last == 0);
   }
+}
+
+TEST_CASE("lineages saving in turn keep their reconstructions in the cache while they fit",
+          "[content][stream]") {
+  // Three lineages (the ranks of one job) save in turn, each version 2.4 MB: half the cache
+  // (12 MiB, of which 6 MiB hold whole tensors) keeps one, the cache not all three. Without
+  // images every save is coded while it is written, whether its base is in the cache (kept
+  // there by its own stream) or was pushed out by the other ranks' (then decoded through the
+  // chain a slab at a time): none waits for its commit. Once one rank saves alone again, its
+  // base is back in the cache from its next save on. Torch files and DCP shards, with heads=off
+  // and for lineages that keep one file.
+  const int kind = GENERATE(0, 1);  // torch.save; a DCP shard, smallest first
+  const bool keep_one = GENERATE(false, true);
+  INFO("kind " << kind << ", keep one " << keep_one);
+  temp_dir d, plain_dir;
+  auto o = options(d), po = options(plain_dir);
+  o.cache_bytes = po.cache_bytes = std::uint64_t(12) << 20;
+  if (!keep_one) {
+    heads_off(o.cache_bytes)(o);
+    heads_off(po.cache_bytes)(po);
+  }
+  opened s(d.path, o), plain(plain_dir.path, po);
+  constexpr int ranks = 3, rounds = 4;
+  std::vector<model> models(ranks);
+  std::vector<fs::content_ref> last(ranks);
+  const auto path_of = [&](int r, int k) {
+    const std::string rank = std::to_string(r), step = std::to_string(k);
+    return kind == 0 ? "rank" + rank + "/checkpoint-" + step + "/model.pt"
+                     : "rank" + rank + "/step_" + step + "/__" + rank + "_0.distcp";
+  };
+  int saves = 0;
+  const auto save = [&](int r, int k) {
+    auto& m = models[std::size_t(r)];
+    const bytes file = kind == 0 ? m.step() : shard_step(m, true);
+    const auto ref = stream_in(s.content, path_of(r, k), file, fresh_buffer(d));
+    ++saves;
+    INFO("round " << k << ", rank " << r);
+    CHECK(s.content.info(ref).kind == (k == 0 ? "keyframe" : "delta"));
+    if (k > 0) CHECK(s.content.info(ref).base == last[std::size_t(r)].version);
+    // What the commit path serves for the same files in the same order.
+    const auto want = plain_put(plain.content, plain_dir, path_of(r, k), file);
+    const bool same = read_all(s.content, ref) == read_all(plain.content, want);
+    CHECK(same);
+    if (keep_one && k > 0) s.content.unref(last[std::size_t(r)]);  // rotated: one kept
+    last[std::size_t(r)] = ref;
+  };
+  for (int k = 0; k < rounds; ++k)
+    for (int r = 0; r < ranks; ++r) save(r, k);
+  // Rank 0's bases were pushed out by the two others' reconstructions: decoded through the
+  // chain. Alone, its next save finds its base decoded into the cache by its stream.
+  save(0, rounds);
+  const std::uint64_t frames = s.content.usage().chunk_frames_decoded;
+  save(0, rounds + 1);
+  CHECK(s.content.usage().chunk_frames_decoded == frames);
+  const auto u = s.content.usage();
+  CHECK(u.streamed_puts == std::uint64_t(saves));
+  CHECK(u.streams_declined == 0);
+  CHECK(u.streams_dropped == 0);
+  CHECK(u.streams_running == 0);
+  CHECK(u.cache_bytes <= u.cache_budget);
 }
 
 namespace {

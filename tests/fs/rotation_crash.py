@@ -16,7 +16,9 @@ own thread, to free the hidden versions below it. The daemon is killed
                  unrefs, the journal's sync, a rewrite or nothing at all.
 
 After each kill and a remount: every kept file reads back byte-identical to what it read as
-before the kill (sha256 through the mount); no *.obj.tmp is left; `ckptctl gc --dry-run` finds
+before the kill (sha256 through the mount); a file a rotation removed is gone or, its
+removal not yet durable (nothing fsync'ed its directory; the journal syncs once a second),
+back with the bytes it had; no *.obj.tmp is left; `ckptctl gc --dry-run` finds
 nothing; `ckptctl verify --deep` is clean; the run goes on (the next save is a delta on the
 lineage's newest version). At the end, once the daemon has settled its rotation work, the
 weights' lineage (whose hidden versions are always worth a rewrite at reclaim=1) holds its kept
@@ -80,14 +82,19 @@ def hidden_by_file(ckptctl, store):
     return out
 
 
-def check_after_crash(binary, ckptctl, store, mnt, expect, label):
-    """Remount after a kill -9: kept files identical, nothing half-made, verify clean."""
+def check_after_crash(binary, ckptctl, store, mnt, expect, seen, label):
+    """Remount after a kill -9: kept files identical, a file a rotation removed gone or as it
+    was (`seen`: every kept file's hash), nothing half-made, verify clean."""
     assert not os.path.ismount(mnt)
     with mounted(binary, store, mnt, *OPTS):
         assert not tmp_objects(store), f"{label}: *.obj.tmp left after the store was opened"
         got = kept_hashes(f"{mnt}/run")
+        back = {k: h for k, h in got.items() if k not in expect}
+        got = {k: h for k, h in got.items() if k in expect}
         assert got == expect, f"{label}: kept files changed: " + ", ".join(
             k for k in sorted(set(got) | set(expect)) if got.get(k) != expect.get(k))
+        assert all(seen.get(k) == h for k, h in back.items()), \
+            f"{label}: files back that were not removed, or with other bytes: {sorted(back)}"
     r = subprocess.run([ckptctl, "gc", "--dry-run", "--json", store], capture_output=True,
                        text=True, check=True)
     gc = json.loads(r.stdout)
@@ -149,6 +156,7 @@ def main():
     with scratch_dir("ckptfs-rotation-crash-") as tmp:
         store, mnt = f"{tmp}/store", f"{tmp}/mnt"
         k = 0
+        seen = {}  # every file a rotation kept, as it read then (none is ever rewritten)
         rng = random.Random(7)
         for want in ["mid_rewrite", "after_rewrite"] + [rng.uniform(0, 2.5) for _ in range(4)]:
             with mounted(binary, store, mnt, *OPTS) as proc:
@@ -159,6 +167,7 @@ def main():
                     assert k <= SAVES, f"no rewrite to kill ({want}) in {SAVES} saves"
                     before = rewrites_logged(store)
                     expect = save_and_rotate(ckptctl, state, root, k)
+                    seen.update(expect)
                     # Nothing but the rotation work runs now: the saves are fsync'ed.
                     if watch(store, want, before):
                         kill9(proc, mnt)
@@ -166,7 +175,7 @@ def main():
                     settle_rotation(ckptctl, mnt, store)
             label = f"{want:.2f} s after the rotation" if isinstance(want, float) else want
             print(f"rotation_crash: killed {label} after save {k}", flush=True)
-            check_after_crash(binary, ckptctl, store, mnt, expect, label)
+            check_after_crash(binary, ckptctl, store, mnt, expect, seen, label)
         # The run goes on, and the rotation work cut short is done. With reclaim=1 a hidden
         # version of the weights' lineage is always worth its rewrite (its keyframe costs what
         # a rewrite writes): once settled, that lineage holds its kept versions only. (Adam's

@@ -308,9 +308,10 @@ def test_single(binary, ckptctl, tmp):
         # image it would not keep (the second still did, then lost it).
         st = status_json(ckptctl, mnt)
         assert st["heads"]["saves_without_image"] == 1, st["heads"]
-        # Coded at its commit, as with heads=off, where the cache keeps its reconstruction (the
-        # next save's base) instead of its chain.
-        assert "keeps one file" in st["streams"]["last_declined"], st["streams"]
+        # Coded while written, as with heads=off, its reconstruction kept in the cache (the next
+        # save's base) where no image holds it.
+        assert st["streams"]["used"] == 3 and st["streams"]["declined"] == 0, st["streams"]
+        assert st["cache"]["bytes"] >= 0.9 * state.nbytes(), (st["cache"], state.nbytes())
         h3 = sha256(p)
         assert proc.poll() is None
     with mounted(binary, store, mnt):
