@@ -91,6 +91,11 @@ void print_text(const nlohmann::json& r) {
     if (const std::uint64_t declined = ju64(st, "declined"))
       std::printf("          %s left to the commit by its stream (the last: %s)\n",
                   plural(declined, "file").c_str(), jstr(st, "last_declined").c_str());
+    if (const std::uint64_t not_kept = ju64(st, "not_kept"))
+      std::printf(
+          "          %s without an image not kept in the cache: their bases had left it\n"
+          "          while other saves ran (cache= holds fewer than the lineages saving)\n",
+          plural(not_kept, "save").c_str());
   }
   if (jbool(heads, "enabled"))
     std::printf("heads:    %s (%llu published), %s in memory, %s on disk (head_min %s)\n",

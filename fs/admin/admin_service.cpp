@@ -298,6 +298,8 @@ json admin_service::status() const {
             {"dropped", c.streams_dropped},
             {"declined", c.streams_declined},
             {"last_declined", c.last_declined},
+            {"large_saves", c.large_saves},
+            {"not_kept", c.streams_not_kept},
             {"coded_bytes", c.streamed_bytes}}},
           {"heads",
            {{"enabled", d.heads},

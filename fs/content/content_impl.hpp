@@ -627,6 +627,9 @@ struct content_store::impl {
   // stream's version is stored or given up; rebuilt when its version is still a head without
   // an image (the stream's file was not stored as its successor).
   void give_back_image(std::shared_ptr<head_image>& image) noexcept;
+  // Whether most of `base`'s tensors that a save keeps whole in the cache are there now (not a
+  // use of them); true for 0 (no base). Throws what meta_of() throws.
+  bool base_in_cache(std::uint64_t base);
   // The commit of a stream whose work is good: exact regions, CRCs, the record. Nothing (and
   // `why`) when the finished file is not what the stream walked.
   std::optional<content_ref> finish_stream(content_store::stream& s, std::string_view path,
@@ -638,7 +641,11 @@ struct content_store::impl {
   // never reach this bit.
   static constexpr std::uint64_t kStreamCacheKeys = std::uint64_t(1) << 63;
   std::atomic<std::uint64_t> stream_cache_keys{0};
-  std::atomic<std::uint64_t> streamed_bytes{0};  // tensor bytes coded by streams
+  // Streams of files of head_min or more, alive now (from when the stream knows the size until
+  // after the commit): the large saves in progress.
+  std::atomic<std::uint32_t> large_saves{0};
+  std::atomic<std::uint64_t> streams_not_kept{0};  // usage::streams_not_kept
+  std::atomic<std::uint64_t> streamed_bytes{0};    // tensor bytes coded by streams
   mutable std::mutex declined_mu;
   std::string last_declined;  // why the last declined stream declined (declined_mu)
   log_sink log;               // set_logger's

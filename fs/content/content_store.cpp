@@ -151,6 +151,8 @@ content_store::resources content_store::usage() const {
   r.streamed_puts = impl_->streamed_puts.load();
   r.streams_dropped = impl_->streams_dropped.load();
   r.streams_declined = impl_->streams_declined.load();
+  r.large_saves = impl_->large_saves.load();
+  r.streams_not_kept = impl_->streams_not_kept.load();
   {
     std::lock_guard lock(impl_->declined_mu);
     r.last_declined = impl_->last_declined;

@@ -36,6 +36,7 @@ class content_store::stream {
         cache_key_(impl::kStreamCacheKeys | m.stream_cache_keys.fetch_add(1)) {}
   ~stream() {
     stop();
+    if (large_) m_.large_saves.fetch_sub(1);
     m_.give_back_image(base_image_);  // put() gave it back already, unless it never ran
     // Reconstructions kept for a version that was not recorded (finish_stream moved the others).
     for (const std::size_t i : retained_) m_.cache.erase({cache_key_, k_tensor, i});
@@ -59,6 +60,9 @@ class content_store::stream {
   std::string dropped_;   // why its work was dropped
   std::optional<content_ref> stored_;
   bool walked_ = false;  // every storage record data.pkl named was found and coded
+  // Counted in impl::large_saves from when its file is known to make head_min until the stream
+  // goes (after the commit): set by the thread, read by the destructor after the join.
+  bool large_ = false;
   std::uint64_t lineage_id_ = 0;
   std::uint64_t signature_ = 0;  // of the predicted layout: what chose the lineage
   impl::base_choice bc_;
@@ -148,6 +152,8 @@ void content_store::impl::run_stream(stream& s) {
         if (u->compress) compressible += u->length;
         held.push_back(std::move(*u));
       }
+      s.large_ = true;
+      large_saves.fetch_add(1);
       s.bc_ = choose_shard_base(s.path_, held);
       t = held[held_next++];
     } else {
@@ -156,6 +162,8 @@ void content_store::impl::run_stream(stream& s) {
         s.declined_ = too_small;
         return;
       }
+      s.large_ = true;
+      large_saves.fetch_add(1);
       // The first record tells the order of the rest: the layout's tensor order, which the
       // lineage signature follows.
       const auto k = walk->next();
@@ -181,11 +189,21 @@ void content_store::impl::run_stream(stream& s) {
     // the reconstruction's other home is the cache, as at a commit: a checkpoint whose
     // compressible bytes fit in half of it keeps its tensors there whole (put()'s rule), the
     // next save's base, read without decoding the chain. A shard's size is known only at its
-    // end: its tensors are kept while they fit.
+    // end: its tensors are kept while they fit. Not where this save's own base has left the
+    // cache while other large saves run (the ranks of one job saving at once, whose
+    // reconstructions do not fit in it together): keeping this one would only push out the next
+    // rank's base, at the cost of a copy and fresh memory for every byte. To see the ranks that
+    // started with it, that is looked at once head_min of the file is written. A base gone
+    // while nothing else saves (pushed out by reads, or by a run that has ended) does not stop
+    // the lineage from coming back into the cache.
     const bool image = heads && s.bc_.image;
-    std::uint64_t retain_left = image || (walk && walk->predicted_bytes(true) > cache.budget() / 2)
-                                    ? 0
-                                    : cache.budget() / 2;
+    bool retain = !image && !(walk && walk->predicted_bytes(true) > cache.budget() / 2);
+    if (retain && !base_in_cache(s.bc_.base)) {
+      (void)staged.await(opt.head_min);  // false: the file ended or changed; decided as it is
+      retain = large_saves.load() < 2;
+      if (!retain) streams_not_kept.fetch_add(1);
+    }
+    std::uint64_t retain_left = retain ? cache.budget() / 2 : 0;
     if (heads && s.bc_.base) s.base_image_ = heads->retire(s.bc_.base);
     const auto next = [&]() -> std::optional<format::tensor_info> {
       if (held_next < held.size()) return held[held_next++];
@@ -286,6 +304,18 @@ void content_store::impl::run_stream(stream& s) {
   // Not stored: the unfinished object goes (on this thread, which wrote it), and the pin.
   s.out_.reset();
   s.pin_.reset();
+}
+
+bool content_store::impl::base_in_cache(std::uint64_t base) {
+  if (!base) return true;  // a keyframe: no base to miss
+  std::uint64_t total = 0, cached = 0;
+  const auto& tensors = meta_of(base)->meta->layout.tensors;
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    if (!tensors[i].compress || tensors[i].length > kRetainTensorMax) continue;
+    total += tensors[i].length;
+    if (cache.present({base, k_tensor, i})) cached += tensors[i].length;
+  }
+  return cached >= total - total / 8;  // most of it: a few tensors evicted do not count
 }
 
 void content_store::impl::give_back_image(std::shared_ptr<head_image>& image) noexcept {

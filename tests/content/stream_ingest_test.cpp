@@ -739,16 +739,18 @@ TEST_CASE("a lineage that keeps one file streams as without head images", "[cont
 
 TEST_CASE("lineages saving in turn keep their reconstructions in the cache while they fit",
           "[content][stream]") {
-  // Three lineages (the ranks of one job) save in turn, each version 2.4 MB: half the cache
-  // (12 MiB, of which 6 MiB hold whole tensors) keeps one, the cache not all three. Without
-  // images every save is coded while it is written, whether its base is in the cache (kept
-  // there by its own stream) or was pushed out by the other ranks' (then decoded through the
-  // chain a slab at a time): none waits for its commit. Once one rank saves alone again, its
-  // base is back in the cache from its next save on. Torch files and DCP shards, with heads=off
-  // and for lineages that keep one file.
+  // Three lineages (the ranks of one job), each version 2.4 MB: half the cache (12 MiB, of
+  // which 6 MiB hold whole tensors) keeps one, the cache not all three. Without images every
+  // save is coded while it is written, its reconstruction kept in the cache as a commit keeps
+  // it, and a base pushed out by the other ranks' is decoded through its chain a slab at a time:
+  // none waits for its commit. Where the ranks save at the same moment, a save whose base was
+  // pushed out does not keep its own (it would push out the next rank's). Once one rank saves
+  // alone again, its base is back in the cache from its next save on. Torch files and DCP
+  // shards, with heads=off and for lineages that keep one file.
   const int kind = GENERATE(0, 1);  // torch.save; a DCP shard, smallest first
   const bool keep_one = GENERATE(false, true);
-  INFO("kind " << kind << ", keep one " << keep_one);
+  const bool at_once = GENERATE(false, true);
+  INFO("kind " << kind << ", keep one " << keep_one << ", at once " << at_once);
   temp_dir d, plain_dir;
   auto o = options(d), po = options(plain_dir);
   o.cache_bytes = po.cache_bytes = std::uint64_t(12) << 20;
@@ -766,10 +768,11 @@ TEST_CASE("lineages saving in turn keep their reconstructions in the cache while
                      : "rank" + rank + "/step_" + step + "/__" + rank + "_0.distcp";
   };
   int saves = 0;
-  const auto save = [&](int r, int k) {
+  const auto next_file = [&](int r) {
     auto& m = models[std::size_t(r)];
-    const bytes file = kind == 0 ? m.step() : shard_step(m, true);
-    const auto ref = stream_in(s.content, path_of(r, k), file, fresh_buffer(d));
+    return kind == 0 ? m.step() : shard_step(m, true);
+  };
+  const auto check = [&](int r, int k, const bytes& file, const fs::content_ref& ref) {
     ++saves;
     INFO("round " << k << ", rank " << r);
     CHECK(s.content.info(ref).kind == (k == 0 ? "keyframe" : "delta"));
@@ -781,8 +784,43 @@ TEST_CASE("lineages saving in turn keep their reconstructions in the cache while
     if (keep_one && k > 0) s.content.unref(last[std::size_t(r)]);  // rotated: one kept
     last[std::size_t(r)] = ref;
   };
+  const auto save = [&](int r, int k) {
+    const bytes file = next_file(r);
+    check(r, k, file, stream_in(s.content, path_of(r, k), file, fresh_buffer(d)));
+  };
+  // Every rank's first 1.5 MB (past head_min) before any commit: all three saves are in
+  // progress when each stream looks at its base.
+  const auto save_at_once = [&](int k) {
+    std::vector<bytes> files;
+    std::vector<std::shared_ptr<fs::write_buffer>> bufs;
+    std::vector<std::shared_ptr<fs::content_store::stream>> streams;
+    for (int r = 0; r < ranks; ++r) {
+      files.push_back(next_file(r));
+      bufs.push_back(fresh_buffer(d));
+      bufs.back()->begin_stream();
+      streams.push_back(s.content.start_stream(path_of(r, k), bufs.back()));
+    }
+    constexpr std::size_t first = 1'500'000;
+    for (int r = 0; r < ranks; ++r)
+      bufs[std::size_t(r)]->write(0, std::span(files[std::size_t(r)]).first(first));
+    for (int i = 0; i < 2000 && s.content.usage().large_saves < ranks; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    CHECK(s.content.usage().large_saves == ranks);
+    for (int r = 0; r < ranks; ++r) {
+      const auto i = std::size_t(r);
+      bufs[i]->write(first, std::span(files[i]).subspan(first));
+      check(r, k, files[i], s.content.put(path_of(r, k), bufs[i], std::move(streams[i])));
+    }
+    CHECK(s.content.usage().large_saves == 0);
+  };
   for (int k = 0; k < rounds; ++k)
-    for (int r = 0; r < ranks; ++r) save(r, k);
+    for (int r = 0; r < ranks; ++r) {
+      if (at_once && k > 0) {
+        save_at_once(k);
+        break;
+      }
+      save(r, k);
+    }
   // Rank 0's bases were pushed out by the two others' reconstructions: decoded through the
   // chain. Alone, its next save finds its base decoded into the cache by its stream.
   save(0, rounds);
@@ -795,6 +833,12 @@ TEST_CASE("lineages saving in turn keep their reconstructions in the cache while
   CHECK(u.streams_dropped == 0);
   CHECK(u.streams_running == 0);
   CHECK(u.cache_bytes <= u.cache_budget);
+  // At once, the saves whose bases were pushed out kept nothing (rank 0's base goes when the
+  // third rank's keyframe comes in); one at a time, each keeps its own.
+  if (at_once)
+    CHECK(u.streams_not_kept >= 1);
+  else
+    CHECK(u.streams_not_kept == 0);
 }
 
 namespace {
