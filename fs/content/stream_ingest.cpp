@@ -142,6 +142,11 @@ void content_store::impl::run_stream(stream& s) {
       // them largest or smallest first, by writer thread count and device). Bytes written
       // meanwhile wait in the write buffer, spilled past its budget, as they would for the
       // commit.
+      // Counted as a large save from its start: its size shows only as its tensors are walked,
+      // and the ranks saving with it must see it before they look at their bases (a shard that
+      // turns out smaller counts until its commit).
+      s.large_ = true;
+      large_saves.fetch_add(1);
       shard.emplace(padded, opt.recognise());
       while (compressible == 0 || compressible < least) {
         auto u = shard->next();
@@ -152,8 +157,6 @@ void content_store::impl::run_stream(stream& s) {
         if (u->compress) compressible += u->length;
         held.push_back(std::move(*u));
       }
-      s.large_ = true;
-      large_saves.fetch_add(1);
       s.bc_ = choose_shard_base(s.path_, held);
       t = held[held_next++];
     } else {
@@ -189,16 +192,18 @@ void content_store::impl::run_stream(stream& s) {
     // the reconstruction's other home is the cache, as at a commit: a checkpoint whose
     // compressible bytes fit in half of it keeps its tensors there whole (put()'s rule), the
     // next save's base, read without decoding the chain. A shard's size is known only at its
-    // end: its tensors are kept while they fit. Not where this save's own base has left the
-    // cache while other large saves run (the ranks of one job saving at once, whose
-    // reconstructions do not fit in it together): keeping this one would only push out the next
-    // rank's base, at the cost of a copy and fresh memory for every byte. To see the ranks that
-    // started with it, that is looked at once head_min of the file is written. A base gone
-    // while nothing else saves (pushed out by reads, or by a run that has ended) does not stop
-    // the lineage from coming back into the cache.
+    // end: its tensors are kept while they fit. Not where this save's own base is not in the
+    // cache (or it has none: a keyframe) while other large saves run (the ranks of one job
+    // saving at once, whose reconstructions do not fit in it together): keeping this one would
+    // only push out the next rank's base, at the cost of a copy and fresh memory for every byte,
+    // and a reconstruction pushed out while it is filled is memory the budget no longer counts
+    // (eight 1 GiB ranks' keyframes took the daemon past it). To see the ranks that started
+    // with it, that is looked at once head_min of the file is written. A base gone while
+    // nothing else saves (pushed out by reads, or by a run that has ended) does not stop the
+    // lineage from coming back into the cache.
     const bool image = heads && s.bc_.image;
     bool retain = !image && !(walk && walk->predicted_bytes(true) > cache.budget() / 2);
-    if (retain && !base_in_cache(s.bc_.base)) {
+    if (retain && (!s.bc_.base || !base_in_cache(s.bc_.base))) {
       (void)staged.await(opt.head_min);  // false: the file ended or changed; decided as it is
       retain = large_saves.load() < 2;
       if (!retain) streams_not_kept.fetch_add(1);
