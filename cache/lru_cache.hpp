@@ -4,6 +4,12 @@
 // get_or_load() runs the loader outside the lock and at most once per key at a time (concurrent
 // callers for the same key wait for the first one), so two readers never decode the same block
 // twice. A value larger than the whole budget is returned but not kept. Thread-safe.
+//
+// A value its caller still fills (put_pinned) is charged from the start and cannot be evicted
+// until its pin is released: a value pushed out while being filled would be memory the budget no
+// longer counts, held as long as the filler works on it. Pinned values are never evicted for
+// anything; what cannot fit beside them is not kept (a put_pinned says so, so that its caller
+// does not fill it).
 #include <cstdint>
 #include <functional>
 #include <future>
@@ -11,6 +17,7 @@
 #include <memory>
 #include <mutex>
 #include <unordered_map>
+#include <utility>
 
 namespace ckpt::cache {
 
@@ -21,11 +28,41 @@ class lru_cache {
 
   explicit lru_cache(std::uint64_t budget_bytes) : budget_(budget_bytes) {}
 
+  // Releases a put_pinned value to ordinary LRU eviction when destroyed (or released), as the
+  // most recently used value. Empty when the value was not kept. Must not outlive its cache.
+  class pin {
+   public:
+    pin() = default;
+    pin(pin&& o) noexcept
+        : cache_(std::exchange(o.cache_, nullptr)), key_(std::move(o.key_)), value_(o.value_) {}
+    pin& operator=(pin&& o) noexcept {
+      if (this != &o) {
+        release();
+        cache_ = std::exchange(o.cache_, nullptr);
+        key_ = std::move(o.key_);
+        value_ = o.value_;
+      }
+      return *this;
+    }
+    ~pin() { release(); }
+    explicit operator bool() const { return cache_ != nullptr; }
+    void release() {
+      if (auto* c = std::exchange(cache_, nullptr)) c->unpin(key_, value_);
+    }
+
+   private:
+    friend class lru_cache;
+    pin(lru_cache* c, Key k, const Value* v) : cache_(c), key_(std::move(k)), value_(v) {}
+    lru_cache* cache_ = nullptr;
+    Key key_{};
+    const Value* value_ = nullptr;
+  };
+
   value_ptr get(const Key& k) {
     std::lock_guard lock(mu_);
     auto it = map_.find(k);
     if (it == map_.end()) return nullptr;
-    order_.splice(order_.begin(), order_, it->second.pos);
+    touch_locked(it->second);
     return it->second.value;
   }
 
@@ -37,7 +74,18 @@ class lru_cache {
 
   void put(const Key& k, value_ptr v, std::uint64_t bytes) {
     std::lock_guard lock(mu_);
-    insert_locked(k, std::move(v), bytes);
+    insert_locked(k, std::move(v), bytes, false);
+  }
+
+  // Charges `bytes` for a value the caller fills after this call (through its own non-const
+  // pointer), evicting unpinned values to make room, and keeps it from eviction until the pin
+  // goes. An empty pin: not kept (larger than what unpinned values can free), and any value the
+  // key had is dropped.
+  [[nodiscard]] pin put_pinned(const Key& k, value_ptr v, std::uint64_t bytes) {
+    std::lock_guard lock(mu_);
+    const Value* raw = v.get();
+    if (!insert_locked(k, std::move(v), bytes, true)) return {};
+    return pin(this, k, raw);
   }
 
   // `load` returns the value and its size in bytes. Exceptions propagate to every waiter and
@@ -49,7 +97,7 @@ class lru_cache {
     {
       std::lock_guard lock(mu_);
       if (auto it = map_.find(k); it != map_.end()) {
-        order_.splice(order_.begin(), order_, it->second.pos);
+        touch_locked(it->second);
         return it->second.value;
       }
       if (auto it = loading_.find(k); it != loading_.end()) {
@@ -62,7 +110,7 @@ class lru_cache {
     try {
       auto [v, bytes] = load();
       std::lock_guard lock(mu_);
-      insert_locked(k, v, bytes);
+      insert_locked(k, v, bytes, false);
       loading_.erase(k);
       mine.set_value(v);
       return v;
@@ -76,18 +124,13 @@ class lru_cache {
 
   void erase(const Key& k) {
     std::lock_guard lock(mu_);
-    if (auto it = map_.find(k); it != map_.end()) {
-      bytes_ -= it->second.bytes;
-      order_.erase(it->second.pos);
-      map_.erase(it);
-    }
+    if (auto it = map_.find(k); it != map_.end()) remove_locked(it);
   }
 
+  // Drops every value not pinned (a pinned one is still being filled: its filler's charge stays).
   void clear() {
     std::lock_guard lock(mu_);
-    map_.clear();
-    order_.clear();
-    bytes_ = 0;
+    while (!order_.empty()) remove_locked(map_.find(order_.back()));
   }
 
   std::uint64_t bytes() const {
@@ -95,30 +138,63 @@ class lru_cache {
     return bytes_;
   }
   std::uint64_t budget() const { return budget_; }
+  // Of bytes(): values pinned by their fillers.
+  std::uint64_t pinned_bytes() const {
+    std::lock_guard lock(mu_);
+    return pinned_bytes_;
+  }
 
  private:
+  // A pinned entry is not in order_ (its pos is unused): eviction walks order_ alone.
   struct entry {
     value_ptr value;
     std::uint64_t bytes;
     typename std::list<Key>::iterator pos;
+    bool pinned = false;
   };
+  using map_iterator = typename std::unordered_map<Key, entry, Hash>::iterator;
 
-  void insert_locked(const Key& k, value_ptr v, std::uint64_t bytes) {
-    if (auto it = map_.find(k); it != map_.end()) {
-      bytes_ -= it->second.bytes;
+  void touch_locked(entry& e) {
+    if (!e.pinned) order_.splice(order_.begin(), order_, e.pos);
+  }
+
+  void remove_locked(map_iterator it) {
+    bytes_ -= it->second.bytes;
+    if (it->second.pinned) {
+      pinned_bytes_ -= it->second.bytes;
+    } else {
       order_.erase(it->second.pos);
-      map_.erase(it);
     }
-    if (bytes > budget_) return;
-    while (bytes_ + bytes > budget_ && !order_.empty()) {
-      auto last = map_.find(order_.back());
-      bytes_ -= last->second.bytes;
-      map_.erase(last);
-      order_.pop_back();
+    map_.erase(it);
+  }
+
+  // False: not kept (the value was larger than the budget less what is pinned).
+  bool insert_locked(const Key& k, value_ptr v, std::uint64_t bytes, bool pinned) {
+    if (auto it = map_.find(k); it != map_.end()) remove_locked(it);
+    if (bytes > budget_ || pinned_bytes_ + bytes > budget_) return false;
+    while (bytes_ + bytes > budget_) remove_locked(map_.find(order_.back()));
+    entry e{std::move(v), bytes, {}, pinned};
+    if (pinned) {
+      pinned_bytes_ += bytes;
+    } else {
+      order_.push_front(k);
+      e.pos = order_.begin();
     }
-    order_.push_front(k);
-    map_.emplace(k, entry{std::move(v), bytes, order_.begin()});
+    map_.emplace(k, std::move(e));
     bytes_ += bytes;
+    return true;
+  }
+
+  // The pin's key may since have been erased, or replaced by another value: only the value it
+  // pinned is released.
+  void unpin(const Key& k, const Value* v) {
+    std::lock_guard lock(mu_);
+    auto it = map_.find(k);
+    if (it == map_.end() || !it->second.pinned || it->second.value.get() != v) return;
+    it->second.pinned = false;
+    pinned_bytes_ -= it->second.bytes;
+    order_.push_front(k);
+    it->second.pos = order_.begin();
   }
 
   const std::uint64_t budget_;
@@ -127,6 +203,7 @@ class lru_cache {
   std::unordered_map<Key, entry, Hash> map_;
   std::unordered_map<Key, std::shared_future<value_ptr>, Hash> loading_;
   std::uint64_t bytes_ = 0;
+  std::uint64_t pinned_bytes_ = 0;
 };
 
 }  // namespace ckpt::cache

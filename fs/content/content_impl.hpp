@@ -437,6 +437,18 @@ struct content_store::impl {
   void drain();
 
   // ---- ingest.cpp ----
+  // A whole tensor's reconstruction as a save makes it (the next save's base), charged to the
+  // cache under `key` before it is filled and pinned there until the filler lets go (the pin),
+  // so that the cache makes room first and never pushes it out half-filled, uncounted. Empty
+  // (no item) when the cache cannot take `length` bytes beside what other fillers pin.
+  struct kept_whole {
+    std::shared_ptr<cache_item> item;
+    decltype(cache)::pin pin;
+    void fill(std::uint64_t off, std::span<const std::byte> recon) const {
+      if (item) std::memcpy(item->data.data() + off, recon.data(), recon.size());
+    }
+  };
+  kept_whole keep_whole(const cache_key& key, std::uint64_t length);
   // content_store::put; `staged` (may be null) may become the version's head image.
   content_ref put(std::string_view path, const format::source& src,
                   std::shared_ptr<staged_file> staged);

@@ -545,6 +545,22 @@ std::int64_t values_elements_of(const version_meta& meta) {
   return n;
 }
 
+content_store::impl::kept_whole content_store::impl::keep_whole(const cache_key& key,
+                                                                std::uint64_t length) {
+  kept_whole k;
+  auto item = std::make_shared<cache_item>();
+  k.pin = cache.put_pinned(key, item, length);
+  if (!k.pin) return k;
+  try {
+    item->data = byte_buffer(length);  // charged first: the cache made room for it
+  } catch (...) {
+    cache.erase(key);  // never an empty item under a tensor's key
+    throw;
+  }
+  k.item = std::move(item);
+  return k;
+}
+
 std::shared_ptr<const cache_item> content_store::impl::previous_meta(const base_choice& c) {
   // Only lossy keyframes (keyframe_bits): keyframe_bits=0 promises exact ones.
   if (!c.previous || opt.lossless || !opt.intra || !opt.keyframe_bits) return nullptr;
@@ -854,16 +870,12 @@ content_ref content_store::impl::put(std::string_view path, const format::source
     std::vector<bool> replaced(layout.tensors.size());
     for (const auto& j : jobs) {
       const auto& t = layout.tensors[j.tensor];
-      std::shared_ptr<cache_item> keep;
-      if (retain && t.length <= kRetainTensorMax) {
-        keep = std::make_shared<cache_item>();
-        keep->data = byte_buffer(t.length);
-        // Charged before it is filled, so the cache makes room first; nobody reads the version
-        // before its record exists.
-        m.cache.put({id, k_tensor, j.tensor}, keep, t.length);
-      }
+      // Nobody reads the version before its record exists.
+      impl::kept_whole keep;
+      if (retain && t.length <= kRetainTensorMax)
+        keep = m.keep_whole({id, k_tensor, j.tensor}, t.length);
       const auto sink = [&](std::uint64_t off, std::span<const std::byte> recon) {
-        if (keep) std::memcpy(keep->data.data() + off, recon.data(), recon.size());
+        keep.fill(off, recon);
         if (make_head && j.rewrites()) staged->overwrite(t.offset + off, recon);
       };
       tensor_result r =

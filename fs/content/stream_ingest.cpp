@@ -264,19 +264,16 @@ void content_store::impl::run_stream(stream& s) {
       // Tensors over kRetainTensorMax are never kept whole (put()'s rule); past half the cache
       // (a shard found larger) none from then on.
       if (t->length > retain_left) retain_left = 0;
-      std::shared_ptr<cache_item> keep;
+      // Nothing reads the stream's key but finish_stream.
+      kept_whole keep;
       if (retain_left && t->length <= kRetainTensorMax) {
         retain_left -= t->length;
-        keep = std::make_shared<cache_item>();
-        keep->data = byte_buffer(t->length);
-        // Charged before it is filled, so the cache makes room first; nothing reads this key
-        // but finish_stream.
-        cache.put({s.cache_key_, k_tensor, index}, keep, t->length);
-        s.retained_.push_back(index);
+        keep = keep_whole({s.cache_key_, k_tensor, index}, t->length);
+        if (keep.item) s.retained_.push_back(index);
       }
       // The reconstruction replaces the written bytes only where they become the head image.
       const auto sink = [&](std::uint64_t off, std::span<const std::byte> recon) {
-        if (keep) std::memcpy(keep->data.data() + off, recon.data(), recon.size());
+        keep.fill(off, recon);
         if (image && j.rewrites()) staged.overwrite(t->offset + off, recon);
         staged.settle(t->offset + off + recon.size());
       };

@@ -86,3 +86,69 @@ TEST_CASE("lru_cache caches nothing for a load that throws, and every waiter see
   // The next call loads again.
   CHECK(*c.get_or_load(1, [] { return std::pair{value("ok"), std::uint64_t(2)}; }) == "ok");
 }
+
+TEST_CASE(
+    "lru_cache never evicts a value being filled, and keeps nothing that cannot fit beside "
+    "the pinned ones",
+    "[cache][lru]") {
+  cache_t c(100);
+  c.put(1, value("a"), 30);
+  auto filling = c.put_pinned(2, value("b"), 50);
+  REQUIRE(filling);
+  CHECK(c.bytes() == 80);
+  CHECK(c.pinned_bytes() == 50);
+  CHECK(c.get(2));  // readable while pinned, and reading does not unpin it
+  // Room is made from unpinned values only: 1 goes, the pinned 2 stays.
+  c.put(3, value("c"), 40);
+  CHECK_FALSE(c.get(1));
+  CHECK(c.get(2));
+  CHECK(c.get(3));
+  CHECK(c.bytes() == 90);
+  // More than the budget less what is pinned: not kept, and the value it would replace goes.
+  c.put(3, value("c2"), 60);
+  CHECK_FALSE(c.get(3));
+  CHECK(c.get(2));
+  CHECK(c.bytes() == 50);
+  auto refused = c.put_pinned(4, value("d"), 51);
+  CHECK_FALSE(refused);
+  CHECK_FALSE(c.get(4));
+  CHECK(c.bytes() == 50);
+  // clear() leaves a value its filler still holds, charged.
+  c.put(5, value("e"), 10);
+  c.clear();
+  CHECK_FALSE(c.get(5));
+  CHECK(c.get(2));
+  CHECK(c.bytes() == 50);
+  // Released, it is an ordinary value (the most recently used) and can be evicted.
+  filling.release();
+  CHECK_FALSE(filling);
+  CHECK(c.pinned_bytes() == 0);
+  CHECK(c.bytes() == 50);
+  c.put(6, value("f"), 60);
+  CHECK_FALSE(c.get(2));
+  CHECK(c.get(6));
+  CHECK(c.bytes() == 60);
+}
+
+TEST_CASE("lru_cache releases only the value a pin pinned", "[cache][lru]") {
+  cache_t c(100);
+  {
+    auto p = c.put_pinned(1, value("a"), 40);
+    REQUIRE(p);
+    c.erase(1);  // erased while pinned: its charge goes with it
+    CHECK(c.bytes() == 0);
+    CHECK(c.pinned_bytes() == 0);
+    auto q = c.put_pinned(1, value("b"), 40);  // the key filled again by someone else
+    REQUIRE(q);
+    p.release();  // not the value it pinned: b stays pinned
+    CHECK(c.pinned_bytes() == 40);
+    auto moved = std::move(q);
+    CHECK_FALSE(q);
+    CHECK(moved);
+  }  // moved goes out of scope: b released once
+  CHECK(c.pinned_bytes() == 0);
+  CHECK(c.bytes() == 40);
+  c.put(2, value("c"), 100);  // b is evictable now
+  CHECK_FALSE(c.get(1));
+  CHECK(c.bytes() == 100);
+}
