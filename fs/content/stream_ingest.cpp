@@ -195,9 +195,9 @@ void content_store::impl::run_stream(stream& s) {
     // end: its tensors are kept while they fit. Not where this save's own base is not in the
     // cache (or it has none: a keyframe) while other large saves run (the ranks of one job
     // saving at once, whose reconstructions do not fit in it together): keeping this one would
-    // only push out the next rank's base, at the cost of a copy and fresh memory for every byte,
-    // and a reconstruction pushed out while it is filled is memory the budget no longer counts
-    // (eight 1 GiB ranks' keyframes took the daemon past it). To see the ranks that started
+    // only push out the next rank's base, at the cost of a copy and fresh memory for every byte
+    // (eight 1 GiB ranks' keyframes kept so took the daemon past its budget, before the cache
+    // pinned what is being filled). To see the ranks that started
     // with it, that is looked at once head_min of the file is written. A base gone while
     // nothing else saves (pushed out by reads, or by a run that has ended) does not stop the
     // lineage from coming back into the cache.
