@@ -45,3 +45,11 @@ foreach(spec "scale_memory 600 serial" "scale_writers 400 serial" "scale_lossles
     set_tests_properties(fs.${name} PROPERTIES RUN_SERIAL TRUE)
   endif()
 endforeach()
+# Four ranks whose reconstructions each fit in half the cache, not all together (heads=off):
+# they share the cache, and the admin socket counts what was kept and what was not (~15 s).
+add_test(NAME fs.scale_writers_shared_cache
+         COMMAND /usr/bin/python3 ${fs_tests}/scale_writers.py $<TARGET_FILE:ckptfs>
+                 $<TARGET_FILE:ckptctl> --writers 4 --mib 160 --steps 3 --heads-off
+                 --cache-mib 512)
+set_tests_properties(fs.scale_writers_shared_cache PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77
+                     RESOURCE_LOCK ckptfs_scale ENVIRONMENT CKPTFS_TEST_DEADLINE=240)

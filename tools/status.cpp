@@ -91,10 +91,14 @@ void print_text(const nlohmann::json& r) {
     if (const std::uint64_t declined = ju64(st, "declined"))
       std::printf("          %s left to the commit by its stream (the last: %s)\n",
                   plural(declined, "file").c_str(), jstr(st, "last_declined").c_str());
+    if (const std::uint64_t kept = ju64(st, "kept_bytes"))
+      std::printf("          %s of reconstructions kept in the cache as the next saves' bases\n",
+                  human_bytes(double(kept)).c_str());
     if (const std::uint64_t not_kept = ju64(st, "not_kept"))
       std::printf(
-          "          %s without an image not kept in the cache: their bases had left it\n"
-          "          while other saves ran (cache= holds fewer than the lineages saving)\n",
+          "          %s without an image not kept whole in the cache: their bases had left it\n"
+          "          while other saves ran, and it had no room beside theirs (cache= holds\n"
+          "          fewer than the lineages saving)\n",
           plural(not_kept, "save").c_str());
   }
   if (jbool(heads, "enabled"))

@@ -300,6 +300,7 @@ json admin_service::status() const {
             {"last_declined", c.last_declined},
             {"large_saves", c.large_saves},
             {"not_kept", c.streams_not_kept},
+            {"kept_bytes", c.streams_kept_bytes},
             {"coded_bytes", c.streamed_bytes}}},
           {"heads",
            {{"enabled", d.heads},

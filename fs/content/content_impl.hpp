@@ -656,8 +656,9 @@ struct content_store::impl {
   // Streams of files of head_min or more, alive now (from when the stream knows the size until
   // after the commit): the large saves in progress.
   std::atomic<std::uint32_t> large_saves{0};
-  std::atomic<std::uint64_t> streams_not_kept{0};  // usage::streams_not_kept
-  std::atomic<std::uint64_t> streamed_bytes{0};    // tensor bytes coded by streams
+  std::atomic<std::uint64_t> streams_not_kept{0};    // usage::streams_not_kept
+  std::atomic<std::uint64_t> streams_kept_bytes{0};  // usage::streams_kept_bytes
+  std::atomic<std::uint64_t> streamed_bytes{0};      // tensor bytes coded by streams
   mutable std::mutex declined_mu;
   std::string last_declined;  // why the last declined stream declined (declined_mu)
   log_sink log;               // set_logger's

@@ -406,11 +406,12 @@ class content_store {
     std::uint64_t streams_running = 0, streamed_puts = 0, streams_dropped = 0;
     std::uint64_t streams_declined = 0;
     std::string last_declined;
-    // Saves of head_min or more a stream follows, now; and since the start, streamed saves
-    // without an image whose reconstruction was not kept in the cache: their base had left it
-    // while other large saves ran (the ranks of a job whose checkpoints the cache cannot hold
-    // together).
-    std::uint64_t large_saves = 0, streams_not_kept = 0;
+    // Saves of head_min or more a stream follows, now; since the start, streamed saves without
+    // an image that kept only part of their reconstruction in the cache, or none: their base
+    // had left it while other large saves ran, and the cache had no room beside the others'
+    // (the ranks of a job whose checkpoints the cache cannot hold together); and the tensor
+    // bytes streams kept there.
+    std::uint64_t large_saves = 0, streams_not_kept = 0, streams_kept_bytes = 0;
     std::uint64_t streamed_bytes = 0;  // tensor bytes coded by streams since the start
     // Cold reads since the start (decode_tally.hpp): chunks decoded into the chunk cache and
     // their bytes, of them decoded before (evicted before their readers were done), single

@@ -192,21 +192,22 @@ void content_store::impl::run_stream(stream& s) {
     // the reconstruction's other home is the cache, as at a commit: a checkpoint whose
     // compressible bytes fit in half of it keeps its tensors there whole (put()'s rule), the
     // next save's base, read without decoding the chain. A shard's size is known only at its
-    // end: its tensors are kept while they fit. Not where this save's own base is not in the
-    // cache (or it has none: a keyframe) while other large saves run (the ranks of one job
-    // saving at once, whose reconstructions do not fit in it together): keeping this one would
-    // only push out the next rank's base, at the cost of a copy and fresh memory for every byte
-    // (eight 1 GiB ranks' keyframes kept so took the daemon past its budget, before the cache
-    // pinned what is being filled). To see the ranks that started
+    // end: its tensors are kept while they fit. Where this save's own base is not in the cache
+    // (or it has none: a keyframe) while other large saves run (the ranks of one job saving at
+    // once, whose reconstructions may not fit in it together), it keeps a tensor only where the
+    // cache has room for it as it is (room_only): pushing out another rank's base would only
+    // move the decode through a chain from this rank to that one, at the cost of a copy of
+    // every byte. So the ranks share the cache: each save frees its base's tensors as it codes
+    // against them, and those saving next to it take the room. To see the ranks that started
     // with it, that is looked at once head_min of the file is written. A base gone while
-    // nothing else saves (pushed out by reads, or by a run that has ended) does not stop the
-    // lineage from coming back into the cache.
+    // nothing else saves (pushed out by reads, or by a run that has ended) does not keep the
+    // lineage out of the cache.
     const bool image = heads && s.bc_.image;
-    bool retain = !image && !(walk && walk->predicted_bytes(true) > cache.budget() / 2);
+    const bool retain = !image && !(walk && walk->predicted_bytes(true) > cache.budget() / 2);
+    bool room_only = false, short_of_room = false;
     if (retain && (!s.bc_.base || !base_in_cache(s.bc_.base))) {
       (void)staged.await(opt.head_min);  // false: the file ended or changed; decided as it is
-      retain = large_saves.load() < 2;
-      if (!retain) streams_not_kept.fetch_add(1);
+      room_only = large_saves.load() >= 2;
     }
     std::uint64_t retain_left = retain ? cache.budget() / 2 : 0;
     if (heads && s.bc_.base) s.base_image_ = heads->retire(s.bc_.base);
@@ -268,8 +269,14 @@ void content_store::impl::run_stream(stream& s) {
       kept_whole keep;
       if (retain_left && t->length <= kRetainTensorMax) {
         retain_left -= t->length;
-        keep = keep_whole({s.cache_key_, k_tensor, index}, t->length);
-        if (keep.item) s.retained_.push_back(index);
+        if (!room_only || cache.bytes() + t->length <= cache.budget())
+          keep = keep_whole({s.cache_key_, k_tensor, index}, t->length);
+        if (keep.item) {
+          s.retained_.push_back(index);
+          streams_kept_bytes.fetch_add(t->length);
+        } else {
+          short_of_room = true;
+        }
       }
       // The reconstruction replaces the written bytes only where they become the head image.
       const auto sink = [&](std::uint64_t off, std::span<const std::byte> recon) {
@@ -282,6 +289,7 @@ void content_store::impl::run_stream(stream& s) {
       if (j.base_tensor) cache.erase({s.bc_.base, k_tensor, *j.base_tensor});
       streamed_bytes.fetch_add(t->length);
     }
+    if (short_of_room) streams_not_kept.fetch_add(1);
     s.walked_ = shard ? shard->complete() : s.found_.size() == walk->predicted().size();
     // The rest waits for the commit; nothing here reads the buffer before it.
     staged.settle(kEverything);

@@ -17,13 +17,21 @@ budget (cache + buffer + 512 MiB = 768 MiB) is well below what the writers hold 
     (a restore: the older ones decode through their chains side by side), and each version
     reads as the same bytes as before (sha256), the daemon again within the budget.
 
+With --heads-off --cache-mib N (each rank's state fits in half the cache, all of them do not):
+the saves keep their reconstructions in the cache as their bases while that holds; the daemon's
+admin socket (`ckptctl status`) must count the saves whose bases the other ranks pushed out
+(streams.not_kept, at least one, and the status line saying so) and no large save still running
+once all are done; the budget and read-back checks above hold as well.
+
 Usage: scale_writers.py CKPTFS CKPTCTL [--writers 4] [--mib 256] [--steps 3]
+                        [--heads-off --cache-mib 512]
 """
 import argparse
 import concurrent.futures
 import gc
 import multiprocessing
 import os
+import subprocess
 import sys
 import time
 import traceback
@@ -31,12 +39,10 @@ import traceback
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ckptfs_testlib import mounted, peak_rss, sha256  # noqa: E402
+from ckptfs_testlib import mounted, peak_rss, sha256, status_json  # noqa: E402
 from scale_lib import MiB, TrainingState, check, mib, sample, save, scratch_dir, stat  # noqa: E402
 
-CACHE, BUFFER = 128 * MiB, 128 * MiB
-OPTS = (f"cache={CACHE // MiB}M", f"buffer={BUFFER // MiB}M")
-BUDGET = CACHE + BUFFER + 512 * MiB
+BUFFER = 128 * MiB
 
 
 def writer(rank, args, mnt, barrier, results):
@@ -75,14 +81,21 @@ def main():
     ap.add_argument("--writers", type=int, default=4)
     ap.add_argument("--mib", type=int, default=256)
     ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--cache-mib", type=int, default=128)
+    ap.add_argument("--heads-off", action="store_true")
     args = ap.parse_args()
+    cache = args.cache_mib * MiB
+    opts = [f"cache={args.cache_mib}M", f"buffer={BUFFER // MiB}M"]
+    if args.heads_off:
+        opts.append("heads=off")
+    budget = cache + BUFFER + 512 * MiB
     t_start = time.monotonic()
     with scratch_dir("ckptfs-scale-writers-") as work:
         store, mnt = os.path.join(work, "store"), os.path.join(work, "mnt")
         ctx = multiprocessing.get_context("fork")
         procs = []
         try:
-            with mounted(args.binary, store, mnt, *OPTS) as proc:
+            with mounted(args.binary, store, mnt, *opts) as proc:
                 barrier = ctx.Barrier(args.writers)
                 results = ctx.Queue()
                 procs = [ctx.Process(target=writer, args=(r, args, mnt, barrier, results))
@@ -101,6 +114,9 @@ def main():
                     p.join(timeout=60)
                     assert p.exitcode == 0, f"a writer exited with {p.exitcode}"
                 peak = peak_rss(proc.pid)
+                streams = status_json(args.ckptctl, mnt)["streams"]
+                status_text = subprocess.run([args.ckptctl, "status", mnt], check=True,
+                                             capture_output=True, text=True).stdout
                 hashes = {f"{mnt}/rank{r}/step_{k}.pt": None
                           for r in range(args.writers) for k in range(1, args.steps + 1)}
                 for path in hashes:
@@ -114,11 +130,21 @@ def main():
                     assert info["base"] == prev["version"], (
                         f"rank {r} step {k}: base {info['base']}, not its own previous version "
                         f"{prev['version']}")
-            print(f"daemon peak RSS {mib(peak)} (budget {mib(BUDGET)})", flush=True)
-            assert peak <= BUDGET, f"daemon peak RSS {mib(peak)} > budget {mib(BUDGET)}"
+            print(f"streams: {streams.get('used')} used, {mib(streams.get('kept_bytes', 0))} "
+                  f"kept in the cache, {streams.get('not_kept')} not kept whole, "
+                  f"{streams.get('large_saves')} large saves running", flush=True)
+            assert streams["large_saves"] == 0, f"large saves still counted when all are done: {streams}"
+            if args.heads_off:
+                # Together the ranks' reconstructions do not fit in the cache: some rank's base
+                # was pushed out by the others at some step, and its save kept nothing there.
+                assert streams["not_kept"] >= 1, f"no save counted as not kept: {streams}"
+                assert "not kept whole in the cache" in status_text, (
+                    f"ckptctl status does not say saves were not kept:\n{status_text}")
+            print(f"daemon peak RSS {mib(peak)} (budget {mib(budget)})", flush=True)
+            assert peak <= budget, f"daemon peak RSS {mib(peak)} > budget {mib(budget)}"
             # A restore after a failure: all ranks at once, each its versions newest first, from
             # a fresh daemon (the older ones decode through their chains side by side).
-            with mounted(args.binary, store, mnt, *OPTS) as proc:
+            with mounted(args.binary, store, mnt, *opts) as proc:
                 def restore(r):
                     return {p: sha256(p) for p in (f"{mnt}/rank{r}/step_{k}.pt"
                                                    for k in range(args.steps, 0, -1))}
@@ -131,8 +157,8 @@ def main():
                 assert read[path] == h, f"{path} reads differently after remount"
             print(f"restore of every version by all ranks at once: daemon peak RSS "
                   f"{mib(restore_peak)}", flush=True)
-            assert restore_peak <= BUDGET, (
-                f"daemon peak RSS {mib(restore_peak)} > budget {mib(BUDGET)} while restoring")
+            assert restore_peak <= budget, (
+                f"daemon peak RSS {mib(restore_peak)} > budget {mib(budget)} while restoring")
             print(f"scale_writers: ok ({args.writers} writers x {args.steps} steps x "
                   f"{args.mib} MiB, peak RSS {mib(peak)}, {time.monotonic() - t_start:.0f} s)")
         finally:
