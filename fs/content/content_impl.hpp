@@ -444,8 +444,13 @@ struct content_store::impl {
   struct kept_whole {
     std::shared_ptr<cache_item> item;
     decltype(cache)::pin pin;
+    // Where encode_tensor makes the reconstruction (empty when nothing is kept).
+    std::span<std::byte> target() const {
+      return item ? std::span<std::byte>(item->data) : std::span<std::byte>();
+    }
     void fill(std::uint64_t off, std::span<const std::byte> recon) const {
-      if (item) std::memcpy(item->data.data() + off, recon.data(), recon.size());
+      if (item && item->data.data() + off != recon.data())  // not made in place
+        std::memcpy(item->data.data() + off, recon.data(), recon.size());
     }
   };
   kept_whole keep_whole(const cache_key& key, std::uint64_t length);
@@ -609,7 +614,9 @@ struct content_store::impl {
                                               version_meta& meta, content_object_writer& out,
                                               std::vector<std::byte>& enc);
   // Streams one tensor into `out` a slab at a time; `recon_sink` sees each slab's
-  // reconstruction (offset in the tensor, bytes).
+  // reconstruction (offset in the tensor, bytes). `recon_into` (empty, or the tensor's length):
+  // where the coded slabs' reconstructions are made, instead of the slab's scratch (a
+  // reconstruction kept whole in the cache: no copy of it); the sink still sees every slab.
   // Checkpoint scope's tables, shared by every slab of their kind: differences, ratios, and
   // second moments' ratios (ratio_bits; the ratio table itself where its bits are the same).
   using shared_tables_t = std::array<codec::quant_table, 3>;
@@ -619,7 +626,8 @@ struct content_store::impl {
       const format::source& src, const format::tensor_info& t, const tensor_job& j,
       std::uint64_t base_id, const shared_tables_t* shared_tables,
       const codec::lossy_params& params, const slab_source& slabs, content_object_writer& out,
-      const std::function<void(std::uint64_t, std::span<const std::byte>)>& recon_sink);
+      const std::function<void(std::uint64_t, std::span<const std::byte>)>& recon_sink,
+      std::span<std::byte> recon_into = {});
   // Bytes [offset, offset + out.size()) of the reconstruction of tensor t of version v: from the
   // cached whole tensor, else decoded through its chain a chunk at a time (offset a multiple of
   // the chunk size), else (versions without block index) from a whole-tensor decode. `whole`

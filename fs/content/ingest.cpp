@@ -143,7 +143,8 @@ content_store::impl::tensor_result content_store::impl::encode_tensor(
     const format::source& src, const format::tensor_info& t, const tensor_job& j,
     std::uint64_t base_id, const shared_tables_t* shared_tables, const codec::lossy_params& params,
     const slab_source& slabs, content_object_writer& out,
-    const std::function<void(std::uint64_t, std::span<const std::byte>)>& recon_sink) {
+    const std::function<void(std::uint64_t, std::span<const std::byte>)>& recon_sink,
+    std::span<std::byte> recon_into) {
   tensor_result res;
   tensor_frame& f = res.frame;
   f.tensor = j.tensor;
@@ -154,12 +155,22 @@ content_store::impl::tensor_result content_store::impl::encode_tensor(
   XXH3_state_t digest;
   XXH3_64bits_reset(&digest);
   const bool range = opt.rep == codec::representative::midrange;
+  // A base kept whole in the cache (the save before kept its reconstruction there) is coded
+  // against where it is: no copy of each slab, and nothing to read ahead. The same bytes as its
+  // head image, where it has one.
   std::shared_ptr<const cache_item> base_whole;
+  if (j.base_tensor) base_whole = cache.get({base_id, k_tensor, *j.base_tensor});
+  const bool base_in_memory = base_whole != nullptr;
+  if (base_in_memory && base_whole->data.size() != t.length)
+    throw corrupt_error("content: base size mismatch");
+  if (!recon_into.empty() && recon_into.size() != t.length)
+    throw std::logic_error("encode_tensor: recon_into is not the tensor's length");
   std::uint64_t frame_at = 0;
   // Read-ahead of the base (below). Declared after what its reads use: the lease waits for a
   // read in flight before it goes.
   std::optional<base_prefetch::lease> ahead =
-      j.base_tensor && t.length > kSlabBytes ? base_ahead.try_acquire() : std::nullopt;
+      j.base_tensor && !base_in_memory && t.length > kSlabBytes ? base_ahead.try_acquire()
+                                                                : std::nullopt;
   // The tensor's base, until its first slab shows the base unrelated to it (below).
   std::optional<std::size_t> base_tensor = j.base_tensor;
   for (std::uint64_t s = 0; s < t.length; s += kSlabBytes) {
@@ -172,8 +183,12 @@ content_store::impl::tensor_result content_store::impl::encode_tensor(
     encode_slots::slabs& slab = slabs.fixed ? *slabs.fixed : lease->get();
     const std::span<std::byte> cur(slab.cur.data(), n);
     const std::uint64_t index = s / kSlabBytes;
-    const std::span<std::byte> base(ahead ? (*ahead)->buffer(index) : slab.base.data(), n);
-    if (ahead && (*ahead)->in_flight()) {  // read while the previous slab was coded
+    const std::span<std::byte> base_buf(ahead ? (*ahead)->buffer(index) : slab.base.data(), n);
+    std::span<const std::byte> base = base_buf;
+    if (base_in_memory) {
+      if (base_tensor) base = std::span<const std::byte>(base_whole->data).subspan(s, n);
+      src.read(t.offset + s, cur);
+    } else if (ahead && (*ahead)->in_flight()) {  // read while the previous slab was coded
       src.read(t.offset + s, cur);
       (*ahead)->wait();
     } else if (base_tensor) {
@@ -181,7 +196,7 @@ content_store::impl::tensor_result content_store::impl::encode_tensor(
       // by direct I/O) or decoded, while the slab is copied out of the staged file.
       tbb::task_group g;
       g.run([&] {
-        read_recon_slab(base_id, *base_tensor, s, base, base_whole, slabs.retired.get());
+        read_recon_slab(base_id, *base_tensor, s, base_buf, base_whole, slabs.retired.get());
       });
       src.read(t.offset + s, cur);
       g.wait();
@@ -189,6 +204,11 @@ content_store::impl::tensor_result content_store::impl::encode_tensor(
       src.read(t.offset + s, cur);
     }
     std::span<const std::byte> recon = cur;
+    // Where a coded slab's reconstruction is made.
+    const auto recon_target = [&](std::uint64_t at, std::size_t len) {
+      return recon_into.empty() ? std::span<std::byte>(slab.recon.data(), len)
+                                : recon_into.subspan(at, len);
+    };
     slab.enc.clear();
     // A keyframe's tensor coded as its values (j.values) is intra against zeros: no base
     // needed to read it.
@@ -244,7 +264,7 @@ content_store::impl::tensor_result content_store::impl::encode_tensor(
       res.any_ratio |= table.kind == codec::delta_kind::ratio;
       res.intra_slabs += table.kind == codec::delta_kind::intra;
       res.grid_slabs += table.grid != 0;
-      const std::span<std::byte> out_recon(slab.recon.data(), n);
+      const std::span<std::byte> out_recon = recon_target(s, n);
       codec::lossy_params p = params_for(params, table.kind, j.second_moment, j.refresh);
       p.round_bits = j.keep_bits;
       if (!f.error) f.error.emplace();
@@ -252,7 +272,7 @@ content_store::impl::tensor_result content_store::impl::encode_tensor(
                                &*f.error);
       recon = out_recon;
     } else if (j.keep_bits) {
-      const std::span<std::byte> out_recon(slab.recon.data(), n);
+      const std::span<std::byte> out_recon = recon_target(s, n);
       codec::round_mantissa(j.type, cur, out_recon, j.keep_bits);
       codec::encode_exact_into(j.type, out_recon, slab.enc);
       recon = out_recon;
@@ -880,7 +900,7 @@ content_ref content_store::impl::put(std::string_view path, const format::source
       };
       tensor_result r =
           m.encode_tensor(src, t, j, base_id, shared_tables ? &*shared_tables : nullptr, params,
-                          slab_source{&slab, {}, {}}, out, sink);
+                          slab_source{&slab, {}, {}}, out, sink, keep.target());
       // The superseded base is the likeliest eviction victim; readers of the old version
       // decode it again from its own chain.
       if (j.base_tensor) m.cache.erase({base_id, k_tensor, *j.base_tensor});

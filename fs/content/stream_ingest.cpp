@@ -284,8 +284,8 @@ void content_store::impl::run_stream(stream& s) {
         if (image && j.rewrites()) staged.overwrite(t->offset + off, recon);
         staged.settle(t->offset + off + recon.size());
       };
-      s.results_.back() =
-          encode_tensor(data, *t, j, s.bc_.base, nullptr, params, slabs, *s.out_, sink);
+      s.results_.back() = encode_tensor(data, *t, j, s.bc_.base, nullptr, params, slabs, *s.out_,
+                                        sink, keep.target());
       if (j.base_tensor) cache.erase({s.bc_.base, k_tensor, *j.base_tensor});
       streamed_bytes.fetch_add(t->length);
     }

@@ -6,6 +6,7 @@
 // parent relays the daemon's stderr until the mount is up (or the daemon failed) and exits with
 // the daemon's status, so `ckptfs STORE MNT` returns only once the mount answers.
 #include <fcntl.h>
+#include <malloc.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -260,6 +261,13 @@ int serve(const fuse::daemon_options& opt, const std::string& program, parent_li
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Buffers of 2 MiB and more (slabs, reconstructions kept in the cache, write-buffer chunks'
+  // pools) are mapped and unmapped, never kept by malloc once freed. glibc's default raises its
+  // mmap threshold to the largest such buffer freed (up to 32 MiB), after which they came from
+  // per-thread arenas that keep freed memory: eight ranks saving at once held ~390 MiB the
+  // budget did not count (docs/benchmarks.md, "Eight ranks sharing the cache"). Buffers reused
+  // on the hot path are pooled by their owners, so this costs no page faults there.
+  mallopt(M_MMAP_THRESHOLD, 2 << 20);
   const std::string program = "ckptfs";
   fuse::daemon_options opt;
   try {

@@ -445,6 +445,13 @@ def heads_status(ckptctl, mnt):
     return {k: h.get(k, 0) for k in ("retirements", "retire_refused")}
 
 
+def streams_status(ckptctl, mnt):
+    """The daemon's stream counters (`ckptctl status`): saves streamed, tensor bytes coded and
+    kept in the cache as the next bases, saves that could not keep theirs whole."""
+    st = status_json(ckptctl, mnt).get("streams", {})
+    return {k: st.get(k, 0) for k in ("used", "coded_bytes", "kept_bytes", "not_kept")}
+
+
 def du(path):
     """(apparent bytes, allocated bytes) of a directory tree: du -sb and du -sB1."""
     def one(flag):
@@ -914,6 +921,7 @@ def run_writers(args, cfg, work):
                                                         io_start))
             r["sampled_peak_rss_anon"] = sampler.whole.get("rss_anon", 0)
             r["heads"] = heads_status(args.ckptctl, mnt)
+            r["streams"] = streams_status(args.ckptctl, mnt)
             r["store_bytes"] = du(store)
             r["store_breakdown"] = du_breakdown(store)
         except BaseException:
@@ -1071,6 +1079,11 @@ def print_writers(r, cfg):
         print(f"   saves that freed their base's head image behind them: "
               f"{r['heads']['retirements']}, kept it whole (being published, or open): "
               f"{r['heads']['retire_refused']}")
+    if r.get("streams"):
+        st = r["streams"]
+        print(f"   streams: {st['used']} saves, coded {st['coded_bytes'] / GiB:.2f} GiB, kept "
+              f"{st['kept_bytes'] / GiB:.2f} GiB in the cache as the next bases; "
+              f"{st['not_kept']} saves not kept whole")
     app, alloc = r["store_bytes"]
     if s.get("rotation"):
         rot = s["rotation"]
