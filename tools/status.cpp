@@ -66,6 +66,12 @@ void print_text(const nlohmann::json& r) {
               static_cast<unsigned long long>(ju64(enc, "in_use")),
               static_cast<unsigned long long>(ju64(enc, "slots")),
               human_bytes(jnum(enc, "memory_bytes")).c_str());
+  if (proc.contains("uncounted_bytes"))
+    std::printf(
+        "other:    %s resident besides the above (code, threads, I/O buffers, the\n"
+        "          allocator), of the %s the bound allows for it\n",
+        human_bytes(jnum(proc, "uncounted_bytes")).c_str(),
+        human_bytes(jnum(budget, "overhead_bytes")).c_str());
   if (r.contains("reads")) {
     const auto& rd = r["reads"];
     std::printf(

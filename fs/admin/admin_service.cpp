@@ -248,6 +248,12 @@ json admin_service::status() const {
   const auto c = content_.usage();
   const auto f = fs_.usage();
   const std::uint64_t bound = d.cache_bytes + d.buffer_bytes + daemon_overhead_bytes;
+  // Resident memory outside the pools counted below (code, threads, I/O and decode buffers,
+  // what the allocator keeps): what daemon_overhead_bytes allows for. The counts and VmRSS are
+  // read a moment apart, so it is approximate.
+  const std::uint64_t counted =
+      c.cache_bytes + c.chunk_bytes + f.buffer_bytes + f.pooled_bytes + c.encode_memory;
+  const std::uint64_t uncounted = mem.rss_bytes > counted ? mem.rss_bytes - counted : 0;
   std::uint64_t free_bytes = 0;
   struct statvfs sv {};
   if (::statvfs(d.scratch_dir.c_str(), &sv) == 0)
@@ -263,6 +269,7 @@ json admin_service::status() const {
           {"process",
            {{"rss_bytes", mem.rss_bytes},
             {"peak_rss_bytes", mem.peak_rss_bytes},
+            {"uncounted_bytes", uncounted},
             {"peak_within_bound", mem.peak_rss_bytes <= bound}}},
           {"cache",
            {{"bytes", c.cache_bytes},

@@ -762,6 +762,13 @@ def scenario_status(ckptfs, ctl, tmp):
         assert 0 < p["rss_bytes"] <= p["peak_rss_bytes"] <= proc_status_kib(daemon.pid, "VmHWM")
         assert abs(p["rss_bytes"] - rss_now) < 64 * mib, (p, rss_now)
         assert p["peak_within_bound"] is (p["peak_rss_bytes"] <= bound), p
+        c, b, e = st["cache"], st["buffers"], st["encodes"]
+        # What is resident besides the counted pools: the rest of VmRSS (0 when the pools'
+        # charges exceed it: charged pages not touched yet), within the allowance.
+        counted = (c["bytes"] + c["chunk_bytes"] + b["memory_bytes"] + b["pooled_bytes"]
+                   + e["memory_bytes"])
+        assert abs(p["uncounted_bytes"] - max(0, p["rss_bytes"] - counted)) < 16 * mib, (p, counted)
+        assert p["uncounted_bytes"] <= 512 * mib, p
         c = st["cache"]
         assert c["budget_bytes"] + c["chunk_budget_bytes"] == cache, c
         assert c["bytes"] <= c["budget_bytes"] and c["chunk_bytes"] <= c["chunk_budget_bytes"], c
@@ -785,7 +792,7 @@ def scenario_status(ckptfs, ctl, tmp):
         assert ctl.json("status", store)["pid"] == daemon.pid
         text = ctl.run("status", mnt).stdout
         for w in ("daemon:", f"pid {daemon.pid}", "memory:", "bound", "cache:", "buffers:",
-                  "spilled", "commits:", "encodes:", "heads:", "1 image (1 published)",
+                  "spilled", "commits:", "encodes:", "other:", "heads:", "1 image (1 published)",
                   "scratch:", store):
             assert w in text, f"status output lacks {w!r}:\n{text}"
 
