@@ -34,28 +34,28 @@ class lru_cache {
    public:
     pin() = default;
     pin(pin&& o) noexcept
-        : cache_(std::exchange(o.cache_, nullptr)), key_(std::move(o.key_)), value_(o.value_) {}
+        : cache_(std::exchange(o.cache_, nullptr)), key_(std::move(o.key_)), id_(o.id_) {}
     pin& operator=(pin&& o) noexcept {
       if (this != &o) {
         release();
         cache_ = std::exchange(o.cache_, nullptr);
         key_ = std::move(o.key_);
-        value_ = o.value_;
+        id_ = o.id_;
       }
       return *this;
     }
     ~pin() { release(); }
     explicit operator bool() const { return cache_ != nullptr; }
     void release() {
-      if (auto* c = std::exchange(cache_, nullptr)) c->unpin(key_, value_);
+      if (auto* c = std::exchange(cache_, nullptr)) c->unpin(key_, id_);
     }
 
    private:
     friend class lru_cache;
-    pin(lru_cache* c, Key k, const Value* v) : cache_(c), key_(std::move(k)), value_(v) {}
+    pin(lru_cache* c, Key k, std::uint64_t id) : cache_(c), key_(std::move(k)), id_(id) {}
     lru_cache* cache_ = nullptr;
     Key key_{};
-    const Value* value_ = nullptr;
+    std::uint64_t id_ = 0;  // which pinning of the key (entry::pin_id)
   };
 
   value_ptr get(const Key& k) {
@@ -83,9 +83,8 @@ class lru_cache {
   // key had is dropped.
   [[nodiscard]] pin put_pinned(const Key& k, value_ptr v, std::uint64_t bytes) {
     std::lock_guard lock(mu_);
-    const Value* raw = v.get();
     if (!insert_locked(k, std::move(v), bytes, true)) return {};
-    return pin(this, k, raw);
+    return pin(this, k, map_.at(k).pin_id);
   }
 
   // `load` returns the value and its size in bytes. Exceptions propagate to every waiter and
@@ -145,12 +144,14 @@ class lru_cache {
   }
 
  private:
-  // A pinned entry is not in order_ (its pos is unused): eviction walks order_ alone.
+  // A pinned entry's key is in pinned_, not in order_: eviction walks order_ alone. Its node moves
+  // between the two lists by splice, which never allocates (unpin runs in a pin's destructor).
   struct entry {
     value_ptr value;
     std::uint64_t bytes;
-    typename std::list<Key>::iterator pos;
+    typename std::list<Key>::iterator pos;  // in order_, or in pinned_ while pinned
     bool pinned = false;
+    std::uint64_t pin_id = 0;  // set when pinned: a pin releases its own pinning only
   };
   using map_iterator = typename std::unordered_map<Key, entry, Hash>::iterator;
 
@@ -162,48 +163,55 @@ class lru_cache {
     bytes_ -= it->second.bytes;
     if (it->second.pinned) {
       pinned_bytes_ -= it->second.bytes;
+      pinned_.erase(it->second.pos);
     } else {
       order_.erase(it->second.pos);
     }
     map_.erase(it);
   }
 
-  // False: not kept (the value was larger than the budget less what is pinned).
+  // False: not kept (the value was larger than the budget less what is pinned). An allocation
+  // failure throws with the counts as they were (values evicted for it stay evicted).
   bool insert_locked(const Key& k, value_ptr v, std::uint64_t bytes, bool pinned) {
     if (auto it = map_.find(k); it != map_.end()) remove_locked(it);
     if (bytes > budget_ || pinned_bytes_ + bytes > budget_) return false;
     while (bytes_ + bytes > budget_) remove_locked(map_.find(order_.back()));
-    entry e{std::move(v), bytes, {}, pinned};
-    if (pinned) {
-      pinned_bytes_ += bytes;
-    } else {
-      order_.push_front(k);
-      e.pos = order_.begin();
+    auto& list = pinned ? pinned_ : order_;
+    list.push_front(k);
+    try {
+      map_.emplace(k, entry{std::move(v), bytes, list.begin(), pinned, pinned ? pins_ + 1 : 0});
+    } catch (...) {
+      list.pop_front();
+      throw;
     }
-    map_.emplace(k, std::move(e));
+    if (pinned) {
+      ++pins_;
+      pinned_bytes_ += bytes;
+    }
     bytes_ += bytes;
     return true;
   }
 
-  // The pin's key may since have been erased, or replaced by another value: only the value it
-  // pinned is released.
-  void unpin(const Key& k, const Value* v) {
+  // The pin's key may since have been erased, or pinned again for another value (which may even
+  // sit at the freed value's address): only the pinning it made is released.
+  void unpin(const Key& k, std::uint64_t id) {
     std::lock_guard lock(mu_);
     auto it = map_.find(k);
-    if (it == map_.end() || !it->second.pinned || it->second.value.get() != v) return;
+    if (it == map_.end() || !it->second.pinned || it->second.pin_id != id) return;
     it->second.pinned = false;
     pinned_bytes_ -= it->second.bytes;
-    order_.push_front(k);
-    it->second.pos = order_.begin();
+    order_.splice(order_.begin(), pinned_, it->second.pos);  // pos stays valid: now in order_
   }
 
   const std::uint64_t budget_;
   mutable std::mutex mu_;
-  std::list<Key> order_;  // most recently used first
+  std::list<Key> order_;   // most recently used first
+  std::list<Key> pinned_;  // keys of pinned entries, in no order that matters
   std::unordered_map<Key, entry, Hash> map_;
   std::unordered_map<Key, std::shared_future<value_ptr>, Hash> loading_;
   std::uint64_t bytes_ = 0;
   std::uint64_t pinned_bytes_ = 0;
+  std::uint64_t pins_ = 0;  // pinnings so far
 };
 
 }  // namespace ckpt::cache

@@ -888,25 +888,37 @@ content_ref content_store::impl::put(std::string_view path, const format::source
     const bool retain = !make_head && tensor_bytes <= m.cache.budget() / 2;
     std::vector<std::uint32_t> tensor_crc(layout.tensors.size());
     std::vector<bool> replaced(layout.tensors.size());
-    for (const auto& j : jobs) {
-      const auto& t = layout.tensors[j.tensor];
-      // Nobody reads the version before its record exists.
-      impl::kept_whole keep;
-      if (retain && t.length <= kRetainTensorMax)
-        keep = m.keep_whole({id, k_tensor, j.tensor}, t.length);
-      const auto sink = [&](std::uint64_t off, std::span<const std::byte> recon) {
-        keep.fill(off, recon);
-        if (make_head && j.rewrites()) staged->overwrite(t.offset + off, recon);
-      };
-      tensor_result r =
-          m.encode_tensor(src, t, j, base_id, shared_tables ? &*shared_tables : nullptr, params,
-                          slab_source{&slab, {}, {}}, out, sink, keep.target());
-      // The superseded base is the likeliest eviction victim; readers of the old version
-      // decode it again from its own chain.
-      if (j.base_tensor) m.cache.erase({base_id, k_tensor, *j.base_tensor});
-      tensor_crc[j.tensor] = r.crc;
-      replaced[j.tensor] = true;
-      meta.tensors.push_back(r.frame);
+    // Kept reconstructions of a version that is not recorded after all (an error) go with it:
+    // nobody could read them, and they would hold the cache until evicted.
+    std::vector<std::size_t> kept;
+    try {
+      for (const auto& j : jobs) {
+        const auto& t = layout.tensors[j.tensor];
+        // Nobody reads the version before its record exists. Its base is made the most recently
+        // used first, so that the room made for the reconstruction is not the base read in place.
+        impl::kept_whole keep;
+        if (retain && t.length <= kRetainTensorMax) {
+          if (j.base_tensor) (void)m.cache.get({base_id, k_tensor, *j.base_tensor});
+          keep = m.keep_whole({id, k_tensor, j.tensor}, t.length);
+          if (keep.item) kept.push_back(j.tensor);
+        }
+        const auto sink = [&](std::uint64_t off, std::span<const std::byte> recon) {
+          keep.fill(off, recon);
+          if (make_head && j.rewrites()) staged->overwrite(t.offset + off, recon);
+        };
+        tensor_result r =
+            m.encode_tensor(src, t, j, base_id, shared_tables ? &*shared_tables : nullptr, params,
+                            slab_source{&slab, {}, {}}, out, sink, keep.target());
+        // The superseded base is the likeliest eviction victim; readers of the old version
+        // decode it again from its own chain.
+        if (j.base_tensor) m.cache.erase({base_id, k_tensor, *j.base_tensor});
+        tensor_crc[j.tensor] = r.crc;
+        replaced[j.tensor] = true;
+        meta.tensors.push_back(r.frame);
+      }
+    } catch (...) {
+      for (const std::size_t i : kept) m.cache.erase({id, k_tensor, i});
+      throw;
     }
     m.note_rounding(meta);
     m.member_crcs(meta, layout, tensor_crc, replaced, src,

@@ -151,4 +151,16 @@ TEST_CASE("lru_cache releases only the value a pin pinned", "[cache][lru]") {
   c.put(2, value("c"), 100);  // b is evictable now
   CHECK_FALSE(c.get(1));
   CHECK(c.bytes() == 100);
+  // The same value object pinned again under the key (as a value at a freed value's address
+  // would be): the first pin's release leaves the second pinning alone.
+  c.clear();
+  const auto same = value("s");
+  auto first = c.put_pinned(3, same, 30);
+  c.erase(3);
+  auto second = c.put_pinned(3, same, 30);
+  REQUIRE(second);
+  first.release();
+  CHECK(c.pinned_bytes() == 30);
+  second.release();
+  CHECK(c.pinned_bytes() == 0);
 }
