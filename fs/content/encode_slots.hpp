@@ -5,6 +5,7 @@
 // a put waits for a free one. So the write path's memory is count x ~4 slabs, whatever the sizes
 // of the files and the number of writers (DESIGN.md §9 invariant 7). Sets are kept once made:
 // on the benchmark VM fresh pages cost as much to fault in as the encoding itself.
+#include <algorithm>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -21,6 +22,17 @@ class encode_slots {
     store::page_buffer cur, base, recon;
     std::vector<std::byte> enc;  // cleared, never shrunk, between uses
   };
+
+  // How many sets a machine with `cores` gets: one per core, at least 2 (a stream and a commit
+  // at once), at most kMaxSets. A set used once stays resident, about 5.5 slabs (88 MiB with
+  // 16 MiB slabs: three buffers and an encoding that grew), and the sets live in the 512 MiB
+  // the memory budget allows besides cache= and buffer= (DESIGN.md §9 invariant 7): one per
+  // core would be 8 GiB on a 96-core node. The codec spreads each slab's blocks over the cores,
+  // so a few sets keep a large machine busy.
+  static constexpr std::size_t kMaxSets = 3;
+  static std::size_t count_for(unsigned cores) noexcept {
+    return std::clamp<std::size_t>(cores, 2, kMaxSets);
+  }
 
   encode_slots(std::size_t count, std::size_t slab_bytes);
   encode_slots(const encode_slots&) = delete;
