@@ -66,7 +66,11 @@ void print_text(const nlohmann::json& r) {
               static_cast<unsigned long long>(ju64(enc, "in_use")),
               static_cast<unsigned long long>(ju64(enc, "slots")),
               human_bytes(jnum(enc, "memory_bytes")).c_str());
-  if (proc.contains("uncounted_bytes"))
+  // The pools are charged for what they hold, some of it not touched yet (an idle daemon's
+  // encode slots): then the process holds nothing measurable besides them.
+  if (proc.contains("uncounted_bytes") && ju64(proc, "uncounted_bytes") == 0)
+    std::printf("other:    nothing measurable besides the above (they count pages not used yet)\n");
+  else if (proc.contains("uncounted_bytes"))
     std::printf(
         "other:    %s resident besides the above (code, threads, I/O buffers, the\n"
         "          allocator), of the %s the bound allows for it\n",
