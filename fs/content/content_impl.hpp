@@ -453,7 +453,10 @@ struct content_store::impl {
         std::memcpy(item->data.data() + off, recon.data(), recon.size());
     }
   };
-  kept_whole keep_whole(const cache_key& key, std::uint64_t length);
+  // `base`: the cached base tensor the encode reads in place, made the most recently used
+  // first, so that the room made is not that base.
+  kept_whole keep_whole(const cache_key& key, std::uint64_t length,
+                        std::optional<cache_key> base = std::nullopt);
   // content_store::put; `staged` (may be null) may become the version's head image.
   content_ref put(std::string_view path, const format::source& src,
                   std::shared_ptr<staged_file> staged);

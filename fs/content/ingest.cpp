@@ -566,7 +566,9 @@ std::int64_t values_elements_of(const version_meta& meta) {
 }
 
 content_store::impl::kept_whole content_store::impl::keep_whole(const cache_key& key,
-                                                                std::uint64_t length) {
+                                                                std::uint64_t length,
+                                                                std::optional<cache_key> base) {
+  if (base) (void)cache.get(*base);
   kept_whole k;
   auto item = std::make_shared<cache_item>();
   k.pin = cache.put_pinned(key, item, length);
@@ -894,12 +896,13 @@ content_ref content_store::impl::put(std::string_view path, const format::source
     try {
       for (const auto& j : jobs) {
         const auto& t = layout.tensors[j.tensor];
-        // Nobody reads the version before its record exists. Its base is made the most recently
-        // used first, so that the room made for the reconstruction is not the base read in place.
+        // Nobody reads the version before its record exists.
         impl::kept_whole keep;
         if (retain && t.length <= kRetainTensorMax) {
-          if (j.base_tensor) (void)m.cache.get({base_id, k_tensor, *j.base_tensor});
-          keep = m.keep_whole({id, k_tensor, j.tensor}, t.length);
+          keep = m.keep_whole({id, k_tensor, j.tensor}, t.length,
+                              j.base_tensor
+                                  ? std::optional<cache_key>({base_id, k_tensor, *j.base_tensor})
+                                  : std::nullopt);
           if (keep.item) kept.push_back(j.tensor);
         }
         const auto sink = [&](std::uint64_t off, std::span<const std::byte> recon) {

@@ -269,11 +269,11 @@ void content_store::impl::run_stream(stream& s) {
       kept_whole keep;
       if (retain_left && t->length <= kRetainTensorMax) {
         retain_left -= t->length;
-        if (!room_only || cache.bytes() + t->length <= cache.budget()) {
-          // The base first (most recently used): the room made is not the base read in place.
-          if (j.base_tensor) (void)cache.get({s.bc_.base, k_tensor, *j.base_tensor});
-          keep = keep_whole({s.cache_key_, k_tensor, index}, t->length);
-        }
+        if (!room_only || cache.bytes() + t->length <= cache.budget())
+          keep = keep_whole({s.cache_key_, k_tensor, index}, t->length,
+                            j.base_tensor
+                                ? std::optional<cache_key>({s.bc_.base, k_tensor, *j.base_tensor})
+                                : std::nullopt);
         if (keep.item) {
           s.retained_.push_back(index);
           streams_kept_bytes.fetch_add(t->length);

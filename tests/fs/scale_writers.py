@@ -19,7 +19,7 @@ budget (cache + buffer + 512 MiB = 768 MiB) is well below what the writers hold 
 
 With --heads-off --cache-mib N (each rank's state fits in half the cache, all of them do not):
 the saves keep their reconstructions in the cache as their bases while that holds; the daemon's
-admin socket (`ckptctl status`) must count the saves whose bases the other ranks pushed out
+admin socket (`ckptctl status`) must count the saves that could not keep theirs whole
 (streams.not_kept, at least one, and the status line saying so) and no large save still running
 once all are done; the budget and read-back checks above hold as well.
 
@@ -135,8 +135,8 @@ def main():
                   f"{streams.get('large_saves')} large saves running", flush=True)
             assert streams["large_saves"] == 0, f"large saves still counted when all are done: {streams}"
             if args.heads_off:
-                # Together the ranks' reconstructions do not fit in the cache: some rank's base
-                # was pushed out by the others at some step, and its save kept nothing there.
+                # Together the ranks' reconstructions do not fit in the cache: some save found
+                # its base gone and no room for all of its reconstruction beside the others'.
                 assert streams["not_kept"] >= 1, f"no save counted as not kept: {streams}"
                 assert "not kept whole in the cache" in status_text, (
                     f"ckptctl status does not say saves were not kept:\n{status_text}")
