@@ -10,6 +10,10 @@
 // longer counts, held as long as the filler works on it. Pinned values are never evicted for
 // anything; what cannot fit beside them is not kept (a put_pinned says so, so that its caller
 // does not fill it).
+//
+// Part of the budget can be reserved for memory the cache does not hold (reserve()): the cache
+// then keeps within what is left, evicting what no longer fits.
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <future>
@@ -136,7 +140,23 @@ class lru_cache {
     std::lock_guard lock(mu_);
     return bytes_;
   }
-  std::uint64_t budget() const { return budget_; }
+  // What the cache may hold now: the budget less the reserve.
+  std::uint64_t budget() const {
+    std::lock_guard lock(mu_);
+    return budget_ - reserved_;
+  }
+  // Reserves `bytes` of the budget (at most all of it) for memory held elsewhere, replacing the
+  // previous reserve; values that no longer fit are evicted now, oldest first (pinned ones stay,
+  // and inserts are refused until they fit beside them).
+  void reserve(std::uint64_t bytes) {
+    std::lock_guard lock(mu_);
+    reserved_ = std::min(bytes, budget_);
+    while (bytes_ > budget_ - reserved_ && !order_.empty()) remove_locked(map_.find(order_.back()));
+  }
+  std::uint64_t reserved() const {
+    std::lock_guard lock(mu_);
+    return reserved_;
+  }
   // Of bytes(): values pinned by their fillers.
   std::uint64_t pinned_bytes() const {
     std::lock_guard lock(mu_);
@@ -174,8 +194,10 @@ class lru_cache {
   // failure throws with the counts as they were (values evicted for it stay evicted).
   bool insert_locked(const Key& k, value_ptr v, std::uint64_t bytes, bool pinned) {
     if (auto it = map_.find(k); it != map_.end()) remove_locked(it);
-    if (bytes > budget_ || pinned_bytes_ + bytes > budget_) return false;
-    while (bytes_ + bytes > budget_) remove_locked(map_.find(order_.back()));
+    const std::uint64_t limit = budget_ - reserved_;
+    if (bytes > limit || pinned_bytes_ + bytes > limit) return false;
+    // Unpinned values exist while bytes_ + bytes > limit: pinned ones alone leave room.
+    while (bytes_ + bytes > limit) remove_locked(map_.find(order_.back()));
     auto& list = pinned ? pinned_ : order_;
     list.push_front(k);
     try {
@@ -205,6 +227,7 @@ class lru_cache {
 
   const std::uint64_t budget_;
   mutable std::mutex mu_;
+  std::uint64_t reserved_ = 0;
   std::list<Key> order_;   // most recently used first
   std::list<Key> pinned_;  // keys of pinned entries, in no order that matters
   std::unordered_map<Key, entry, Hash> map_;

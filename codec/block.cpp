@@ -16,6 +16,7 @@
 #include "codec/lc_kernel.hpp"
 #include "codec/mantissa.hpp"
 #include "codec/planes.hpp"
+#include "codec/scratch.hpp"
 
 namespace ckpt::codec {
 
@@ -123,8 +124,8 @@ void encode_delta_block(dtype t, const std::byte* cur, const std::byte* base, st
   if (!is_float(t)) throw invalid_argument("codec: lossy coding needs a float dtype");
   if (n * esize > max_block_bytes)
     throw invalid_argument("codec: block larger than max_block_bytes");
-  thread_local std::vector<std::uint8_t> symbols, groups;
-  thread_local std::vector<std::uint32_t> escapes;
+  thread_local scratch_vector<std::uint8_t> symbols, groups;
+  thread_local scratch_vector<std::uint32_t> escapes;
   symbols.resize(n + 8);
   groups.resize(ngroups);
   escapes.clear();
@@ -150,7 +151,8 @@ void encode_delta_block(dtype t, const std::byte* cur, const std::byte* base, st
   w.put<std::uint32_t>(std::uint32_t(escapes.size()));
   // What an escape reads as: the element itself, rounded where the block rounds.
   // Coded (version 4) where that is smaller than the plain list of indices and values.
-  thread_local std::vector<std::byte> values;
+  escapes.note();  // grown by lc_encode_symbols
+  thread_local scratch_vector<std::byte> values;
   values.resize(escapes.size() * esize);
   for (std::size_t e = 0; e < escapes.size(); ++e)
     std::memcpy(values.data() + e * esize, recon + std::size_t(escapes[e]) * esize, esize);
@@ -198,7 +200,7 @@ void encode_exact_block(dtype t, const std::byte* data, std::size_t n,
   } else {
     h.codec = block_codec::float_lossless;
     at = begin_block(out, h);
-    thread_local std::vector<std::uint8_t> planes;
+    thread_local scratch_vector<std::uint8_t> planes;
     planes.resize(bytes);
     to_planes(t, data, n, planes.data());
     byte_writer w(out);
@@ -301,7 +303,7 @@ void decode_block(std::span<const std::byte> in, const std::byte* base, std::byt
       return;
     }
     case block_codec::float_lossless: {
-      thread_local std::vector<std::uint8_t> planes;
+      thread_local scratch_vector<std::uint8_t> planes;
       planes.resize(n * esize);
       std::array<const std::uint8_t*, 4> src{};
       for (std::size_t pl = 0; pl < esize; ++pl) {
@@ -332,10 +334,12 @@ void decode_block(std::span<const std::byte> in, const std::byte* base, std::byt
       for (int s = 1; s < (1 << h.bits); ++s) rep[s] = r.get<float>();
       const auto nesc = r.get<std::uint32_t>();
       if (nesc > n) throw corrupt_error("block: too many escapes");
-      thread_local std::vector<std::uint32_t> indices;
-      thread_local std::vector<std::byte> values;
+      thread_local scratch_vector<std::uint32_t> indices;
+      thread_local scratch_vector<std::byte> values;
       if (h.coded_escapes) {
         get_coded_escapes(r, h.type, n, nesc, indices, values);
+        indices.note();
+        values.note();
       } else {
         const auto idx_bytes = r.get_bytes(std::size_t(nesc) * 4);
         const auto val_bytes = r.get_bytes(std::size_t(nesc) * esize);
@@ -343,7 +347,7 @@ void decode_block(std::span<const std::byte> in, const std::byte* base, std::byt
         if (nesc) std::memcpy(indices.data(), idx_bytes.data(), std::size_t(nesc) * 4);
         values.assign(val_bytes.begin(), val_bytes.end());
       }
-      thread_local std::vector<std::uint8_t> groups;
+      thread_local scratch_vector<std::uint8_t> groups;
       groups.resize((n + h.group - 1) / h.group);
       decode_bytes(r.get_bytes(r.remaining()), groups);
       lc_decode_symbols(h.type, kind, base, n, groups.data(), h.bits, h.group, rep.data(),

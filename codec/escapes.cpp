@@ -4,6 +4,7 @@
 
 #include "codec/error.hpp"
 #include "codec/planes.hpp"
+#include "codec/scratch.hpp"
 
 namespace ckpt::codec {
 
@@ -16,7 +17,7 @@ std::size_t put_coded_escapes(dtype t, std::span<const std::uint32_t> indices,
                               std::vector<std::byte>& out) {
   const std::size_t esize = element_size(t), e = indices.size(), at = out.size();
   if (values.size() != e * esize) throw invalid_argument("escapes: values and indices disagree");
-  thread_local std::vector<std::uint8_t> gaps, planes;
+  thread_local scratch_vector<std::uint8_t> gaps, planes;
   gaps.clear();
   std::uint64_t next = 0;
   for (const auto i : indices) {
@@ -47,7 +48,7 @@ void get_coded_escapes(byte_reader& r, dtype t, std::size_t n, std::size_t count
   if (count == 0) throw corrupt_error("block: coded escapes without escapes");
   const auto ngaps = r.get<std::uint32_t>();
   if (ngaps < count || ngaps > kMaxGapBytes * count) throw corrupt_error("block: bad escape gaps");
-  thread_local std::vector<std::uint8_t> gaps, planes;
+  thread_local scratch_vector<std::uint8_t> gaps, planes;
   gaps.resize(ngaps);
   decode_bytes(r.get_bytes(r.get<std::uint32_t>()), gaps);
   indices.clear();

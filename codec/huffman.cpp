@@ -8,6 +8,7 @@
 
 #include "codec/byte_io.hpp"
 #include "codec/error.hpp"
+#include "codec/scratch.hpp"
 
 namespace ckpt::codec::huffman {
 namespace {
@@ -187,17 +188,13 @@ void encode(std::span<const std::uint8_t> symbols, const std::array<std::uint8_t
   // The four streams are written in one loop (independent dependency chains run in parallel)
   // into scratch regions that are never zero-filled, sized for the worst case of 11 bits a
   // symbol, then appended at their real sizes.
-  thread_local std::unique_ptr<std::uint8_t[]> scratch;
-  thread_local std::size_t scratch_size = 0;
+  thread_local scratch_buffer scratch;
   const std::size_t region = (stream_count(n, 0) * kTableBits + 7) / 8 + kSlack;
-  if (scratch_size < region * kStreams) {
-    scratch = std::make_unique_for_overwrite<std::uint8_t[]>(region * kStreams);
-    scratch_size = region * kStreams;
-  }
+  std::uint8_t* const regions = scratch.get(region * kStreams);
   std::array<std::uint8_t*, kStreams> p;
   std::array<std::uint64_t, kStreams> acc{};
   std::array<unsigned, kStreams> nb{};
-  for (int s = 0; s < kStreams; ++s) p[s] = scratch.get() + s * region;
+  for (int s = 0; s < kStreams; ++s) p[s] = regions + s * region;
   auto flush = [&](int s) {
     store64(p[s], acc[s]);
     p[s] += nb[s] >> 3;
@@ -226,7 +223,7 @@ void encode(std::span<const std::uint8_t> symbols, const std::array<std::uint8_t
   for (int s = 0; s < kStreams; ++s) {
     store64(p[s], acc[s]);
     p[s] += (nb[s] + 7) >> 3;
-    std::uint8_t* const begin = scratch.get() + s * region;
+    std::uint8_t* const begin = regions + s * region;
     const std::size_t written = std::size_t(p[s] - begin);
     w.put_bytes(std::as_bytes(std::span(begin, written)));
     if (s < kStreams - 1) w.put_at<std::uint32_t>(sizes_at + 4 * s, std::uint32_t(written));
@@ -252,7 +249,7 @@ void decode(std::span<const std::byte> in, std::span<std::uint8_t> out) {
 
   // Each stream is copied behind zero padding so that 8-byte loads never leave the buffer; the
   // copy is of compressed bytes, a small fraction of the output.
-  thread_local std::vector<std::uint8_t> scratch;
+  thread_local scratch_vector<std::uint8_t> scratch;
   std::size_t total = 0;
   for (auto sz : size) total += sz + kSlack;
   if (scratch.size() < total) scratch.resize(total);

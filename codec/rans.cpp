@@ -7,6 +7,7 @@
 
 #include "codec/byte_io.hpp"
 #include "codec/error.hpp"
+#include "codec/scratch.hpp"
 
 namespace ckpt::codec::rans {
 namespace {
@@ -116,14 +117,9 @@ void encode(std::span<const std::uint8_t> symbols, const std::array<std::uint32_
   // The stream is produced backwards (rANS is LIFO) into a worst-case sized buffer, then moved.
   const std::size_t n = symbols.size();
   // At most two renormalisation bytes per symbol (15-bit probabilities, byte-wise renorm).
-  thread_local std::unique_ptr<std::uint8_t[]> buf;
-  thread_local std::size_t buf_size = 0;
+  thread_local scratch_buffer buf;
   const std::size_t need = n * 2 + 16 + 4 * kStates;
-  if (buf_size < need) {
-    buf = std::make_unique_for_overwrite<std::uint8_t[]>(need);
-    buf_size = need;
-  }
-  std::uint8_t* const buf_end = buf.get() + need;
+  std::uint8_t* const buf_end = buf.get(need) + need;
   std::uint8_t* p = buf_end;
   std::array<std::uint32_t, kStates> x;
   x.fill(kLow);
@@ -162,7 +158,7 @@ void decode(std::span<const std::byte> in, std::span<std::uint8_t> out) {
     start += freq[s];
   }
   if (start != kTotal) throw corrupt_error("rans: frequencies do not sum to 2^15");
-  thread_local std::vector<std::uint8_t> slot_symbol;
+  thread_local scratch_vector<std::uint8_t> slot_symbol;
   slot_symbol.resize(kTotal);
   for (int s = 0; s < 256; ++s)
     if (freq[s]) std::memset(slot_symbol.data() + cum[s], s, freq[s]);

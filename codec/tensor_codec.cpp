@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "codec/error.hpp"
+#include "codec/scratch.hpp"
 
 namespace ckpt::codec {
 
@@ -208,9 +209,10 @@ void encode_exact_into(dtype t, std::span<const std::byte> data, std::vector<std
   tbb::parallel_for(std::size_t(0), nblocks, [&](std::size_t b) {
     const std::size_t first = b * per, cnt = std::min(per, n - first);
     // Encode into reused scratch sized for the worst case; keep the exact bytes.
-    thread_local std::vector<std::byte> scratch;
+    thread_local scratch_vector<std::byte> scratch;
     scratch.clear();
     encode_exact_block(t, data.data() + first * es, cnt, scratch);
+    scratch.note();
     parts[b].assign(scratch.begin(), scratch.end());
   });
   append_all(parts, out);

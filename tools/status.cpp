@@ -66,6 +66,18 @@ void print_text(const nlohmann::json& r) {
               static_cast<unsigned long long>(ju64(enc, "in_use")),
               static_cast<unsigned long long>(ju64(enc, "slots")),
               human_bytes(jnum(enc, "memory_bytes")).c_str());
+  if (r.contains("codec")) {
+    const auto& codec = r["codec"];
+    std::printf("codec:    %s of per-thread scratch in %s\n",
+                human_bytes(jnum(codec, "scratch_bytes")).c_str(),
+                plural(ju64(codec, "scratch_threads"), "thread").c_str());
+  }
+  // Many cores: the encode sets and the codec's scratch beyond their share of the allowance
+  // shrink the cache (fs/content/thread_limits.hpp).
+  if (jnum(cache, "lent_to_coding_bytes") > 0)
+    std::printf(
+        "          %s of cache= given to encodes and codec scratch beyond their allowance\n",
+        human_bytes(jnum(cache, "lent_to_coding_bytes")).c_str());
   // The pools are charged for what they hold, some of it not touched yet (an idle daemon's
   // encode slots): then the process holds nothing measurable besides them.
   if (proc.contains("uncounted_bytes") && ju64(proc, "uncounted_bytes") == 0)

@@ -251,8 +251,8 @@ json admin_service::status() const {
   // Resident memory outside the pools counted below (code, threads, I/O and decode buffers,
   // what the allocator keeps): what daemon_overhead_bytes allows for. The counts and VmRSS are
   // read a moment apart, so it is approximate.
-  const std::uint64_t counted =
-      c.cache_bytes + c.chunk_bytes + f.buffer_bytes + f.pooled_bytes + c.encode_memory;
+  const std::uint64_t counted = c.cache_bytes + c.chunk_bytes + f.buffer_bytes + f.pooled_bytes +
+                                c.encode_memory + c.scratch_bytes;
   const std::uint64_t uncounted = mem.rss_bytes > counted ? mem.rss_bytes - counted : 0;
   std::uint64_t free_bytes = 0;
   struct statvfs sv {};
@@ -274,6 +274,7 @@ json admin_service::status() const {
           {"cache",
            {{"bytes", c.cache_bytes},
             {"budget_bytes", c.cache_budget},
+            {"lent_to_coding_bytes", c.coding_charged},
             {"chunk_bytes", c.chunk_bytes},
             {"chunk_budget_bytes", c.chunk_budget}}},
           {"buffers",
@@ -291,6 +292,7 @@ json admin_service::status() const {
            {{"slots", c.encode_slots},
             {"in_use", c.encodes_running},
             {"memory_bytes", c.encode_memory}}},
+          {"codec", {{"scratch_bytes", c.scratch_bytes}, {"scratch_threads", c.scratch_threads}}},
           {"reads",
            {{"chunks_decoded", c.chunks_decoded},
             {"decoded_bytes", c.chunk_bytes_decoded},

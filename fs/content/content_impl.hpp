@@ -16,6 +16,7 @@
 //   base_prefetch.cpp     read-ahead of a delta tensor's next base slab, while a slab is coded
 //   dcp_names.cpp         DCP shards' state-dict names, from the .metadata beside them
 //   content_store.cpp     construction and the small public helpers
+#include <tbb/global_control.h>
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -49,6 +50,7 @@
 #include "fs/content/decode_tally.hpp"
 #include "fs/content/encode_slots.hpp"
 #include "fs/content/head_store.hpp"
+#include "fs/content/thread_limits.hpp"
 #include "fs/content/version_meta.hpp"
 #include "fs/store/page_buffer.hpp"
 
@@ -237,6 +239,10 @@ struct lineage_rec {
 };
 
 struct content_store::impl {
+  // Bounds oneTBB's workers for the codec's loops (thread_limits.hpp); process-wide while any
+  // store lives (oneTBB applies the smallest of the live limits).
+  tbb::global_control codec_threads{tbb::global_control::max_allowed_parallelism,
+                                    codec_threads_for(std::thread::hardware_concurrency())};
   store::object_store& objects;
   store::journal& journal;
   content_options opt;
@@ -329,7 +335,7 @@ struct content_store::impl {
   };
   static constexpr std::size_t whole_tensor = ~std::size_t(0);
   static std::size_t prefetch_workers() {
-    return std::clamp<std::size_t>(std::thread::hardware_concurrency() + 1, 3, 17);
+    return prefetch_workers_for(std::thread::hardware_concurrency());
   }
   static constexpr std::size_t kPrefetchQueueMax = 64;  // across readers; extra jobs are dropped
   std::mutex prefetch_mu;
@@ -338,6 +344,16 @@ struct content_store::impl {
   // What cold reads decode (ckptctl status); before `prefetchers`, whose workers record in it.
   decode_tally decodes;
   std::vector<std::jthread> prefetchers;  // last member: stopped and joined before what they use
+
+  // Charges what the coding holds (encode sets, base read-ahead, the codec's per-thread
+  // scratch) beyond kCodingAllowance to the cache: its budget shrinks by that much
+  // (thread_limits.hpp). Cheap when nothing changed; called where coding starts and ends.
+  void charge_coding();
+  // An encode set (waits for one), charged first: every encode starts here.
+  encode_slots::lease acquire_slot() {
+    charge_coding();
+    return slots.acquire();
+  }
 
   // Decoded chunks of cold reads: a small cache carved out of cache=, its buffers recycled.
   static std::uint64_t chunk_budget(std::uint64_t cache_bytes) {

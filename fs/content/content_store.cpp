@@ -5,6 +5,7 @@
 #include <array>
 
 #include "codec/error.hpp"
+#include "codec/scratch.hpp"
 #include "fs/content/content_impl.hpp"
 
 namespace ckpt::fs {
@@ -32,6 +33,13 @@ content_store::impl::impl(store::object_store& o, store::journal& j, content_opt
   }
   for (std::size_t i = 0, n = prefetch_workers(); i < n; ++i)
     prefetchers.emplace_back([this](std::stop_token stop) { prefetch_loop(stop); });
+}
+
+void content_store::impl::charge_coding() {
+  const std::uint64_t held =
+      slots.resident_bytes() + base_ahead.resident_bytes() + codec::scratch_bytes();
+  const std::uint64_t over = held > kCodingAllowance ? held - kCodingAllowance : 0;
+  if (cache.reserved() != over) cache.reserve(over);
 }
 
 content_store::content_store(store::object_store& objects, store::journal& journal,
@@ -128,6 +136,10 @@ void content_store::set_logger(log_sink log) {
 
 content_store::resources content_store::usage() const {
   resources r;
+  impl_->charge_coding();
+  r.scratch_bytes = codec::scratch_bytes();
+  r.scratch_threads = codec::scratch_threads();
+  r.coding_charged = impl_->cache.reserved();
   r.cache_bytes = impl_->cache.bytes();
   r.cache_budget = impl_->cache.budget();
   r.chunk_bytes = impl_->chunks.bytes();

@@ -393,6 +393,10 @@ class content_store {
     std::uint64_t cache_bytes = 0, cache_budget = 0;  // reconstructions, metadata, blocks
     std::uint64_t chunk_bytes = 0, chunk_budget = 0;  // decoded chunks of cold reads
     std::uint64_t encode_slots = 0, encodes_running = 0, encode_memory = 0;
+    // The codec's per-thread scratch (codec/scratch.hpp) and the threads holding it; what the
+    // coding holds beyond its allowance (encode_memory and scratch_bytes beyond
+    // kCodingAllowance), charged to the cache: cache_budget is already less that.
+    std::uint64_t scratch_bytes = 0, scratch_threads = 0, coding_charged = 0;
     std::uint64_t heads = 0, heads_on_disk = 0, head_memory = 0, head_disk_bytes = 0;
     // Head images a stream codes against, freed behind it (head_store::retire), and their disk.
     std::uint64_t heads_retired = 0, head_retired_bytes = 0;

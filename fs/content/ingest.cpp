@@ -179,7 +179,7 @@ content_store::impl::tensor_result content_store::impl::encode_tensor(
     if (slabs.wait && !slabs.wait(t.offset + s + n))
       throw io_error(ECANCELED, "content: the streamed file changed or went");
     std::optional<encode_slots::lease> lease;
-    if (!slabs.fixed) lease.emplace(slots.acquire());
+    if (!slabs.fixed) lease.emplace(acquire_slot());
     encode_slots::slabs& slab = slabs.fixed ? *slabs.fixed : lease->get();
     const std::span<std::byte> cur(slab.cur.data(), n);
     const std::uint64_t index = s / kSlabBytes;
@@ -814,7 +814,7 @@ content_ref content_store::impl::put(std::string_view path, const format::source
   const std::uint64_t base_id = bc.base;
 
   // The working memory: taken after the lineage lock (a put waiting for its lineage holds none).
-  const encode_slots::lease slot = m.slots.acquire();
+  const encode_slots::lease slot = m.acquire_slot();
   encode_slots::slabs& slab = slot.get();
 
   version_meta meta;

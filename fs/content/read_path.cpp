@@ -70,6 +70,7 @@ void content_store::impl::prefetch_loop(std::stop_token stop) {
     } catch (...) {
       // The reader's own request reports the error; a version may also have been reclaimed.
     }
+    charge_coding();
   }
 }
 

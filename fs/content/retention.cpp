@@ -57,7 +57,7 @@ std::uint64_t content_store::rekey(std::uint64_t v) {
   // Streamed like a put: exact regions and lossless frames are copied encoded, a chunk at a
   // time; deltas become lossless frames of their reconstruction (what the version reads as),
   // decoded and re-encoded a slab at a time.
-  const encode_slots::lease slot = m.slots.acquire();
+  const encode_slots::lease slot = m.acquire_slot();
   encode_slots::slabs& slab = slot.get();
   content_object_writer out(m.objects, m.opt.object_format);
   meta.exact_inline = om.exact_inline;
@@ -263,7 +263,7 @@ std::string content_store::impl::verify_version(
     }
     if (!deep) return {};
     // Block by block and slab by slab: verifying a 100 GB version holds what a put holds.
-    const encode_slots::lease slot = m.slots.acquire();
+    const encode_slots::lease slot = m.acquire_slot();
     encode_slots::slabs& slab = slot.get();
     for (const auto& x : regions) {
       std::uint64_t decoded = 0;

@@ -417,7 +417,7 @@ std::optional<content_ref> content_store::impl::finish_stream(stream& s, std::st
   {
     // Working memory for the rest, given back before the lineage lock is taken (a put takes
     // them in the other order).
-    const encode_slots::lease slot = slots.acquire();
+    const encode_slots::lease slot = acquire_slot();
     encode_slots::slabs& slab = slot.get();
     write_exact_regions(src, layout, meta, out, slab.enc);
     std::vector<std::uint32_t> tensor_crc(layout.tensors.size());

@@ -144,7 +144,7 @@ std::vector<std::string> content_store::verify_chain(
       std::shared_ptr<const cache_item> base_whole;
       for (std::uint64_t at = 0, b0 = 0; at < length && alive > 0;
            at += slab_bytes, b0 += tr.geometry.per_slab) {
-        const encode_slots::lease slot = m.slots.acquire();
+        const encode_slots::lease slot = m.acquire_slot();
         encode_slots::slabs& slab = slot.get();
         const std::size_t bytes = std::size_t(std::min(slab_bytes, length - at));
         std::span<std::byte> below(slab.base.data(), bytes), out(slab.recon.data(), bytes);

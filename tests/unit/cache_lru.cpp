@@ -164,3 +164,47 @@ TEST_CASE("lru_cache releases only the value a pin pinned", "[cache][lru]") {
   second.release();
   CHECK(c.pinned_bytes() == 0);
 }
+
+TEST_CASE("lru_cache reserve: part of the budget kept for memory held elsewhere", "[cache][lru]") {
+  cache_t c(100);
+  c.put(1, value("a"), 30);
+  c.put(2, value("b"), 30);
+  c.put(3, value("c"), 30);
+  REQUIRE(c.get(1));  // 2 is now the least recently used
+  c.reserve(30);
+  CHECK(c.budget() == 70);
+  CHECK(c.reserved() == 30);
+  CHECK(c.bytes() == 60);
+  CHECK_FALSE(c.get(2));  // evicted to make the reserve, oldest first
+  CHECK(c.get(1));
+  CHECK(c.get(3));
+  c.put(4, value("d"), 30);  // fits only by evicting again: the reserve holds for inserts
+  CHECK(c.bytes() == 60);
+  CHECK_FALSE(c.put_pinned(5, value("e"), 71));  // larger than what is left
+  c.reserve(500);                                // more than the budget: all of it
+  CHECK(c.budget() == 0);
+  CHECK(c.bytes() == 0);
+  c.reserve(0);
+  CHECK(c.budget() == 100);
+  c.put(6, value("f"), 100);
+  CHECK(c.bytes() == 100);
+}
+
+TEST_CASE("lru_cache reserve leaves pinned values, refusing inserts until they fit",
+          "[cache][lru]") {
+  cache_t c(100);
+  auto filling = c.put_pinned(1, value("a"), 60);
+  REQUIRE(filling);
+  c.put(2, value("b"), 30);
+  c.reserve(50);  // the pinned 60 stay though over what is left; the unpinned go
+  CHECK(c.bytes() == 60);
+  CHECK(c.get(1));
+  CHECK_FALSE(c.get(2));
+  c.put(3, value("c"), 10);
+  CHECK_FALSE(c.get(3));  // no room beside the pinned bytes
+  filling.release();
+  c.put(3, value("c"), 10);  // now 1 is evictable: it goes
+  CHECK(c.get(3));
+  CHECK_FALSE(c.get(1));
+  CHECK(c.bytes() == 10);
+}
