@@ -20,6 +20,7 @@
 
 #include "codec/error.hpp"
 #include "codec/mantissa.hpp"
+#include "codec/scratch.hpp"
 #include "codec/tensor_codec.hpp"
 #include "tools/commands.hpp"
 
@@ -386,6 +387,12 @@ void run(const options& o) {
       }
     }
   }
+  // Every thread that coded keeps the codec's scratch (codec/scratch.hpp): what the runs above
+  // left, for the daemon's thread limits (fs/content/thread_limits.hpp).
+  if (!o.json)
+    std::printf("codec scratch held: %.1f MiB in %llu threads\n",
+                double(scratch_bytes()) / double(1 << 20),
+                static_cast<unsigned long long>(scratch_threads()));
 }
 
 }  // namespace

@@ -765,11 +765,17 @@ def scenario_status(ckptfs, ctl, tmp):
         c, b, e = st["cache"], st["buffers"], st["encodes"]
         # What is resident besides the counted pools: the rest of VmRSS (0 when the pools'
         # charges exceed it: charged pages not touched yet), within the allowance.
+        k = st["codec"]
         counted = (c["bytes"] + c["chunk_bytes"] + b["memory_bytes"] + b["pooled_bytes"]
-                   + e["memory_bytes"])
+                   + e["memory_bytes"] + k["scratch_bytes"])
+        # The saves were coded: their threads keep the codec's scratch, counted, not "other".
+        assert k["scratch_bytes"] > 0 and k["scratch_threads"] >= 1, k
         assert abs(p["uncounted_bytes"] - max(0, p["rss_bytes"] - counted)) < 16 * mib, (p, counted)
         assert p["uncounted_bytes"] <= 512 * mib, p
         c = st["cache"]
+        # Two encode sets and this little scratch stay inside the coding's allowance: the cache
+        # lends nothing.
+        assert c["lent_to_coding_bytes"] == 0, c
         assert c["budget_bytes"] + c["chunk_budget_bytes"] == cache, c
         assert c["bytes"] <= c["budget_bytes"] and c["chunk_bytes"] <= c["chunk_budget_bytes"], c
         b = st["buffers"]
@@ -792,7 +798,8 @@ def scenario_status(ckptfs, ctl, tmp):
         assert ctl.json("status", store)["pid"] == daemon.pid
         text = ctl.run("status", mnt).stdout
         for w in ("daemon:", f"pid {daemon.pid}", "memory:", "bound", "cache:", "buffers:",
-                  "spilled", "commits:", "encodes:", "other:", "heads:", "1 image (1 published)",
+                  "spilled", "commits:", "encodes:", "codec:", "per-thread scratch", "other:",
+                  "heads:", "1 image (1 published)",
                   "scratch:", store):
             assert w in text, f"status output lacks {w!r}:\n{text}"
 
