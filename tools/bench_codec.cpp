@@ -390,9 +390,10 @@ void run(const options& o) {
   // Every thread that coded keeps the codec's scratch (codec/scratch.hpp): what the runs above
   // left, for the daemon's thread limits (fs/content/thread_limits.hpp).
   if (!o.json)
-    std::printf("codec scratch held: %.1f MiB in %llu threads\n",
+    std::printf("codec scratch held: %.1f MiB in %llu thread%s\n",
                 double(scratch_bytes()) / double(1 << 20),
-                static_cast<unsigned long long>(scratch_threads()));
+                static_cast<unsigned long long>(scratch_threads()),
+                scratch_threads() == 1 ? "" : "s");
 }
 
 }  // namespace

@@ -2,14 +2,14 @@
 // How many threads the content store's pools get on a machine of `cores` cores, and the part of
 // the daemon's fixed allowance the write path's working memory may take. None of it grows with
 // the cores without bound: every thread that ever codes or decodes a block keeps the codec's
-// per-thread scratch (codec/scratch.hpp, 2-3 MiB at 1 MiB blocks, measured) until it exits, and
+// per-thread scratch (codec/scratch.hpp, 2-4.5 MiB at 1 MiB blocks, measured) until it exits, and
 // the daemon's memory outside cache= and buffer= is a fixed 512 MiB (DESIGN.md §9 invariant 7).
 // With oneTBB's defaults a 96-core node had 95 codec workers, and up to 17 read-ahead workers.
 //
 // What the coding holds (the encode sets, the base read-ahead, the codec's scratch) beyond
 // kCodingAllowance is charged to the cache: its budget shrinks by that much, so the bound holds
 // whatever the thread count. The allowance is what a 2-core machine holds at most (two sets),
-// so nothing is charged there; a node at every cap gives up to ~200 MiB of cache=.
+// so nothing is charged there; a node at every cap gives up to ~250 MiB of cache=.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
