@@ -812,6 +812,19 @@ content_ref content_store::impl::put(std::string_view path, const format::source
   }
   base_pin pin{*this, bc.base};  // released if this put fails
   const std::uint64_t base_id = bc.base;
+  // Reconstructions kept in the cache under the new id go if the version is not recorded after
+  // all (an error anywhere before its record, the object's commit included): nobody could read
+  // them, and they would hold the cache until evicted.
+  struct unrecorded_keeps {
+    impl& m;
+    std::uint64_t id;
+    std::vector<std::size_t> tensors;
+    bool recorded = false;
+    ~unrecorded_keeps() {
+      if (!recorded)
+        for (const std::size_t i : tensors) m.cache.erase({id, k_tensor, i});
+    }
+  } kept{m, id};
 
   // The working memory: taken after the lineage lock (a put waiting for its lineage holds none).
   const encode_slots::lease slot = m.acquire_slot();
@@ -890,38 +903,31 @@ content_ref content_store::impl::put(std::string_view path, const format::source
     const bool retain = !make_head && tensor_bytes <= m.cache.budget() / 2;
     std::vector<std::uint32_t> tensor_crc(layout.tensors.size());
     std::vector<bool> replaced(layout.tensors.size());
-    // Kept reconstructions of a version that is not recorded after all (an error) go with it:
-    // nobody could read them, and they would hold the cache until evicted.
-    std::vector<std::size_t> kept;
-    try {
-      for (const auto& j : jobs) {
-        const auto& t = layout.tensors[j.tensor];
-        // Nobody reads the version before its record exists.
-        impl::kept_whole keep;
-        if (retain && t.length <= kRetainTensorMax) {
-          keep = m.keep_whole({id, k_tensor, j.tensor}, t.length,
-                              j.base_tensor
-                                  ? std::optional<cache_key>({base_id, k_tensor, *j.base_tensor})
-                                  : std::nullopt);
-          if (keep.item) kept.push_back(j.tensor);
-        }
-        const auto sink = [&](std::uint64_t off, std::span<const std::byte> recon) {
-          keep.fill(off, recon);
-          if (make_head && j.rewrites()) staged->overwrite(t.offset + off, recon);
-        };
-        tensor_result r =
-            m.encode_tensor(src, t, j, base_id, shared_tables ? &*shared_tables : nullptr, params,
-                            slab_source{&slab, {}, {}}, out, sink, keep.target());
-        // The superseded base is the likeliest eviction victim; readers of the old version
-        // decode it again from its own chain.
-        if (j.base_tensor) m.cache.erase({base_id, k_tensor, *j.base_tensor});
-        tensor_crc[j.tensor] = r.crc;
-        replaced[j.tensor] = true;
-        meta.tensors.push_back(r.frame);
+    kept.tensors.reserve(jobs.size());  // no allocation between a keep and its note
+    for (const auto& j : jobs) {
+      const auto& t = layout.tensors[j.tensor];
+      // Nobody reads the version before its record exists.
+      impl::kept_whole keep;
+      if (retain && t.length <= kRetainTensorMax) {
+        keep = m.keep_whole({id, k_tensor, j.tensor}, t.length,
+                            j.base_tensor
+                                ? std::optional<cache_key>({base_id, k_tensor, *j.base_tensor})
+                                : std::nullopt);
+        if (keep.item) kept.tensors.push_back(j.tensor);
       }
-    } catch (...) {
-      for (const std::size_t i : kept) m.cache.erase({id, k_tensor, i});
-      throw;
+      const auto sink = [&](std::uint64_t off, std::span<const std::byte> recon) {
+        keep.fill(off, recon);
+        if (make_head && j.rewrites()) staged->overwrite(t.offset + off, recon);
+      };
+      tensor_result r =
+          m.encode_tensor(src, t, j, base_id, shared_tables ? &*shared_tables : nullptr, params,
+                          slab_source{&slab, {}, {}}, out, sink, keep.target());
+      // The superseded base is the likeliest eviction victim; readers of the old version
+      // decode it again from its own chain.
+      if (j.base_tensor) m.cache.erase({base_id, k_tensor, *j.base_tensor});
+      tensor_crc[j.tensor] = r.crc;
+      replaced[j.tensor] = true;
+      meta.tensors.push_back(r.frame);
     }
     m.note_rounding(meta);
     m.member_crcs(meta, layout, tensor_crc, replaced, src,
@@ -932,6 +938,7 @@ content_ref content_store::impl::put(std::string_view path, const format::source
   const content_ref ref =
       m.record_version(path, std::move(meta), out, id, lineage_id, bc, pin, std::move(donors),
                        make_head ? std::move(staged) : nullptr);
+  kept.recorded = true;
   if (!checkpoint) m.note_dcp_metadata(path, src);
   return ref;
 }

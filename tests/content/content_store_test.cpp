@@ -180,6 +180,38 @@ TEST_CASE("a superseded head leaves the cache also when its successor is a keyfr
   }
 }
 
+TEST_CASE("a version whose object cannot be committed leaves nothing in the cache", "[content]") {
+  temp_dir d;
+  fs::content_options opt;
+  opt.cache_bytes = std::uint64_t(256) << 20;
+  opened s(d.path, opt);
+  std::mt19937_64 rng(11);
+  drifting_weights a(1 << 18, rng), b(1 << 18, rng);  // 2 MiB of tensors a version
+  const std::uint64_t tensor_bytes = 4 * (a.size() + b.size());
+  const bytes v1 = safetensors({{"a", a.values}, {"b", b.values}});
+  const auto r1 = s.content.put("run/step.safetensors", format::memory_source(v1));
+  a.step(rng);
+  b.step(rng);
+  const bytes v2 = safetensors({{"a", a.values}, {"b", b.values}});
+  // The last tensor's bytes are read after the others were coded and kept in the cache: the
+  // object being written loses its temporary file then, so its commit (the rename) fails.
+  const format::source failing(v2.size(), [&](std::uint64_t off, std::span<std::byte> out) {
+    std::memcpy(out.data(), v2.data() + off, out.size());
+    if (off + out.size() == v2.size() && off > 0)
+      for (const auto& e : bfs::directory_iterator(d.path / "objects"))
+        if (e.path().extension() == ".tmp") bfs::remove(e.path());
+  });
+  CHECK_THROWS(s.content.put("run/step.safetensors", failing));
+  // The failed version's reconstructions went with it (its base's had already left as it was
+  // coded): the cache holds metadata only.
+  CHECK(s.content.usage().cache_bytes < tensor_bytes / 4);
+  // The lineage goes on from the version that was recorded.
+  const auto r3 = s.content.put("run/step.safetensors", format::memory_source(v2));
+  CHECK(s.content.info(r3).kind == "delta");
+  CHECK(read_all(s.content, r1) == v1);
+  CHECK(read_all(s.content, r3).size() == v2.size());
+}
+
 TEST_CASE("a damaged object makes that version fail cleanly, others still read", "[content]") {
   temp_dir d;
   opened s(d.path, {});
