@@ -471,7 +471,17 @@ std::optional<content_ref> content_store::impl::finish_stream(stream& s, std::st
 std::shared_ptr<content_store::stream> content_store::start_stream(
     std::string path, std::shared_ptr<staged_file> staged) {
   auto s = std::make_shared<stream>(*impl_, std::move(path), std::move(staged));
-  impl_->streams_running.fetch_add(1);
+  // Each stream holds a thread (with the codec's scratch once it codes) and an object writer's
+  // buffers for as long as its file is written: their number is capped (thread_limits.hpp).
+  // A file past the cap is stored by its commit, as one that is not streamed.
+  std::uint64_t running = impl_->streams_running.load();
+  do {
+    if (running >= kMaxStreams) {
+      s->declined_ = std::to_string(kMaxStreams) + " files were being streamed already";
+      s->staged_->settle(kEverything);  // nothing reads it before the commit: never wait for it
+      return s;
+    }
+  } while (!impl_->streams_running.compare_exchange_weak(running, running + 1));
   try {
     s->thread_ = std::jthread([m = impl_.get(), raw = s.get()] {
       m->run_stream(*raw);

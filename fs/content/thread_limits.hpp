@@ -31,6 +31,12 @@ constexpr std::size_t prefetch_workers_for(std::size_t cores) noexcept {
   return std::clamp<std::size_t>(cores + 1, 3, kMaxPrefetchWorkers);
 }
 
+// Files coded while they are written (content_store::start_stream), at once. Each holds a thread
+// (with codec scratch once it codes) and an object writer (two 4 MiB buffers) until its commit:
+// ~12 MiB. Eight are what a node's ranks save at once, measured (the rest of the allowance
+// below); more files at once are stored by their commits (commit_threads of them at a time).
+inline constexpr std::size_t kMaxStreams = 8;
+
 // The encode sets, the base read-ahead and the codec's scratch the fixed allowance covers; more
 // is taken from cache=. Two sets (88 MiB each once used) and the base read-ahead (64 MiB) are
 // 240 MiB; the rest is scratch (11-22 MiB on the 2-core VM with eight ranks saving or restoring

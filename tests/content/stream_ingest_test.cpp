@@ -11,6 +11,7 @@
 #include "codec/quantizer.hpp"
 #include "content_test_util.hpp"
 #include "fs/content/head_store.hpp"
+#include "fs/content/thread_limits.hpp"
 #include "fs/namespace/write_buffer.hpp"
 #include "tests/unit/format_test_util.hpp"
 
@@ -431,6 +432,31 @@ TEST_CASE("a stream declines what it does not stream, and a cancelled one leaves
     CHECK(s.content.usage().streamed_puts == 0);
     CHECK(s.content.usage().streams_declined == 1);
     CHECK(s.content.usage().last_declined == "smaller than head_min");
+  }
+  SECTION("past the number of streams the daemon runs at once: declined, stored by put()") {
+    opened s(d.path, options(d));
+    // Files opened and not written yet: their streams wait for the archive's first bytes.
+    std::vector<std::shared_ptr<fs::write_buffer>> bufs;
+    std::vector<std::shared_ptr<fs::content_store::stream>> waiting;
+    for (std::size_t i = 0; i < fs::kMaxStreams; ++i) {
+      bufs.push_back(fresh_buffer(d));
+      bufs.back()->begin_stream();
+      waiting.push_back(s.content.start_stream("run" + std::to_string(i) + "/a.pt", bufs.back()));
+    }
+    CHECK(s.content.usage().streams_running == fs::kMaxStreams);
+    model m;
+    const bytes file = m.step();
+    const auto r = stream_in(s.content, "other/a.pt", file, fresh_buffer(d));
+    CHECK(read_all(s.content, r) == file);  // a lossless keyframe: stored whole by put()
+    CHECK(s.content.usage().streamed_puts == 0);
+    CHECK(s.content.usage().streams_declined == 1);
+    CHECK(s.content.usage().last_declined.find("streamed already") != std::string::npos);
+    CHECK(s.content.usage().streams_running == fs::kMaxStreams);
+    waiting.clear();  // their files dropped: cancelled and joined
+    CHECK(s.content.usage().streams_running == 0);
+    const auto next = stream_in(s.content, "other/a.pt", m.step(), fresh_buffer(d));
+    CHECK(s.content.usage().streamed_puts == 1);  // room again: this one streamed
+    CHECK(s.content.info(next).base == r.version);
   }
   SECTION("cancelled half-way: no object left, the lineage goes on") {
     opened s(d.path, options(d));
