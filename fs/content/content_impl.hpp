@@ -17,6 +17,7 @@
 //   dcp_names.cpp         DCP shards' state-dict names, from the .metadata beside them
 //   content_store.cpp     construction and the small public helpers
 #include <tbb/global_control.h>
+#include <tbb/info.h>
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -241,8 +242,10 @@ struct lineage_rec {
 struct content_store::impl {
   // Bounds oneTBB's workers for the codec's loops (thread_limits.hpp); process-wide while any
   // store lives (oneTBB applies the smallest of the live limits).
-  tbb::global_control codec_threads{tbb::global_control::max_allowed_parallelism,
-                                    codec_threads_for(std::thread::hardware_concurrency())};
+  // (oneTBB's own count: the process's CPU affinity, never 0.)
+  tbb::global_control codec_threads{
+      tbb::global_control::max_allowed_parallelism,
+      codec_threads_for(std::size_t(std::max(1, tbb::info::default_concurrency())))};
   store::object_store& objects;
   store::journal& journal;
   content_options opt;
@@ -347,12 +350,15 @@ struct content_store::impl {
 
   // Charges what the coding holds (encode sets, base read-ahead, the codec's per-thread
   // scratch) beyond kCodingAllowance to the cache: its budget shrinks by that much
-  // (thread_limits.hpp). Cheap when nothing changed; called where coding starts and ends.
+  // (thread_limits.hpp). Cheap; called when an encode takes its set, after each slab it codes,
+  // after each read-ahead job, and by usage().
   void charge_coding();
+  std::mutex charge_mu;  // one charge at a time: a later one never applies an older figure
   // An encode set (waits for one), charged first: every encode starts here.
   encode_slots::lease acquire_slot() {
-    charge_coding();
-    return slots.acquire();
+    encode_slots::lease l = slots.acquire();
+    charge_coding();  // the set may have just been made
+    return l;
   }
 
   // Decoded chunks of cold reads: a small cache carved out of cache=, its buffers recycled.

@@ -36,10 +36,11 @@ content_store::impl::impl(store::object_store& o, store::journal& j, content_opt
 }
 
 void content_store::impl::charge_coding() {
+  std::lock_guard lock(charge_mu);
   const std::uint64_t held =
       slots.resident_bytes() + base_ahead.resident_bytes() + codec::scratch_bytes();
   const std::uint64_t over = held > kCodingAllowance ? held - kCodingAllowance : 0;
-  if (cache.reserved() != over) cache.reserve(over);
+  cache.reserve(over);  // also when unchanged: values pinned at the last charge may be done
 }
 
 content_store::content_store(store::object_store& objects, store::journal& journal,

@@ -303,6 +303,7 @@ content_store::impl::tensor_result content_store::impl::encode_tensor(
     if (slabs.retired && j.base_tensor && slabs.retired->version() == base_id)
       heads->release(slabs.retired,
                      meta_of(base_id)->meta->layout.tensors.at(*j.base_tensor).offset + s, n);
+    charge_coding();  // the slab's encoding, read-ahead units and scratch may have grown
   }
   f.encoded_bytes = frame_at;
   f.digest = XXH3_64bits_digest(&digest);

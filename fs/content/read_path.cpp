@@ -7,6 +7,7 @@
 #include "codec/error.hpp"
 #include "codec/format/assemble.hpp"
 #include "codec/format/read_order.hpp"
+#include "codec/scratch.hpp"
 #include "fs/content/content_impl.hpp"
 #include "fs/content/content_object.hpp"
 #include "fs/content/read_ahead.hpp"
@@ -16,6 +17,17 @@
 namespace ckpt::fs {
 
 namespace {
+
+// The per-thread buffer frames are read into (direct I/O) before they are decoded, counted with
+// the codec's per-thread scratch (codec/scratch.hpp): every thread that reads frames keeps one
+// for its life, so it stays within a chunk's frame; larger frames are read into their own.
+constexpr std::uint64_t kFrameScratchMax = kChunkBlocks * codec::default_block_bytes;
+struct frame_scratch {
+  byte_buffer buf;
+  codec::detail::scratch_account account;
+  byte_buffer& buffer() { return buf; }
+  void note() noexcept { account.set(buf.capacity()); }
+};
 
 // What warm_base_metas asks the disk for ahead of a cold chain (object_store::prefetch): objects
 // up to this size whole, larger ones their metadata trailer's last this many bytes.
@@ -259,9 +271,13 @@ byte_buffer content_store::impl::materialize(std::uint64_t v, std::size_t t) {
   }
   // Read the frame only now: the recursion above reuses the same per-thread scratch. After a
   // remount frames are cold: the disk writes them into the scratch without a page-cache copy.
-  thread_local byte_buffer scratch;
+  // A frame larger than a chunk's gets a buffer of its own, freed after its decode.
+  thread_local frame_scratch scratch;
+  byte_buffer own;
   const std::span<const std::byte> enc =
-      objects.read_uncached(m->obj_id, m->data_base + f->data_at, f->encoded_bytes, scratch);
+      objects.read_uncached(m->obj_id, m->data_base + f->data_at, f->encoded_bytes,
+                            f->encoded_bytes <= kFrameScratchMax ? scratch.buffer() : own);
+  scratch.note();
   if (from_base) {
     codec::decode(enc,
                   cached_base ? std::span<const std::byte>(cached_base->data)
@@ -361,9 +377,10 @@ std::size_t content_store::impl::decode_blocks_into(std::uint64_t v, std::size_t
   // Read the frame's blocks only now: the recursion above reuses the same per-thread scratch.
   const std::uint64_t from = f->blocks[b0];
   const std::uint64_t to = b1 < f->blocks.size() ? f->blocks[b1] : f->encoded_bytes;
-  thread_local byte_buffer scratch;
-  const std::span<const std::byte> enc =
-      objects.read_uncached(m->obj_id, m->data_base + f->data_at + from, to - from, scratch);
+  thread_local frame_scratch scratch;  // a chunk's blocks: at most about kFrameScratchMax
+  const std::span<const std::byte> enc = objects.read_uncached(
+      m->obj_id, m->data_base + f->data_at + from, to - from, scratch.buffer());
+  scratch.note();
   decode_stored(base.empty(), [&] {
     if (parallel) {
       // Isolated: while it waits for its blocks, this thread must not take other work of the
