@@ -21,8 +21,11 @@ std::uint64_t scratch_threads() noexcept;
 
 namespace detail {
 void note_scratch(std::int64_t delta_bytes) noexcept;
+}  // namespace detail
 
-// Counts one thread-local buffer: `counted` is what the totals hold for it.
+// Counts one thread-local buffer in scratch_bytes(): set() it to the buffer's capacity whenever
+// that changes; it counts nothing once destroyed. For per-thread buffers outside the codec that
+// live as the codec's do (the read path's frame buffers).
 class scratch_account {
  public:
   scratch_account() = default;
@@ -31,14 +34,13 @@ class scratch_account {
   ~scratch_account() { set(0); }
   void set(std::size_t bytes) noexcept {
     if (bytes == counted_) return;
-    note_scratch(std::int64_t(bytes) - std::int64_t(counted_));
+    detail::note_scratch(std::int64_t(bytes) - std::int64_t(counted_));
     counted_ = bytes;
   }
 
  private:
   std::size_t counted_ = 0;
 };
-}  // namespace detail
 
 // A std::vector for thread_local scratch whose capacity is counted in scratch_bytes(). The
 // growing members are wrapped; code that grows it through a std::vector& calls note() after.
@@ -63,7 +65,7 @@ class scratch_vector : public std::vector<T> {
   void note() noexcept { account_.set(base::capacity() * sizeof(T)); }
 
  private:
-  detail::scratch_account account_;
+  scratch_account account_;
 };
 
 // A grow-only uninitialised buffer for thread_local scratch, counted in scratch_bytes().
@@ -82,7 +84,7 @@ class scratch_buffer {
  private:
   std::unique_ptr<std::uint8_t[]> p_;
   std::size_t size_ = 0;
-  detail::scratch_account account_;
+  scratch_account account_;
 };
 
 }  // namespace ckpt::codec

@@ -23,6 +23,7 @@
 #include "codec/scratch.hpp"
 #include "codec/tensor_codec.hpp"
 #include "tools/commands.hpp"
+#include "tools/ctl_util.hpp"
 
 namespace ckpt::tools {
 namespace {
@@ -390,10 +391,8 @@ void run(const options& o) {
   // Every thread that coded keeps the codec's scratch (codec/scratch.hpp): what the runs above
   // left, for the daemon's thread limits (fs/content/thread_limits.hpp).
   if (!o.json)
-    std::printf("codec scratch held: %.1f MiB in %llu thread%s\n",
-                double(scratch_bytes()) / double(1 << 20),
-                static_cast<unsigned long long>(scratch_threads()),
-                scratch_threads() == 1 ? "" : "s");
+    std::printf("codec scratch held: %.1f MiB in %s\n", double(scratch_bytes()) / double(1 << 20),
+                plural(scratch_threads(), "thread").c_str());
 }
 
 }  // namespace

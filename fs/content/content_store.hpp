@@ -426,6 +426,8 @@ class content_store {
     std::uint64_t stray_blocks_decoded = 0, stray_bytes_decoded = 0;
     std::uint64_t chunk_frames_decoded = 0;
   };
+  // Also re-applies what the coding holds beyond its allowance to the cache's budget (the
+  // figures are then current).
   resources usage() const;
 
   // ---- management (fs/admin) ----

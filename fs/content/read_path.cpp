@@ -24,7 +24,7 @@ namespace {
 constexpr std::uint64_t kFrameScratchMax = kChunkBlocks * codec::default_block_bytes;
 struct frame_scratch {
   byte_buffer buf;
-  codec::detail::scratch_account account;
+  codec::scratch_account account;
   byte_buffer& buffer() { return buf; }
   void note() noexcept { account.set(buf.capacity()); }
 };
