@@ -433,6 +433,12 @@ struct content_store::impl {
   // the image is a second full copy of it, and the store holds more than a plain directory
   // would ("Keeping one checkpoint").
   bool image_pays(std::uint64_t lineage, std::uint64_t head, std::uint64_t besides = 0) const;
+  // A version of `lineage` lost its last name or pin (mu held): its head, when the head's image
+  // no longer pays (image_pays) under heads=auto, marked lineage_rec::single; else 0. The caller
+  // drops that image outside mu (head_store takes its own lock). Every path that lets refs reach
+  // 0 asks, or an image outlives the reason for it (a reader's pin released last, an unref()
+  // that ran before the image it should drop was adopted).
+  std::uint64_t image_unpaid(std::uint64_t lineage);
   static nlohmann::json version_json(const version_rec& r);
   static nlohmann::json lineage_json(const lineage_rec& l);
   void apply_version(const nlohmann::json& j);                         // mu held

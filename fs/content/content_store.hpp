@@ -174,6 +174,9 @@ struct content_options {
   // delta's metadata was compressed against its base's exact bytes), to check that they still
   // read.
   std::uint32_t object_format = 4;
+  // Tests only: called by a put after its version is recorded and before its head image is
+  // adopted, with the new version, to run what another thread may run in that window.
+  std::function<void(std::uint64_t version)> after_record_hook;
 };
 
 // Whether grid=auto applies (content_options::grid_step): not under the paper's coding or scope,

@@ -825,7 +825,7 @@ content_ref content_store::impl::put(std::string_view path, const format::source
       if (!recorded)
         for (const std::size_t i : tensors) m.cache.erase({id, k_tensor, i});
     }
-  } kept{m, id};
+  } kept{m, id, {}};
 
   // The working memory: taken after the lineage lock (a put waiting for its lineage holds none).
   const encode_slots::lease slot = m.acquire_slot();
@@ -1032,8 +1032,22 @@ content_ref content_store::impl::record_version(std::string_view path, version_m
       }
     }
   }
+  const bool imaged = head || rebuild;
+  if (m.opt.after_record_hook) m.opt.after_record_hook(id);
   if (head) m.heads->adopt(id, obj.checksum, std::move(head));
   if (rebuild) m.rebuild_head(id, obj.checksum, meta.size);
+  // The superseded file's unref() may have run between the record and the adoption above (the
+  // file system commits the new name, syncs the journal and unrefs the old version on other
+  // threads): its drop found no image yet. Asked again now that the image exists, whichever ran
+  // first, an image that does not pay goes.
+  if (imaged && superseded) {
+    std::uint64_t drop_image = 0;
+    {
+      std::lock_guard lock(m.mu);
+      drop_image = m.image_unpaid(lineage_id);
+    }
+    if (drop_image) m.heads->drop(drop_image);
+  }
   // The previous head's image goes: its version now decodes through its chain like any other.
   if (superseded && m.heads) m.heads->drop(superseded);
   // Its reconstruction leaves the cache too. A delta dropped its base's tensor by tensor above;

@@ -499,13 +499,19 @@ class content_store::impl::reader final : public content_reader {
 
   ~reader() override {
     try {
-      // Into `unneeded`, removed after the next journal sync: what made this version or its
-      // chain unnecessary (a rekey, a new head) may not be durable yet.
-      std::lock_guard lock(store_.mu);
-      auto it = store_.versions.find(version_);
-      if (!pinned_ || it == store_.versions.end() || it->second.refs == 0) return;
-      --it->second.refs;
-      store_.collect(version_, store_.unneeded);
+      std::uint64_t drop_image = 0;
+      {
+        // Into `unneeded`, removed after the next journal sync: what made this version or its
+        // chain unnecessary (a rekey, a new head) may not be durable yet.
+        std::lock_guard lock(store_.mu);
+        auto it = store_.versions.find(version_);
+        if (!pinned_ || it == store_.versions.end() || it->second.refs == 0) return;
+        // This pin held the version after its last name went (a save over the file while this
+        // reader was open): the lineage may have just come down to one live file.
+        if (--it->second.refs == 0) drop_image = store_.image_unpaid(it->second.lineage);
+        store_.collect(version_, store_.unneeded);
+      }
+      if (drop_image) store_.heads->drop(drop_image);
     } catch (...) {
       // Leftover objects are garbage for gc, never a dangling reference.
     }

@@ -99,6 +99,18 @@ void content_store::remove_objects(const std::vector<std::uint64_t>& ids) {
   impl_->remove_objects(ids);
 }
 
+std::uint64_t content_store::impl::image_unpaid(std::uint64_t lineage) {
+  if (!lineage || !heads || opt.heads_always) return 0;
+  const auto l = lineages.find(lineage);
+  if (l == lineages.end()) return 0;
+  const auto h = versions.find(l->second.head);
+  // Checkpoints below head_min have no image: no need to look (image_pays walks the store).
+  if (h == versions.end() || h->second.size < opt.head_min || image_pays(lineage, h->first))
+    return 0;
+  l->second.single = true;  // its next save makes no image either (lineage_rec::single)
+  return h->first;
+}
+
 void content_store::unref(const content_ref& ref) {
   if (!ref.version) return;
   std::uint64_t drop_image = 0;
@@ -118,16 +130,7 @@ void content_store::unref(const content_ref& ref) {
     // only file, keeps its image through the reads of it. The head itself losing its last name
     // (truncated at open by a save over it, removed) leaves an image only a save in progress
     // may still read (it retired it already: head_store::retire), so it goes too.
-    // Checkpoints below head_min have no image: no need to look (image_pays walks the store).
-    if (const auto l = impl_->lineages.find(lineage);
-        unnamed && impl_->heads && !impl_->opt.heads_always && l != impl_->lineages.end()) {
-      const auto h = impl_->versions.find(l->second.head);
-      if (h != impl_->versions.end() && h->second.size >= impl_->opt.head_min &&
-          !impl_->image_pays(lineage, h->first)) {
-        drop_image = h->first;
-        l->second.single = true;  // its next save makes no image either (lineage_rec::single)
-      }
-    }
+    if (unnamed) drop_image = impl_->image_unpaid(lineage);
   }
   // Outside mu: the head store takes its own lock. Reads of the head decode its chain from now
   // on, and its next save reads its base through the chain (as with heads=off).

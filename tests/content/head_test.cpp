@@ -397,6 +397,63 @@ TEST_CASE("a reader's pin let go keeps the image of a lineage's only file", "[co
   CHECK(fs::head_store::files_in(opt.heads_dir).empty());
 }
 
+TEST_CASE("the old file's name going while its successor is recorded drops the new image",
+          "[content][heads]") {
+  // The file system unrefs the superseded version after the journal sync that follows the new
+  // version's commit, on another thread: possibly between the record and the image's adoption,
+  // when there is no image yet to drop. The lineage keeps one file all the same.
+  temp_dir d;
+  fs::content_options opt = heads_options(d);
+  drifting_checkpoint ckpt(44, opt.heads_dir);
+  fs::content_store* store = nullptr;
+  fs::content_ref unref_in_window;
+  int hooked = 0;
+  opt.after_record_hook = [&](std::uint64_t) {
+    if (!unref_in_window.version) return;
+    store->unref(unref_in_window);
+    unref_in_window = {};
+    ++hooked;
+  };
+  opened s(d.path, opt);
+  store = &s.content;
+  const fs::content_ref v1 = s.content.put("run/last.pt", ckpt.next());
+  s.content.wait_heads();
+  REQUIRE(s.content.published_head(v1));
+  unref_in_window = v1;
+  const fs::content_ref v2 = s.content.put("run/last.pt", ckpt.next());
+  REQUIRE(hooked == 1);
+  REQUIRE(s.content.info(v2).kind == "delta");
+  s.content.wait_heads();
+  CHECK_FALSE(s.content.published_head(v2));
+  CHECK(fs::head_store::files_in(opt.heads_dir).empty());
+  // And the lineage is known to keep one file: the next save makes no image.
+  s.content.put("run/last.pt", ckpt.next());
+  CHECK(s.content.usage().saves_without_image == 1);
+}
+
+TEST_CASE("a reader of the superseded version let go last drops the head's image",
+          "[content][heads]") {
+  // A reader that opened the old version before a save over its file holds it past the
+  // release of its name: when that reader goes, the lineage is down to one live file.
+  temp_dir d;
+  fs::content_options opt = heads_options(d);
+  drifting_checkpoint ckpt(45, opt.heads_dir);
+  opened s(d.path, opt);
+  const fs::content_ref v1 = s.content.put("run/last.pt", ckpt.next());
+  const fs::content_ref v2 = s.content.put("run/last.pt", ckpt.next());
+  s.content.wait_heads();
+  REQUIRE(s.content.published_head(v2));  // v1 still has its name
+  auto reader = s.content.open(v1);       // no image: decodes, and pins v1
+  s.content.unref(v1);                    // its name goes; the reader still holds it
+  s.content.wait_heads();
+  CHECK(s.content.published_head(v2));
+  CHECK(reader->size() == s.content.info(v1).logical_bytes);
+  reader.reset();
+  s.content.wait_heads();
+  CHECK_FALSE(s.content.published_head(v2));
+  CHECK(fs::head_store::files_in(opt.heads_dir).empty());
+}
+
 TEST_CASE("a lineage that keeps one file writes no reconstruction for an image it would drop",
           "[content][heads]") {
   // HF's save_total_limit=1: each save comes beside the last, which is deleted after it. The
