@@ -245,7 +245,7 @@ struct content_store::impl {
   // (oneTBB's own count: the process's CPU affinity, never 0.)
   tbb::global_control codec_threads{
       tbb::global_control::max_allowed_parallelism,
-      codec_threads_for(std::size_t(std::max(1, tbb::info::default_concurrency())))};
+      codec_threads_for(usable_cores())};
   store::object_store& objects;
   store::journal& journal;
   content_options opt;
@@ -338,7 +338,7 @@ struct content_store::impl {
   };
   static constexpr std::size_t whole_tensor = ~std::size_t(0);
   static std::size_t prefetch_workers() {
-    return prefetch_workers_for(std::thread::hardware_concurrency());
+    return prefetch_workers_for(usable_cores());
   }
   static constexpr std::size_t kPrefetchQueueMax = 64;  // across readers; extra jobs are dropped
   std::mutex prefetch_mu;

@@ -22,7 +22,7 @@ content_store::impl::impl(store::object_store& o, store::journal& j, content_opt
           chunk_budget(op.cache_bytes) / (kChunkBlocks * codec::default_block_bytes) +
               prefetch_workers() + 4)),
       chunks(chunk_budget(op.cache_bytes)),
-      slots(encode_slots::count_for(std::thread::hardware_concurrency()), kSlabBytes),
+      slots(encode_slots::count_for(unsigned(usable_cores())), kSlabBytes),
       base_ahead(2, kSlabBytes) {
   if (!opt.heads_dir.empty()) {
     try {

@@ -10,11 +10,20 @@
 // kCodingAllowance is charged to the cache: its budget shrinks by that much, so the bound holds
 // whatever the thread count. The allowance is what a 2-core machine holds at most (two sets),
 // so nothing is charged there; a node at every cap gives up to ~250 MiB of cache=.
+#include <tbb/info.h>
+
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
 namespace ckpt::fs {
+
+// The cores this process may run on: oneTBB's count, which honours the CPU affinity mask
+// (taskset, a scheduler's cpuset), where std::thread::hardware_concurrency() counts the machine's.
+// Every pool below is sized from it, so a pinned daemon sizes them all alike.
+inline std::size_t usable_cores() noexcept {
+  return std::size_t(std::max(1, tbb::info::default_concurrency()));
+}
 
 // oneTBB workers for the codec's parallel loops, counting the thread that calls in. The codec
 // splits a 16 MiB slab into 16 blocks, so more threads than that would not speed one slab up;

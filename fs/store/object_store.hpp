@@ -44,6 +44,8 @@ class object_writer {
   // (ENOSPC, EIO; the errno is kept) and the writer is then unusable: destroy it.
   void append(std::span<const std::byte> bytes);
   std::uint64_t size() const noexcept;  // payload bytes appended so far
+  // Memory its buffers hold: up to two 4 MiB buffers while it is written, none once committed.
+  std::size_t buffer_bytes_held() const noexcept;
 
   // Writes the framing, fdatasyncs, renames to `<id>.obj` (never replacing an existing file) and
   // fsyncs the directory; returns when the object is durable. Throws io_error and leaves no

@@ -107,6 +107,10 @@ void object_writer::append(std::span<const std::byte> bytes) {
   }
 }
 
+std::size_t object_writer::buffer_bytes_held() const noexcept {
+  return s_ ? s_->buf[0].capacity() + s_->buf[1].capacity() : 0;
+}
+
 object_ref object_writer::commit() {
   state& s = *s_;
   if (s.failed || s.committed) throw io_error(EIO, "object writer used after failure or commit");
@@ -134,6 +138,12 @@ object_ref object_writer::commit() {
     s.fail(e);  // ~state removes the tmp file
   }
   s.committed = true;
+  // Unusable from here on: its buffers and descriptors go now, not with the writer, which a
+  // stream keeps until its put returns.
+  s.buf[0] = {};
+  s.buf[1] = {};
+  s.fd.reset();
+  s.direct.reset();
   // The name must be durable before anyone records a reference to it. If the directory fsync
   // fails the object's fate is unknown: remove it and fail the commit (the caller rewrites).
   if (::fsync(dfd) != 0) {

@@ -1,6 +1,8 @@
 // thread_limits.hpp: the pools whose threads keep codec scratch stop growing with the cores, and
 // what the coding holds beyond its allowance is charged to the cache, so the memory budget holds
 // on any machine (DESIGN.md §9 invariant 7).
+#include <sched.h>
+
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <random>
@@ -40,6 +42,16 @@ TEST_CASE("thread limits: every pool that codes is capped, whatever the cores",
   // its reconstruction) fit in the coding's allowance: a 2-core machine lends the cache nothing
   // for them.
   CHECK(2 * 11 * fs::kSlabBytes / 2 + 2 * 2 * fs::kSlabBytes < fs::kCodingAllowance);
+}
+
+TEST_CASE("thread limits: pools are sized from the cores the process may run on",
+          "[content][threads]") {
+  // A daemon pinned to some cores (taskset, a cpuset) sizes every pool from those, not from the
+  // machine's count. Run under `taskset -c 0` this compares 1 with the machine's cores.
+  cpu_set_t mask;
+  CPU_ZERO(&mask);
+  REQUIRE(::sched_getaffinity(0, sizeof mask, &mask) == 0);
+  CHECK(fs::usable_cores() == std::size_t(CPU_COUNT(&mask)));
 }
 
 TEST_CASE("thread limits: coding memory beyond its allowance is taken from the cache",

@@ -48,7 +48,9 @@ TEST_CASE("object writer: appends of every size across buffer boundaries round-t
     at += n;
     CHECK(w.size() == at);
   }
+  CHECK(w.buffer_bytes_held() == (8u << 20));  // two 4 MiB buffers while written
   const object_ref r = w.commit();
+  CHECK(w.buffer_bytes_held() == 0);  // gone at the commit, though the writer lives on
   CHECK(r.size == data.size());
   std::vector<std::byte> back(data.size());
   s.read(r.id, 0, back);
