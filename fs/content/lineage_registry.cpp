@@ -133,7 +133,7 @@ nlohmann::json content_store::impl::join_json(std::uint64_t from, std::uint64_t 
 
 void content_store::renamed(const content_ref& ref, std::string_view new_path) {
   auto& m = *impl_;
-  std::uint64_t superseded = 0;
+  std::uint64_t superseded = 0, drop_image = 0;
   {
     std::lock_guard lock(m.mu);
     const auto v = m.versions.find(ref.version);
@@ -168,8 +168,13 @@ void content_store::renamed(const content_ref& ref, std::string_view new_path) {
     m.journal.append(to_bytes(impl::join_json(from, to)));
     superseded = m.join_lineage(from, to);
     if (superseded) m.collect(superseded, m.unneeded);
+    // The fork's head was its lineage's first file, which keeps its image; joined, it may be
+    // the only live file of the lineage it continues (the file it was renamed over already
+    // released: a commit that ran behind the rename), where no image pays.
+    drop_image = m.image_unpaid(to);
   }
   if (superseded && m.heads) m.heads->drop(superseded);
+  if (drop_image) m.heads->drop(drop_image);
 }
 
 bool content_store::apply(std::span<const std::byte> record) {

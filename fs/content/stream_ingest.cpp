@@ -348,6 +348,16 @@ void content_store::impl::give_back_image(std::shared_ptr<head_image>& image) no
         "head image of version " + std::to_string(v) +
             " is rebuilt from its chain: the save that read it was not stored as its next version");
   rebuild_head(v, checksum, size);
+  // A save that recorded a newer head meanwhile dropped v before this queued its rebuild (its
+  // drop found nothing): asked again now that the job exists, whichever ran first, the image of
+  // a version that is no longer its lineage's head goes.
+  bool stale = false;
+  {
+    std::lock_guard lock(mu);
+    const auto it = versions.find(v);
+    stale = it == versions.end() || !is_head(it->second);
+  }
+  if (stale) heads->drop(v);
 }
 
 std::optional<content_ref> content_store::impl::finish_stream(stream& s, std::string_view path,

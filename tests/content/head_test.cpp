@@ -431,6 +431,36 @@ TEST_CASE("the old file's name going while its successor is recorded drops the n
   CHECK(s.content.usage().saves_without_image == 1);
 }
 
+TEST_CASE("a fork joined into a lineage whose other files are gone keeps no image",
+          "[content][heads]") {
+  // torch.save to a temporary directory, renamed over the last one (which went first): the
+  // fork's first version kept its image as any lineage's first file does; joined, it is the
+  // lineage's only live file.
+  temp_dir d;
+  fs::content_options opt = heads_options(d);
+  drifting_checkpoint ckpt(46, opt.heads_dir);
+  fs::content_store* store = nullptr;
+  fs::content_ref unref_in_window;
+  opt.after_record_hook = [&](std::uint64_t) {
+    if (unref_in_window.version) store->unref(std::exchange(unref_in_window, {}));
+  };
+  opened s(d.path, opt);
+  store = &s.content;
+  const fs::content_ref v1 = s.content.put("run/step_1/model.pt", ckpt.next());
+  // The old directory removed while the fork was saved (its base chosen with v1 alive).
+  unref_in_window = v1;
+  const fs::content_ref v2 = s.content.put("run/tmpab12/model.pt", ckpt.next());
+  REQUIRE_FALSE(unref_in_window.version);
+  REQUIRE(s.content.info(v2).lineage != s.content.info(v1).lineage);  // a fork
+  s.content.wait_heads();
+  REQUIRE(s.content.published_head(v2));  // a lineage's first file
+  s.content.renamed(v2, "run/step_2/model.pt");
+  REQUIRE(s.content.info(v2).lineage == s.content.info(v1).lineage);  // joined
+  s.content.wait_heads();
+  CHECK_FALSE(s.content.published_head(v2));
+  CHECK(fs::head_store::files_in(opt.heads_dir).empty());
+}
+
 TEST_CASE("a reader of the superseded version let go last drops the head's image",
           "[content][heads]") {
   // A reader that opened the old version before a save over its file holds it past the
