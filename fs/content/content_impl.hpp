@@ -243,9 +243,8 @@ struct content_store::impl {
   // Bounds oneTBB's workers for the codec's loops (thread_limits.hpp); process-wide while any
   // store lives (oneTBB applies the smallest of the live limits).
   // (oneTBB's own count: the process's CPU affinity, never 0.)
-  tbb::global_control codec_threads{
-      tbb::global_control::max_allowed_parallelism,
-      codec_threads_for(usable_cores())};
+  tbb::global_control codec_threads{tbb::global_control::max_allowed_parallelism,
+                                    codec_threads_for(usable_cores())};
   store::object_store& objects;
   store::journal& journal;
   content_options opt;
@@ -337,13 +336,12 @@ struct content_store::impl {
     std::weak_ptr<const void> alive;
   };
   static constexpr std::size_t whole_tensor = ~std::size_t(0);
-  static std::size_t prefetch_workers() {
-    return prefetch_workers_for(usable_cores());
-  }
+  static std::size_t prefetch_workers() { return prefetch_workers_for(usable_cores()); }
   static constexpr std::size_t kPrefetchQueueMax = 64;  // across readers; extra jobs are dropped
   std::mutex prefetch_mu;
   std::condition_variable_any prefetch_cv;  // waits are stop_token-aware: no lost wakeup
   std::deque<prefetch_job> prefetch_queue;
+  std::atomic<std::uint64_t> prefetch_jobs{0};  // queued or running (status: reads settled)
   // What cold reads decode (ckptctl status); before `prefetchers`, whose workers record in it.
   decode_tally decodes;
   std::vector<std::jthread> prefetchers;  // last member: stopped and joined before what they use

@@ -180,6 +180,7 @@ content_store::resources content_store::usage() const {
   r.stray_blocks_decoded = d.strays;
   r.stray_bytes_decoded = d.stray_bytes;
   r.chunk_frames_decoded = d.frames;
+  r.read_ahead_jobs = impl_->prefetch_jobs.load();
   return r;
 }
 

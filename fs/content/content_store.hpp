@@ -428,6 +428,8 @@ class content_store {
     std::uint64_t chunks_decoded_again = 0, chunk_bytes_decoded_again = 0;
     std::uint64_t stray_blocks_decoded = 0, stray_bytes_decoded = 0;
     std::uint64_t chunk_frames_decoded = 0;
+    // Read-ahead decodes queued or running now: while any is, the counts above still move.
+    std::uint64_t read_ahead_jobs = 0;
   };
   // Also re-applies what the coding holds beyond its allowance to the cache's budget (the
   // figures are then current).

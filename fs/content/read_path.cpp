@@ -59,6 +59,7 @@ void content_store::impl::prefetch(std::vector<prefetch_job> jobs) {
     for (auto& j : jobs) {
       if (prefetch_queue.size() >= kPrefetchQueueMax) break;
       prefetch_queue.push_back(std::move(j));
+      prefetch_jobs.fetch_add(1);
     }
   }
   prefetch_cv.notify_all();
@@ -73,6 +74,10 @@ void content_store::impl::prefetch_loop(std::stop_token stop) {
       job = std::move(prefetch_queue.front());
       prefetch_queue.pop_front();
     }
+    struct done {
+      std::atomic<std::uint64_t>& jobs;
+      ~done() { jobs.fetch_sub(1); }
+    } const counted{prefetch_jobs};
     if (job.alive.expired()) continue;  // its reader is gone
     try {
       if (job.chunk == whole_tensor)

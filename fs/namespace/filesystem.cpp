@@ -46,8 +46,12 @@ filesystem::resources filesystem::usage() const {
   r.chain_rewrites = chain_rewrites_.load();
   r.chain_rewrite_bytes = chain_rewrite_bytes_.load();
   r.chain_freed_bytes = chain_freed_bytes_.load();
-  r.chain_rewrite_pending =
-      chain_rewriting_.load() || (cfg_.rewrite_factor > 0 && content_.has_chain_hints());
+  // Deletions waiting for the journal's sync before the store lets their versions go, and
+  // objects they freed waiting for the next one, count as not looked at yet: until both are
+  // done the store's bytes still change without anything written.
+  r.chain_rewrite_pending = chain_rewriting_.load() || unrefs_waiting_.load() != 0 ||
+                            content_.has_unneeded_objects() ||
+                            (cfg_.rewrite_factor > 0 && content_.has_chain_hints());
   return r;
 }
 
@@ -175,7 +179,20 @@ void filesystem::load(lock_t& lk, ino_t ino) {
 }
 
 void filesystem::release_content(const content_ref& ref) {
-  if (ref.version != 0) unref_after_sync_.push_back(ref);
+  if (ref.version == 0) return;
+  unref_after_sync_.push_back(ref);
+  unrefs_waiting_.fetch_add(1);
+}
+
+void filesystem::apply_unrefs(const std::vector<content_ref>& unrefs) noexcept {
+  for (const auto& r : unrefs) {
+    try {
+      content_.unref(r);
+    } catch (const std::exception& e) {
+      log_error("releasing version " + std::to_string(r.version) + ": " + e.what());
+    }
+    unrefs_waiting_.fetch_sub(1);
+  }
 }
 
 void filesystem::maybe_drop(ino_t ino) {
@@ -252,13 +269,7 @@ void filesystem::sync_journal() {
     throw;
   }
   content_.remove_objects(unneeded);
-  for (const auto& r : unrefs) {
-    try {
-      content_.unref(r);
-    } catch (const std::exception& e) {
-      log_error("releasing version " + std::to_string(r.version) + ": " + e.what());
-    }
-  }
+  apply_unrefs(unrefs);
 }
 
 bool filesystem::maybe_compact(bool force) {
@@ -304,7 +315,7 @@ bool filesystem::maybe_compact(bool force) {
   content_.remove_objects(unneeded);
   log_info("journal compacted: " + std::to_string(before) + " -> " +
            std::to_string(journal_.size_bytes()) + " bytes");
-  for (const auto& r : unrefs) content_.unref(r);
+  apply_unrefs(unrefs);
   return true;
 }
 

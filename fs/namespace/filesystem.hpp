@@ -241,7 +241,9 @@ class filesystem {
     std::uint64_t commits_running = 0;  // files being stored now (workers, fsync, truncate)
     // Rotation: hidden chains freed by rewriting the delta above them (since the mount).
     std::uint64_t chain_rewrites = 0, chain_rewrite_bytes = 0, chain_freed_bytes = 0;
-    bool chain_rewrite_pending = false;  // deletions not looked at yet, or a rewrite running
+    // Deletions not looked at yet (their versions' release waits for the journal's sync, the
+    // objects they free for the next), or a rewrite running.
+    bool chain_rewrite_pending = false;
   };
   resources usage() const;
 
@@ -317,6 +319,7 @@ class filesystem {
   void load(lock_t& lk, ino_t ino);              // fills buf from the committed version
   void maybe_drop(ino_t ino);                    // mu_ held: frees an inode nothing uses
   void release_content(const content_ref& ref);  // mu_ held: unref after the next sync
+  void apply_unrefs(const std::vector<content_ref>& unrefs) noexcept;  // after a sync
   std::string path_of(ino_t parent, std::string_view name) const;
   handle& handle_at(std::uint64_t fh);
   // mu_ held. A file handle for `ino`, with its starting point for failed commits.
@@ -362,6 +365,8 @@ class filesystem {
   std::unordered_map<std::uint64_t, handle> handles_;
   std::uint64_t next_fh_ = 1;
   std::vector<content_ref> unref_after_sync_;
+  // Versions released and not yet unref()ed: queued above, or taken by a sync in progress.
+  std::atomic<std::size_t> unrefs_waiting_{0};
   std::uint64_t records_since_sync_ = 0;
 
   std::mutex sync_mu_;          // one journal sync at a time

@@ -44,18 +44,19 @@ OVERHEAD = 1.25
 
 
 def reads(ctl, mnt):
-    """The daemon's cold-read counters once read-ahead's decodes in flight are done (a decode
-    counts its chunk when it starts, its frames when it ends): two reads 0.1 s apart agree."""
+    """The daemon's cold-read counters once read-ahead's decodes are done (a decode counts its
+    chunk when it starts, its frames when it ends): no read-ahead job queued or running, and two
+    reads 0.1 s apart agree."""
     def once():
         return status_json(ctl, mnt)["reads"]
     last = once()
-    for _ in range(100):
+    for _ in range(600):
         time.sleep(0.1)
         now = once()
-        if now == last:
+        if now == last and now["read_ahead_jobs"] == 0:
             return now
         last = now
-    return last
+    raise AssertionError(f"read-ahead did not settle in 60 s: {last}")
 
 
 def run(binary, ctl, work, label, opts):

@@ -54,7 +54,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ckptfs_testlib import MIN_TENSOR, mounted, sha256, status_json  # noqa: E402
 from scale_lib import (MiB, TrainingState, check, flat_tensors, proc_io, read_dcp,  # noqa: E402
-                       sample, scratch_dir, stat, write_dcp)
+                       sample, scratch_dir, stat, wait_published, write_dcp)
 
 OPTS = ("head_min=16M", "cache=512M", "buffer=64M")
 
@@ -334,7 +334,8 @@ def flow(binary, ctl, work):
         for k in range(2):
             if k:
                 state.step()
-                time.sleep(2)  # the keyframe's head image published, off the delta's count
+                # The keyframe's head image published, off the delta's count.
+                wait_published(store, stat(ctl, f"{mnt}/run/step_{k - 1}.pt")["version"])
             saved.append(sample(state.state_dict()))
             path = f"{mnt}/run/step_{k}.pt"
             before = daemon_written(proc.pid)

@@ -33,6 +33,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 import numpy as np
 import torch
@@ -144,9 +145,17 @@ class Checker:
         self.by_path[path] = r
         self.rewrites = status_json(self.ckptctl, self.mnt)["rotation"]["rewrites"]
 
-    def rewrote_since_last_check(self):
-        now = status_json(self.ckptctl, self.mnt)["rotation"]["rewrites"]
-        return self.rewrites is not None and now > self.rewrites
+    def rewrote_since_last_check(self, wait_s=10.0):
+        """Whether the daemon rewrote a version since the last check. The count goes up after
+        the rewrite's journal sync, while `stat` shows the keyframe from its record: wait."""
+        deadline = time.monotonic() + wait_s
+        while self.rewrites is not None:
+            if status_json(self.ckptctl, self.mnt)["rotation"]["rewrites"] > self.rewrites:
+                return True
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        return False
 
 
 def main():
