@@ -174,9 +174,14 @@ struct content_options {
   // delta's metadata was compressed against its base's exact bytes), to check that they still
   // read.
   std::uint32_t object_format = 4;
-  // Tests only: called by a put after its version is recorded and before its head image is
-  // adopted, with the new version, to run what another thread may run in that window.
-  std::function<void(std::uint64_t version)> after_record_hook;
+  // Tests only: called where another thread may run, with the version concerned, to run it
+  // there.
+  struct hooks {
+    // A put after its version is recorded, before the version's head image is adopted.
+    std::function<void(std::uint64_t version)> after_record;
+    // A stream giving back the head image it retired, before the image's rebuild is queued.
+    std::function<void(std::uint64_t version)> before_give_back_rebuild;
+  } test_hooks;
 };
 
 // Whether grid=auto applies (content_options::grid_step): not under the paper's coding or scope,

@@ -1033,7 +1033,7 @@ content_ref content_store::impl::record_version(std::string_view path, version_m
     }
   }
   const bool imaged = head || rebuild;
-  if (m.opt.after_record_hook) m.opt.after_record_hook(id);
+  if (m.opt.test_hooks.after_record) m.opt.test_hooks.after_record(id);
   if (head) m.heads->adopt(id, obj.checksum, std::move(head));
   if (rebuild) m.rebuild_head(id, obj.checksum, meta.size);
   // The superseded file's unref() may have run between the record and the adoption above (the

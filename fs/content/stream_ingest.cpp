@@ -347,6 +347,7 @@ void content_store::impl::give_back_image(std::shared_ptr<head_image>& image) no
     log(log_level::info,
         "head image of version " + std::to_string(v) +
             " is rebuilt from its chain: the save that read it was not stored as its next version");
+  if (opt.test_hooks.before_give_back_rebuild) opt.test_hooks.before_give_back_rebuild(v);
   rebuild_head(v, checksum, size);
   // A save that recorded a newer head meanwhile dropped v before this queued its rebuild (its
   // drop found nothing): asked again now that the job exists, whichever ran first, the image of

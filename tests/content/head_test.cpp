@@ -408,7 +408,7 @@ TEST_CASE("the old file's name going while its successor is recorded drops the n
   fs::content_store* store = nullptr;
   fs::content_ref unref_in_window;
   int hooked = 0;
-  opt.after_record_hook = [&](std::uint64_t) {
+  opt.test_hooks.after_record = [&](std::uint64_t) {
     if (!unref_in_window.version) return;
     store->unref(unref_in_window);
     unref_in_window = {};
@@ -441,7 +441,7 @@ TEST_CASE("a fork joined into a lineage whose other files are gone keeps no imag
   drifting_checkpoint ckpt(46, opt.heads_dir);
   fs::content_store* store = nullptr;
   fs::content_ref unref_in_window;
-  opt.after_record_hook = [&](std::uint64_t) {
+  opt.test_hooks.after_record = [&](std::uint64_t) {
     if (unref_in_window.version) store->unref(std::exchange(unref_in_window, {}));
   };
   opened s(d.path, opt);

@@ -352,6 +352,43 @@ TEST_CASE("a stream whose read bytes are rewritten drops its work, the file is s
   CHECK(log.count(fs::log_level::error) == 0);
 }
 
+TEST_CASE("a retired image given back after a newer head was recorded is not rebuilt",
+          "[content][stream][heads]") {
+  // The stream's file is stored as no version of the lineage, and its base's image is rebuilt
+  // from the chain; a save of the lineage's next version may record between the image's return
+  // and the rebuild's queueing, its drop of the old head's image finding none. The old head's
+  // image must not come back beside the new one's.
+  temp_dir d;
+  fs::content_options opt = options(d);
+  fs::content_store* store = nullptr;
+  std::function<void()> in_window;
+  opt.test_hooks.before_give_back_rebuild = [&](std::uint64_t) {
+    if (in_window) std::exchange(in_window, {})();
+  };
+  opened s(d.path, opt);
+  store = &s.content;
+  model m;
+  const auto first = stream_in(s.content, "run/a.pt", m.step(), fresh_buffer(d));
+  s.content.wait_heads();
+  REQUIRE(s.content.info(first).head_bytes == first.size);
+  fs::content_ref next;
+  in_window = [&] { next = plain_put(*store, d, "run/a.pt", m.step()); };
+  auto buf = fresh_buffer(d);
+  const bytes file = m.step();
+  const auto r = stream_in(s.content, "run/a.pt", file, buf, [&] {
+    REQUIRE(coded_something(*buf));
+    buf->truncate(file.size() / 2);  // no archive any more: stored as exact bytes
+  });
+  REQUIRE_FALSE(in_window);
+  REQUIRE(s.content.info(r).kind == "exact");
+  REQUIRE(s.content.info(next).base == first.version);
+  s.content.wait_heads();
+  const auto files = fs::head_store::files_in((d.path / "heads").string());
+  CHECK(files.count(first.version) == 0);
+  CHECK(s.content.info(first).head_bytes == 0);
+  CHECK(s.content.info(next).head_bytes == next.size);
+}
+
 TEST_CASE("a stream reads its base from the retired head image, and a dropped one has it rebuilt",
           "[content][stream][heads]") {
   // The stream retires its base's image (no second image's space while it saves): the base
