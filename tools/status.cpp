@@ -61,7 +61,7 @@ void print_text(const nlohmann::json& r) {
               plural(ju64(rotation, "rewrites"), "version").c_str(),
               human_bytes(jnum(rotation, "written_bytes")).c_str(),
               human_bytes(jnum(rotation, "freed_bytes")).c_str(),
-              jbool(rotation, "pending", false) ? "; deletions being looked at" : "");
+              jbool(rotation, "pending", false) ? "; deletions and closes being looked at" : "");
   std::printf("encodes:  %llu of %llu slots in use, %s allocated by the slots\n",
               static_cast<unsigned long long>(ju64(enc, "in_use")),
               static_cast<unsigned long long>(ju64(enc, "slots")),
