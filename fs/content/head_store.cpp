@@ -216,6 +216,14 @@ head_store::~head_store() {
   cv_.notify_all();
   if (worker_.joinable()) worker_.join();
   if (releaser_.joinable()) releaser_.join();
+  // Jobs never run go here, while every member lives: their readers' pins let go may call
+  // drop() (see there), which must not meet a half-destroyed store.
+  std::deque<rebuild_job> jobs;
+  {
+    std::lock_guard lock(mu_);
+    jobs.swap(to_rebuild_);
+  }
+  jobs.clear();
   ::close(dir_fd_);
 }
 
@@ -450,10 +458,20 @@ bool head_store::unretire(std::shared_ptr<head_image> image) {
 
 void head_store::drop(std::uint64_t version) {
   std::shared_ptr<head_image> image;
+  // Destroyed after mu_ is released: a job's reader lets go of its version's pin, which may
+  // drop another image (content_store's unref rule), i.e. call this again.
+  std::vector<rebuild_job> jobs;
   {
     std::lock_guard lock(mu_);
     wanted_.erase(version);
-    std::erase_if(to_rebuild_, [&](const rebuild_job& j) { return j.version == version; });
+    for (auto it = to_rebuild_.begin(); it != to_rebuild_.end();) {
+      if (it->version != version) {
+        ++it;
+        continue;
+      }
+      jobs.push_back(std::move(*it));
+      it = to_rebuild_.erase(it);
+    }
     auto it = images_.find(version);
     if (it == images_.end()) return;
     image = std::move(it->second);

@@ -349,14 +349,18 @@ void content_store::impl::give_back_image(std::shared_ptr<head_image>& image) no
             " is rebuilt from its chain: the save that read it was not stored as its next version");
   if (opt.test_hooks.before_give_back_rebuild) opt.test_hooks.before_give_back_rebuild(v);
   rebuild_head(v, checksum, size);
-  // A save that recorded a newer head meanwhile dropped v before this queued its rebuild (its
-  // drop found nothing): asked again now that the job exists, whichever ran first, the image of
-  // a version that is no longer its lineage's head goes.
+  // A save that recorded a newer head meanwhile dropped v before this queued its rebuild, or
+  // the lineage's last other file went (unref() found no image to drop): asked again now that
+  // the job exists, whichever ran first, the image of a version that is no longer its
+  // lineage's head, or of a lineage known to keep one file (lineage_rec::single), goes.
   bool stale = false;
   {
     std::lock_guard lock(mu);
     const auto it = versions.find(v);
     stale = it == versions.end() || !is_head(it->second);
+    if (!stale && !opt.heads_always)
+      if (const auto l = lineages.find(it->second.lineage); l != lineages.end())
+        stale = l->second.single;
   }
   if (stale) heads->drop(v);
 }

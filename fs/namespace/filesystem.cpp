@@ -268,8 +268,18 @@ void filesystem::sync_journal() {
     content_.return_unneeded_objects(unneeded);  // the rewrite's sync removes them
     throw;
   }
-  content_.remove_objects(unneeded);
+  remove_unneeded(unneeded);
   apply_unrefs(unrefs);
+}
+
+void filesystem::remove_unneeded(const std::vector<std::uint64_t>& objects) noexcept {
+  try {
+    content_.remove_objects(objects);
+  } catch (const std::exception& e) {
+    // Left on disk, named by no record: garbage `ckptctl gc` removes. The unrefs that follow
+    // must run whatever happened here (their records are durable).
+    log_error(std::string("removing unneeded objects: ") + e.what());
+  }
 }
 
 bool filesystem::maybe_compact(bool force) {
@@ -312,10 +322,10 @@ bool filesystem::maybe_compact(bool force) {
     records_since_sync_ += 1;  // the records before the cut are not durable: sync them
     throw;
   }
-  content_.remove_objects(unneeded);
+  remove_unneeded(unneeded);
+  apply_unrefs(unrefs);
   log_info("journal compacted: " + std::to_string(before) + " -> " +
            std::to_string(journal_.size_bytes()) + " bytes");
-  apply_unrefs(unrefs);
   return true;
 }
 

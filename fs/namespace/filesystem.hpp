@@ -319,7 +319,8 @@ class filesystem {
   void load(lock_t& lk, ino_t ino);              // fills buf from the committed version
   void maybe_drop(ino_t ino);                    // mu_ held: frees an inode nothing uses
   void release_content(const content_ref& ref);  // mu_ held: unref after the next sync
-  void apply_unrefs(const std::vector<content_ref>& unrefs) noexcept;  // after a sync
+  void apply_unrefs(const std::vector<content_ref>& unrefs) noexcept;        // after a sync
+  void remove_unneeded(const std::vector<std::uint64_t>& objects) noexcept;  // after a sync
   std::string path_of(ino_t parent, std::string_view name) const;
   handle& handle_at(std::uint64_t fh);
   // mu_ held. A file handle for `ino`, with its starting point for failed commits.

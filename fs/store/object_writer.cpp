@@ -139,7 +139,7 @@ object_ref object_writer::commit() {
   }
   s.committed = true;
   // Unusable from here on: its buffers and descriptors go now, not with the writer, which a
-  // stream keeps until its put returns.
+  // stream keeps until its put returns (its write queue's ring, a few pages, goes with it).
   s.buf[0] = {};
   s.buf[1] = {};
   s.fd.reset();

@@ -9,6 +9,7 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <condition_variable>
+#include <future>
 #include <mutex>
 #include <random>
 
@@ -835,6 +836,40 @@ TEST_CASE("a dropped head image is closed off the dropping thread, and wait_publ
   std::lock_guard lock(gate->mu);
   CHECK(gate->closed);
   CHECK(heads.stat().images == 0);
+}
+
+TEST_CASE("a rebuild job dropped before it ran lets go of what it holds outside the lock",
+          "[content][heads]") {
+  // A job's reader pins its version; let go as the last pin, the content store asks to drop
+  // the lineage's image (its unref rule), i.e. calls drop() again: a deadlock if the job was
+  // destroyed under the head store's lock.
+  temp_dir d;
+  const std::string dir = (d.path / "heads").string();
+  fs::head_store heads(dir);
+  std::promise<void> go;
+  std::shared_future<void> released = go.get_future().share();
+  std::atomic<bool> started{false};
+  // The worker busy with a first job until released: the second stays queued.
+  heads.rebuild(1, 11, 4096, [&started, released](std::uint64_t, std::span<std::byte> out) {
+    started = true;
+    released.wait();
+    std::fill(out.begin(), out.end(), std::byte{1});
+  });
+  while (!started) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  int dropped_from_job = 0;
+  std::shared_ptr<void> pin(nullptr, [&](void*) {
+    heads.drop(3);
+    ++dropped_from_job;
+  });
+  heads.rebuild(2, 22, 4096, [pin](std::uint64_t, std::span<std::byte>) {});
+  pin.reset();
+  heads.drop(2);  // destroys the queued job, and with it the last `pin`
+  CHECK(dropped_from_job == 1);
+  go.set_value();
+  heads.wait_published();
+  const auto files = fs::head_store::files_in(dir);
+  CHECK(files.count(1) == 1);
+  CHECK(files.count(2) == 0);
 }
 
 TEST_CASE("a retired head image: only when nothing holds it, nameless, its released blocks freed",

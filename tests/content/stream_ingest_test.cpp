@@ -389,6 +389,33 @@ TEST_CASE("a retired image given back after a newer head was recorded is not reb
   CHECK(s.content.info(next).head_bytes == next.size);
 }
 
+TEST_CASE("a retired image given back for a lineage that keeps no file is not rebuilt",
+          "[content][stream][heads]") {
+  // The base's file removed while the stream saved over it, and the stream's file stored as no
+  // version of the lineage: the base, now nameless, is a head nobody reads by name. Its rebuild
+  // is queued and dropped at once; the job's pin on it, let go, asks to drop the image again,
+  // from inside that drop (a deadlock when the job went under the head store's lock).
+  temp_dir d;
+  opened s(d.path, options(d));
+  model m;
+  const auto first = stream_in(s.content, "run/a.pt", m.step(), fresh_buffer(d));
+  s.content.wait_heads();
+  REQUIRE(s.content.info(first).head_bytes == first.size);
+  auto buf = fresh_buffer(d);
+  const bytes file = m.step();
+  const auto r = stream_in(s.content, "run/a.pt", file, buf, [&] {
+    REQUIRE(coded_something(*buf));
+    s.content.unref(first);          // its name gone
+    buf->truncate(file.size() / 2);  // no archive any more: stored as exact bytes
+  });
+  REQUIRE(s.content.info(r).kind == "exact");
+  s.content.wait_heads();
+  CHECK(fs::head_store::files_in((d.path / "heads").string()).empty());
+  CHECK(s.content.info(first).head_bytes == 0);
+  // The base still decodes (a hidden head: the lineage's next save deltas against it).
+  CHECK(read_all(s.content, first).size() == first.size);
+}
+
 TEST_CASE("a stream reads its base from the retired head image, and a dropped one has it rebuilt",
           "[content][stream][heads]") {
   // The stream retires its base's image (no second image's space while it saves): the base

@@ -51,7 +51,13 @@ TEST_CASE("thread limits: pools are sized from the cores the process may run on"
   cpu_set_t mask;
   CPU_ZERO(&mask);
   REQUIRE(::sched_getaffinity(0, sizeof mask, &mask) == 0);
-  CHECK(fs::usable_cores() == std::size_t(CPU_COUNT(&mask)));
+  const auto cores = std::size_t(CPU_COUNT(&mask));
+  CHECK(fs::usable_cores() == cores);
+  // What an open store gives the codec's loops: from those cores.
+  temp_dir d;
+  opened s(d.path, {});
+  CHECK(tbb::global_control::active_value(tbb::global_control::max_allowed_parallelism) ==
+        fs::codec_threads_for(cores));
 }
 
 TEST_CASE("thread limits: coding memory beyond its allowance is taken from the cache",
