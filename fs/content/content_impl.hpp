@@ -365,6 +365,10 @@ struct content_store::impl {
                     cache_bytes / 2);
   }
   impl(store::object_store& o, store::journal& j, content_options op);
+  // Stops the head store's threads (their rebuilds read through this store: the read-ahead,
+  // the decode counters) and then the read-ahead workers (they charge the coding under
+  // charge_mu), before any member goes.
+  ~impl();
 
   // How far ahead of a reader tensors are decoded: a quarter of the cache, so that read-ahead
   // for one file cannot push out what its reader is about to read.

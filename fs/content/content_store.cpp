@@ -35,6 +35,13 @@ content_store::impl::impl(store::object_store& o, store::journal& j, content_opt
     prefetchers.emplace_back([this](std::stop_token stop) { prefetch_loop(stop); });
 }
 
+content_store::impl::~impl() {
+  if (heads) heads->stop();
+  for (auto& t : prefetchers) t.request_stop();
+  prefetch_cv.notify_all();
+  prefetchers.clear();  // joins
+}
+
 void content_store::impl::charge_coding() {
   std::lock_guard lock(charge_mu);
   const std::uint64_t held =

@@ -211,20 +211,19 @@ head_store::head_store(std::string dir) : dir_(std::move(dir)) {
 }
 
 head_store::~head_store() {
+  stop();
+  ::close(dir_fd_);
+}
+
+void head_store::stop() noexcept {
   worker_.request_stop();
   releaser_.request_stop();
   cv_.notify_all();
+  // Both finish what is queued first (a stopped wait still returns its predicate); rebuilds
+  // stop at their next piece. What their jobs and images hold is let go on these threads,
+  // while every member lives: a job's reader, let go, may call drop().
   if (worker_.joinable()) worker_.join();
   if (releaser_.joinable()) releaser_.join();
-  // Jobs never run go here, while every member lives: their readers' pins let go may call
-  // drop() (see there), which must not meet a half-destroyed store.
-  std::deque<rebuild_job> jobs;
-  {
-    std::lock_guard lock(mu_);
-    jobs.swap(to_rebuild_);
-  }
-  jobs.clear();
-  ::close(dir_fd_);
 }
 
 std::string head_store::file_name(std::uint64_t version, std::uint64_t checksum) {
@@ -403,8 +402,9 @@ std::shared_ptr<head_image> head_store::retire(std::uint64_t version) {
     // still right; one that went is made again after a restart, as for a crash).
     {
       std::lock_guard lock(mu_);
+      // Compared by owner, not lock(): a temporary owner could be the last one, under mu_.
       std::erase_if(retired_, [&](const std::weak_ptr<head_image>& w) {
-        return w.expired() || w.lock() == image;
+        return w.expired() || (!w.owner_before(image) && !image.owner_before(w));
       });
       --retirements_;
       ++retire_refused_;
@@ -516,6 +516,10 @@ void head_store::releaser(std::stop_token stop) {
 }
 
 head_store::stats head_store::stat() const {
+  // Retired images locked below may be the last reference by the time the lock goes (the
+  // releaser lets go outside it): destroyed after the lock, never under it (an image's bytes
+  // may hold a reader, whose pin let go may call drop()).
+  std::vector<std::shared_ptr<head_image>> held;
   std::lock_guard lock(mu_);
   stats s;
   for (const auto& [v, image] : images_) {
@@ -529,9 +533,10 @@ head_store::stats head_store::stat() const {
   s.retirements = retirements_;
   s.retire_refused = retire_refused_;
   for (const auto& w : retired_)
-    if (const auto image = w.lock()) {
+    if (auto image = w.lock()) {
       ++s.retired;
       s.retired_disk_bytes += image->size() - std::min(image->size(), image->released_bytes());
+      held.push_back(std::move(image));
     }
   return s;
 }
@@ -570,6 +575,9 @@ void head_store::worker(std::stop_token stop) {
                "head image of version " + std::to_string(job->version) +
                    " not rebuilt (its version decodes through its chain instead): " + e.what());
       }
+      // Its reader (and the pin on its version) goes before the count drops, so that
+      // wait_published() returns with what the job held let go, as for an image below.
+      job.reset();
       {
         std::lock_guard lock(mu_);
         --publishing_;

@@ -80,8 +80,12 @@ class head_store {
  public:
   // `dir` is created if missing. Throws io_error when it cannot be used.
   explicit head_store(std::string dir);
-  // Stops the worker and the releaser; unpublished images are dropped (rebuilt when needed).
+  // stop(), then closes the directory.
   ~head_store();
+  // Stops the worker and the releaser once they have done what is queued (images published,
+  // rebuilds cut short, releases done). Idempotent; afterwards nothing runs in the background.
+  // The content store calls it first as it goes, while everything a rebuild reads through lives.
+  void stop() noexcept;
   head_store(const head_store&) = delete;
   head_store& operator=(const head_store&) = delete;
 

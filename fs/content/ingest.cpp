@@ -977,6 +977,9 @@ content_ref content_store::impl::record_version(std::string_view path, version_m
   r.donors = donors;
   r.rounded_bits = rounded_bits_of(meta);
   r.values_elements = values_elements_of(meta);
+  // An image found not wanted under mu is let go after it: its staged bytes may hold a reader
+  // of the base, whose pin let go takes mu.
+  std::shared_ptr<staged_file> unwanted_head;
   {
     std::lock_guard lock(m.mu);
     // The donors are pinned by the staged file's reader (of the version it was opened over, which
@@ -1020,7 +1023,7 @@ content_ref content_store::impl::record_version(std::string_view path, version_m
       auto& l = m.lineages.at(lineage_id);
       if (bc.image) {
         if (old_head && !m.image_pays(lineage_id, id)) {
-          head.reset();
+          unwanted_head = std::move(head);
           l.single = true;
         }
       } else if (m.image_pays(lineage_id, id, old_head)) {

@@ -112,6 +112,8 @@ std::uint64_t content_store::impl::join_lineage(std::uint64_t from, std::uint64_
     superseded = t->second.head;
     t->second.head = f->second.head;
     t->second.since_keyframe = f->second.since_keyframe;
+    // Whether the new head's image is wanted is the fork's to say (renamed() asks again at once).
+    t->second.single = f->second.single;
   }
   for (auto& [id, r] : versions)
     if (r.lineage == from) r.lineage = into;
