@@ -25,7 +25,6 @@ constexpr std::uint64_t kFrameScratchMax = kChunkBlocks * codec::default_block_b
 struct frame_scratch {
   byte_buffer buf;
   codec::scratch_account account;
-  byte_buffer& buffer() { return buf; }
   void note() noexcept { account.set(buf.capacity()); }
 };
 
@@ -281,7 +280,7 @@ byte_buffer content_store::impl::materialize(std::uint64_t v, std::size_t t) {
   byte_buffer own;
   const std::span<const std::byte> enc =
       objects.read_uncached(m->obj_id, m->data_base + f->data_at, f->encoded_bytes,
-                            f->encoded_bytes <= kFrameScratchMax ? scratch.buffer() : own);
+                            f->encoded_bytes <= kFrameScratchMax ? scratch.buf : own);
   scratch.note();
   if (from_base) {
     codec::decode(enc,
@@ -383,8 +382,8 @@ std::size_t content_store::impl::decode_blocks_into(std::uint64_t v, std::size_t
   const std::uint64_t from = f->blocks[b0];
   const std::uint64_t to = b1 < f->blocks.size() ? f->blocks[b1] : f->encoded_bytes;
   thread_local frame_scratch scratch;  // a chunk's blocks: at most about kFrameScratchMax
-  const std::span<const std::byte> enc = objects.read_uncached(
-      m->obj_id, m->data_base + f->data_at + from, to - from, scratch.buffer());
+  const std::span<const std::byte> enc =
+      objects.read_uncached(m->obj_id, m->data_base + f->data_at + from, to - from, scratch.buf);
   scratch.note();
   decode_stored(base.empty(), [&] {
     if (parallel) {
