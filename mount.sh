@@ -27,9 +27,10 @@ the mount answers. Defaults: STORE ./ckpt-store, MOUNTPOINT ./ckpt.
                scope=tensor|checkpoint,
                optimizer=lossy|exact, relative=on|off (defaults first), cache=SIZE
                (default RAM/8, at most 2G), buffer=SIZE (default RAM/16, at most 1G),
-               heads=on|off, head_min=SIZE (64M), scratch=DIR (staging files and head
-               images; default STORE), passthrough=on|off, and FUSE options such as
-               allow_other. SIZE takes K/M/G suffixes. build/bin/ckptfs --help says more.
+               heads=auto|on|off (default auto), head_min=SIZE (64M), scratch=DIR
+               (staging files and head images; default STORE), passthrough=on|off, and
+               FUSE options such as allow_other. SIZE takes K/M/G/T suffixes.
+               build/bin/ckptfs --help says more.
   -u MOUNTPOINT  unmount: files still being stored are finished first; returns when the
                daemon has exited.
 
@@ -101,7 +102,7 @@ done
 store=${positional[0]:-./ckpt-store}
 mnt=${positional[1]:-./ckpt}
 
-"$here/scripts/bootstrap.sh" || die "build failed (see above)"
+CKPTFS_NO_TEST_PACKAGES=1 "$here/scripts/bootstrap.sh" || die "build failed (see above)"
 [[ -x "$binary" ]] || die "$binary was not built"
 
 mkdir -p -- "$store" "$mnt"

@@ -15,7 +15,7 @@ packages=(
 # fuzzing toolchain.
 test_packages=(
   python3-torch python3-numpy python3-sklearn libopenblas0-pthread python3-lmdb perl-doc
-  clang libclang-rt-14-dev clang-format zstd stress-ng fio
+  clang libclang-rt-14-dev clang-format stress-ng fio
 )
 
 want=("${packages[@]}")

@@ -124,12 +124,15 @@ void add_stat_command(CLI::App& app) {
       "stored size, the head image (a lineage's newest version may have one: its full size "
       "on disk) and the ratio (logical / (stored + head)), completion time, the codec "
       "parameters it was coded with (bits, group, representative, bucket scope, coder, exact "
-      "optimizer state, relative), the error per class of tensors (weights, exp_avg, "
+      "optimizer state, relative, and where set grid, refresh_bits, ratio_bits, keyframe_bits, "
+      "weight_error, grid_error: docs/management.md), the error per class of tensors (weights, "
+      "exp_avg, "
       "exp_avg_sq, other optimizer state: the relative L2 error sqrt(sum (stored - written)^2 / "
       "sum written^2) of the version against the bytes that were written, measured when it was "
       "coded; a delta's error is its own, not accumulated along the chain, since each delta is "
       "coded against its base's reconstruction) and every tensor with its dtype, element count, "
-      "mode (delta / ratio / lossless), stored size and error ('-': not recorded, versions "
+      "mode (delta, grid, ratio, intra, ratio+intra, grid+intra, rounded or lossless), stored size "
+      "and error ('-': not recorded, versions "
       "stored before ckptfs measured it).\n");
   cmd->add_option("FILE", o->path, "A file inside a ckptfs mount (or, with --store, in a store)")
       ->required();

@@ -416,6 +416,42 @@ TEST_CASE("a retired image given back for a lineage that keeps no file is not re
   CHECK(read_all(s.content, first).size() == first.size);
 }
 
+TEST_CASE("a retired image given back while its lineage comes down to one file is not rebuilt",
+          "[content][stream][heads]") {
+  // The lineage keeps two files (the base, the one before it) while a stream saves; the stream's
+  // file is stored as no version of the lineage, and the older file's name goes between the
+  // image's return and its rebuild's queueing: the drop that the last other file's going asks
+  // for finds no job yet. The rebuilt image would be a second copy of the lineage's one file.
+  temp_dir d;
+  fs::content_options opt = options(d);
+  fs::content_store* store = nullptr;
+  std::function<void()> in_window;
+  opt.test_hooks.before_give_back_rebuild = [&](std::uint64_t) {
+    if (in_window) std::exchange(in_window, {})();
+  };
+  opened s(d.path, opt);
+  store = &s.content;
+  model m;
+  const auto older = stream_in(s.content, "run/a.pt", m.step(), fresh_buffer(d));
+  const auto first = stream_in(s.content, "run/a.pt", m.step(), fresh_buffer(d));
+  s.content.wait_heads();
+  REQUIRE(s.content.info(first).base == older.version);
+  REQUIRE(s.content.info(first).head_bytes == first.size);  // two live files: the image pays
+  in_window = [&] { store->unref(older); };
+  auto buf = fresh_buffer(d);
+  const bytes file = m.step();
+  const auto r = stream_in(s.content, "run/a.pt", file, buf, [&] {
+    REQUIRE(coded_something(*buf));
+    buf->truncate(file.size() / 2);  // no archive any more: stored as exact bytes
+  });
+  REQUIRE_FALSE(in_window);
+  REQUIRE(s.content.info(r).kind == "exact");
+  s.content.wait_heads();
+  CHECK(fs::head_store::files_in((d.path / "heads").string()).empty());
+  CHECK(s.content.info(first).head_bytes == 0);
+  CHECK(read_all(s.content, first).size() == first.size);  // its chain still decodes
+}
+
 TEST_CASE("a stream reads its base from the retired head image, and a dropped one has it rebuilt",
           "[content][stream][heads]") {
   // The stream retires its base's image (no second image's space while it saves): the base
