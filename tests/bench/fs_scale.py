@@ -59,7 +59,7 @@ Usage: fs_scale.py CKPTFS_BINARY [--sizes 1,4,12] [--versions 6] [--repeats 3] [
                    [--skip-writers]
                    [--cache 2G] [--buffer 1G] [--opts O,...] [--dir BASE] [--keep]
                    [--json PATH] [--ckptctl PATH] [--quick] [--layout torch|dcp]
---quick: 0.25 GiB, 3 versions, 2 writers x 128 MiB, 1 repeat (a smoke test, about a minute).
+--quick: 0.25 GiB, 3 versions, 2 writers x 128 MiB, 1 repeat (a smoke test, 15-60 seconds).
 --layout dcp: every version (and every rank's) is a torch.distributed.checkpoint shard,
 run/step_K/__0_0.distcp (ckpt_rankR/step_K/__R_0.distcp), written as FileSystemWriter writes it
 (one torch.save per tensor, smallest first as on GPU, after a byte item; scale_lib.write_dcp),
