@@ -1,6 +1,6 @@
 #pragma once
-// Read-ahead of a delta tensor's base on the write path (ingest.cpp): while a tensor's 16 MiB
-// slab is coded, the base of its next slab is read. A unit is two slab buffers (the slab being
+// Read-ahead of a delta tensor's base on the write path (tensor_coding.cpp): while a tensor's 16
+// MiB slab is coded, the base of its next slab is read. A unit is two slab buffers (the slab being
 // coded uses one, the read in flight fills the other) and the thread that runs the reads: the
 // base usually comes from a published head image by direct I/O, so that thread waits for the
 // disk rather than taking a core from the coding, and its per-thread scratch (the direct-I/O

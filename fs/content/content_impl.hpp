@@ -3,7 +3,12 @@
 // fs/content: only the content store's own .cpp files include it. The store is one object
 // (content_store::impl); its work is split along the path data takes:
 //
-//   ingest.cpp            put(): recognise, pick the base, encode, write the object, record it
+//   ingest.cpp            put(): recognise, write the object (exact regions, then each tensor),
+//                         record the version
+//   delta_base.cpp        the base a version gets: lineage, head or keyframe, its pin, and the
+//                         base's reconstruction read a slab at a time
+//   tensor_coding.cpp     each tensor's coding: its job (base, values, bits kept), each slab's
+//                         table, encode_tensor() (a tensor into the object a slab at a time)
 //   stream_ingest.cpp     streams: put()'s work done while the file is still being written
 //   read_path.cpp         open() and the reader: metadata, exact blocks, chunked chain decoding,
 //                         read-ahead workers
@@ -163,6 +168,18 @@ inline void index_slab(tensor_frame& f, std::span<const std::byte> enc, std::uin
 // covers without the member being rewritten whole: such a tensor is stored exact. Recognised
 // files never have one; a hostile file might.
 void keep_straddling_tensors_exact(format::layout& l);
+
+// The table a slab coded as `kind` gets: for differences a uniform grid when the mount fixes its
+// step (the buckets where the step is not usable: every change zero or beyond fp32), the grid or
+// the buckets by estimate with grid=auto (content_options::grid_step), else the buckets, fewer
+// of them for intra slabs (fewer still for a first moment: content_options::intra_buckets).
+// `type`: the slab's dtype, or nullopt for a table shared by tensors. `second_moment`: ratio
+// tables have ratio_bits (content_options::ratio_bits). `values`: a weights' slab (not optimizer
+// state), which the weights' error allowance applies to; empty: none.
+codec::quant_table table_for(const content_options& opt, const codec::delta_stats& s,
+                             codec::delta_kind kind, std::optional<codec::dtype> type,
+                             bool second_moment, bool first_moment, bool refresh = false,
+                             std::span<const std::byte> values = {});
 
 inline std::int64_t now_ns() {  // CLOCK_REALTIME, as version records keep it
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -466,7 +483,7 @@ struct content_store::impl {
   void remove_objects(const std::vector<std::uint64_t>& ids);
   void drain();
 
-  // ---- ingest.cpp ----
+  // ---- ingest.cpp, delta_base.cpp, tensor_coding.cpp ----
   // A whole tensor's reconstruction as a save makes it (the next save's base), charged to the
   // cache under `key` before it is filled and pinned there until the filler lets go (the pin),
   // so that the cache makes room first and never pushes it out half-filled, uncounted. Empty

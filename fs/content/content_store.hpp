@@ -102,7 +102,7 @@ struct content_options {
   // A difference slab whose base predicts it worse than zero does (codec::prefer_intra: Adam's
   // first moment, nearly new at every save) is coded as its values (codec::delta_kind::intra),
   // per-tensor tables only. Lossy keyframes follow the head before them, or, with none, code
-  // Adam's exp_avg so by its name (ingest.cpp, job_for).
+  // Adam's exp_avg so by its name (tensor_coding.cpp, job_for).
   bool intra = true;
   // Buckets an intra slab keeps, 1 .. 2^bits - 1; 0: 2^bits - 3 (at least 1), and one fewer
   // for a first moment (is_first_moment: Adam's m). Values span fewer octaves than differences

@@ -161,7 +161,8 @@ void content_store::renamed(const content_ref& ref, std::string_view new_path) {
     // than the other lineage's head.
     if (into->head >= oldest) return;
     // Not while either encodes: a put holds its lineage's encode lock and reads its head (and a
-    // put that chose the fork before it went looks again once it has the lock, ingest.cpp).
+    // put that chose the fork before it went looks again once it has the lock: lock_lineage,
+    // delta_base.cpp).
     const std::shared_ptr<std::mutex> mu_from = l->second.encode_mu, mu_into = into->encode_mu;
     std::unique_lock a(*mu_from, std::try_to_lock);
     std::unique_lock b(*mu_into, std::try_to_lock);
