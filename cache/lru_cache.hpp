@@ -125,6 +125,18 @@ class lru_cache {
     }
   }
 
+  // Removes k's value and returns it when the cache is its only holder (nothing outside has a
+  // copy, and once it is out nobody can get one) and it is not pinned; otherwise nullptr and the
+  // cache is unchanged. For a caller that replaces the value and may reuse its memory.
+  value_ptr take_unshared(const Key& k) {
+    std::lock_guard lock(mu_);
+    auto it = map_.find(k);
+    if (it == map_.end() || it->second.pinned || it->second.value.use_count() != 1) return nullptr;
+    value_ptr v = std::move(it->second.value);
+    remove_locked(it);
+    return v;
+  }
+
   void erase(const Key& k) {
     std::lock_guard lock(mu_);
     if (auto it = map_.find(k); it != map_.end()) remove_locked(it);

@@ -50,6 +50,9 @@ void print_text(const nlohmann::json& r) {
   std::printf("cache:    %s; decoded chunks %s\n",
               of_text(jnum(cache, "bytes"), jnum(cache, "budget_bytes")).c_str(),
               of_text(jnum(cache, "chunk_bytes"), jnum(cache, "chunk_budget_bytes")).c_str());
+  if (const std::uint64_t in_place = ju64(cache, "in_place_bytes"))
+    std::printf("          %s of reconstructions made over their bases' buffers since the mount\n",
+                human_bytes(double(in_place)).c_str());
   std::printf("buffers:  %s in memory, %s spilled to staging files, %s of freed chunks kept\n",
               of_text(jnum(buf, "memory_bytes"), jnum(buf, "budget_bytes")).c_str(),
               human_bytes(jnum(buf, "spilled_bytes")).c_str(),

@@ -275,6 +275,7 @@ json admin_service::status() const {
            {{"bytes", c.cache_bytes},
             {"budget_bytes", c.cache_budget},
             {"lent_to_coding_bytes", c.coding_charged},
+            {"in_place_bytes", c.kept_in_place_bytes},
             {"chunk_bytes", c.chunk_bytes},
             {"chunk_budget_bytes", c.chunk_budget}}},
           {"buffers",

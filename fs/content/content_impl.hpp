@@ -491,6 +491,10 @@ struct content_store::impl {
   struct kept_whole {
     std::shared_ptr<cache_item> item;
     decltype(cache)::pin pin;
+    // The item holds the base tensor's buffer, taken over from the cache: the encode reads each
+    // base slab from target() and makes its reconstruction over it (encode_tensor's
+    // base_in_recon). No fresh pages to fault in, and no room for a second copy of the tensor.
+    bool base_here = false;
     // Where encode_tensor makes the reconstruction (empty when nothing is kept).
     std::span<std::byte> target() const {
       return item ? std::span<std::byte>(item->data) : std::span<std::byte>();
@@ -500,8 +504,9 @@ struct content_store::impl {
         std::memcpy(item->data.data() + off, recon.data(), recon.size());
     }
   };
-  // `base`: the cached base tensor the encode reads in place, made the most recently used
-  // first, so that the room made is not that base.
+  // `base`: the cached base tensor the encode reads. Where the cache is its only holder (no
+  // reader has it) and it has the tensor's length, its buffer becomes the item's (base_here);
+  // otherwise it is made the most recently used first, so that the room made is not that base.
   kept_whole keep_whole(const cache_key& key, std::uint64_t length,
                         std::optional<cache_key> base = std::nullopt);
   // content_store::put; `staged` (may be null) may become the version's head image.
@@ -677,7 +682,7 @@ struct content_store::impl {
       std::uint64_t base_id, const shared_tables_t* shared_tables,
       const codec::lossy_params& params, const slab_source& slabs, content_object_writer& out,
       const std::function<void(std::uint64_t, std::span<const std::byte>)>& recon_sink,
-      std::span<std::byte> recon_into = {});
+      std::span<std::byte> recon_into = {}, bool base_in_recon = false);
   // Bytes [offset, offset + out.size()) of the reconstruction of tensor t of version v: from the
   // cached whole tensor, else decoded through its chain a chunk at a time (offset a multiple of
   // the chunk size), else (versions without block index) from a whole-tensor decode. `whole`
@@ -714,9 +719,10 @@ struct content_store::impl {
   // Streams of files of head_min or more, alive now (from when the stream knows the size until
   // after the commit): the large saves in progress.
   std::atomic<std::uint32_t> large_saves{0};
-  std::atomic<std::uint64_t> streams_not_kept{0};    // usage::streams_not_kept
-  std::atomic<std::uint64_t> streams_kept_bytes{0};  // usage::streams_kept_bytes
-  std::atomic<std::uint64_t> streamed_bytes{0};      // tensor bytes coded by streams
+  std::atomic<std::uint64_t> streams_not_kept{0};     // usage::streams_not_kept
+  std::atomic<std::uint64_t> streams_kept_bytes{0};   // usage::streams_kept_bytes
+  std::atomic<std::uint64_t> kept_in_place_bytes{0};  // usage::kept_in_place_bytes
+  std::atomic<std::uint64_t> streamed_bytes{0};       // tensor bytes coded by streams
   mutable std::mutex declined_mu;
   std::string last_declined;  // why the last declined stream declined (declined_mu)
   log_sink log;               // set_logger's

@@ -174,6 +174,7 @@ content_store::resources content_store::usage() const {
   r.large_saves = impl_->large_saves.load();
   r.streams_not_kept = impl_->streams_not_kept.load();
   r.streams_kept_bytes = impl_->streams_kept_bytes.load();
+  r.kept_in_place_bytes = impl_->kept_in_place_bytes.load();
   {
     std::lock_guard lock(impl_->declined_mu);
     r.last_declined = impl_->last_declined;

@@ -425,6 +425,9 @@ class content_store {
     // bytes streams kept there.
     std::uint64_t large_saves = 0, streams_not_kept = 0, streams_kept_bytes = 0;
     std::uint64_t streamed_bytes = 0;  // tensor bytes coded by streams since the start
+    // Reconstructions kept in the cache (as the next saves' bases) that were made over their
+    // base's buffer, since the start: bytes that needed no fresh memory (keep_whole).
+    std::uint64_t kept_in_place_bytes = 0;
     // Cold reads since the start (decode_tally.hpp): chunks decoded into the chunk cache and
     // their bytes, of them decoded before (evicted before their readers were done), single
     // blocks decoded (not cached) for the kernel's reads away from the reader, and the frames

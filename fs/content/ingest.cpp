@@ -309,7 +309,7 @@ content_ref content_store::impl::put(std::string_view path, const format::source
       };
       tensor_result r =
           m.encode_tensor(src, t, j, base_id, shared_tables ? &*shared_tables : nullptr, params,
-                          slab_source{&slab, {}, {}}, out, sink, keep.target());
+                          slab_source{&slab, {}, {}}, out, sink, keep.target(), keep.base_here);
       // The superseded base is the likeliest eviction victim; readers of the old version
       // decode it again from its own chain.
       if (j.base_tensor) m.cache.erase({base_id, k_tensor, *j.base_tensor});

@@ -49,7 +49,7 @@ content_store::impl::tensor_result content_store::impl::encode_tensor(
     std::uint64_t base_id, const shared_tables_t* shared_tables, const codec::lossy_params& params,
     const slab_source& slabs, content_object_writer& out,
     const std::function<void(std::uint64_t, std::span<const std::byte>)>& recon_sink,
-    std::span<std::byte> recon_into) {
+    std::span<std::byte> recon_into, bool base_in_recon) {
   tensor_result res;
   tensor_frame& f = res.frame;
   f.tensor = j.tensor;
@@ -63,10 +63,16 @@ content_store::impl::tensor_result content_store::impl::encode_tensor(
   // A base kept whole in the cache (the save before kept its reconstruction there) is coded
   // against where it is: no copy of each slab, and nothing to read ahead. The same bytes as its
   // head image, where it has one.
+  // With base_in_recon the base is already where the reconstruction goes (kept_whole::base_here):
+  // each element is read before it is overwritten, slab by slab, as the codec's kernels do.
   std::shared_ptr<const cache_item> base_whole;
-  if (j.base_tensor) base_whole = cache.get({base_id, k_tensor, *j.base_tensor});
-  const bool base_in_memory = base_whole != nullptr;
-  if (base_in_memory && base_whole->data.size() != t.length)
+  if (j.base_tensor && !base_in_recon) base_whole = cache.get({base_id, k_tensor, *j.base_tensor});
+  const std::span<const std::byte> base_bytes =
+      base_in_recon ? std::span<const std::byte>(recon_into)
+      : base_whole  ? std::span<const std::byte>(base_whole->data)
+                    : std::span<const std::byte>();
+  const bool base_in_memory = j.base_tensor && (base_in_recon || base_whole);
+  if (base_in_memory && base_bytes.size() != t.length)
     throw corrupt_error("content: base size mismatch");
   if (!recon_into.empty() && recon_into.size() != t.length)
     throw std::logic_error("encode_tensor: recon_into is not the tensor's length");
@@ -91,7 +97,7 @@ content_store::impl::tensor_result content_store::impl::encode_tensor(
     const std::span<std::byte> base_buf(ahead ? (*ahead)->buffer(index) : slab.base.data(), n);
     std::span<const std::byte> base = base_buf;
     if (base_in_memory) {
-      if (base_tensor) base = std::span<const std::byte>(base_whole->data).subspan(s, n);
+      if (base_tensor) base = base_bytes.subspan(s, n);
       src.read(t.offset + s, cur);
     } else if (ahead && (*ahead)->in_flight()) {  // read while the previous slab was coded
       src.read(t.offset + s, cur);
@@ -277,11 +283,30 @@ std::int64_t values_elements_of(const version_meta& meta) {
 content_store::impl::kept_whole content_store::impl::keep_whole(const cache_key& key,
                                                                 std::uint64_t length,
                                                                 std::optional<cache_key> base) {
-  if (base) (void)cache.get(*base);
+  // The base's buffer, where nothing but the cache holds the base: out of the cache first (its
+  // charge goes), so no reader can get it while the encode overwrites it, then into the new item.
+  // Tensor items are made non-const (keep_whole, tensor_recon, rekey) and this is their only
+  // holder: moving the buffer out of one is sound. A pooled chunk or another length stays.
+  std::shared_ptr<const cache_item> donor = base ? cache.take_unshared(*base) : nullptr;
+  if (donor && (donor->home || donor->data.size() != length)) {
+    cache.put(*base, donor, donor->data.size());
+    donor.reset();
+  }
+  if (base && !donor) (void)cache.get(*base);
   kept_whole k;
   auto item = std::make_shared<cache_item>();
   k.pin = cache.put_pinned(key, item, length);
-  if (!k.pin) return k;
+  if (!k.pin) {
+    if (donor) cache.put(*base, std::move(donor), length);  // read where it is, as before
+    return k;
+  }
+  if (donor) {
+    item->data = std::move(const_cast<cache_item&>(*donor).data);
+    k.base_here = true;
+    kept_in_place_bytes.fetch_add(length, std::memory_order_relaxed);
+    k.item = std::move(item);
+    return k;
+  }
   try {
     item->data = byte_buffer(length);  // charged first: the cache made room for it
   } catch (...) {

@@ -286,6 +286,51 @@ TEST_CASE("without head images, a checkpoint larger than half the cache is strea
   }
 }
 
+TEST_CASE(
+    "a kept reconstruction is made over its base's buffer, and the base reads through its chain",
+    "[content][stream]") {
+  // Without head images a checkpoint the cache holds keeps its reconstruction there as the next
+  // base; the next save, streamed or put, takes that buffer over (nothing else holds it) and
+  // makes its own reconstruction in it. What every version serves must be what a store whose
+  // cache keeps nothing serves (bases decoded through the chain), before and after a restart.
+  model m;
+  temp_dir kept_dir, chain_dir;
+  auto ko = options(kept_dir), co = options(chain_dir);
+  heads_off(std::uint64_t(64) << 20)(ko);
+  heads_off(std::uint64_t(4) << 20)(co);  // 2.4 MB a version: more than half of it
+  std::vector<fs::content_ref> refs;
+  std::vector<bytes> served;
+  {
+    opened kept(kept_dir.path, ko);
+    opened chain(chain_dir.path, co);
+    for (int v = 0; v < 4; ++v) {
+      INFO("version " << v);
+      const bytes file = m.step();
+      const std::uint64_t before = kept.content.usage().kept_in_place_bytes;
+      const auto r = v % 2 ? plain_put(kept.content, kept_dir, "run/c.pt", file)
+                           : stream_in(kept.content, "run/c.pt", file, fresh_buffer(kept_dir));
+      const auto c = plain_put(chain.content, chain_dir, "run/c.pt", file);
+      REQUIRE(kept.content.info(r).kind == (v == 0 ? "keyframe" : "delta"));
+      // Every float tensor of a delta (2.4 MB of the file) was made over its base's buffer.
+      if (v == 0)
+        CHECK(kept.content.usage().kept_in_place_bytes == before);
+      else
+        CHECK(kept.content.usage().kept_in_place_bytes - before >= 2'000'000);
+      served.push_back(read_all(kept.content, r));           // from the cache
+      CHECK((served.back() == read_all(chain.content, c)));  // a bool: Catch would print both
+      refs.push_back(r);
+    }
+    CHECK(kept.content.usage().cache_bytes >= 2'000'000);
+    // The older versions gave their buffers away: read through their chains now.
+    for (std::size_t v = 0; v < refs.size(); ++v)
+      CHECK((read_all(kept.content, refs[v]) == served[v]));
+    kept.journal.sync();
+  }
+  opened kept(kept_dir.path, ko, refs);
+  for (std::size_t v = 0; v < refs.size(); ++v)
+    CHECK((read_all(kept.content, refs[v]) == served[v]));
+}
+
 TEST_CASE("a file renamed while a stream follows it joins its new name's lineage",
           "[content][stream]") {
   temp_dir d;

@@ -208,3 +208,34 @@ TEST_CASE("lru_cache reserve leaves pinned values, refusing inserts until they f
   CHECK_FALSE(c.get(1));
   CHECK(c.bytes() == 10);
 }
+
+TEST_CASE("lru_cache take_unshared hands over a value only the cache holds", "[cache][lru]") {
+  cache_t c(100);
+  c.put(1, value("a"), 40);
+  c.put(2, value("b"), 30);
+  SECTION("held by nobody else: out of the cache, its charge gone") {
+    auto v = c.take_unshared(1);
+    REQUIRE(v);
+    CHECK(*v == "a");
+    CHECK(v.use_count() == 1);
+    CHECK(c.bytes() == 30);
+    CHECK_FALSE(c.get(1));
+    CHECK_FALSE(c.take_unshared(1));  // gone
+  }
+  SECTION("a reader holds it: refused, the cache unchanged") {
+    const auto reader = c.get(1);
+    CHECK_FALSE(c.take_unshared(1));
+    CHECK(c.bytes() == 70);
+    CHECK(c.get(1) == reader);
+  }
+  SECTION("pinned by its filler: refused") {
+    auto pin = c.put_pinned(3, value("c"), 20);
+    REQUIRE(pin);
+    CHECK_FALSE(c.take_unshared(3));
+    CHECK(c.pinned_bytes() == 20);
+    pin.release();
+    CHECK(c.take_unshared(3));
+    CHECK(c.bytes() == 70);
+  }
+  CHECK_FALSE(c.take_unshared(9));  // never there
+}
