@@ -14,6 +14,7 @@
 // Part of the budget can be reserved for memory the cache does not hold (reserve()): the cache
 // then keeps within what is left, evicting what no longer fits.
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <future>
@@ -132,6 +133,9 @@ class lru_cache {
     std::lock_guard lock(mu_);
     auto it = map_.find(k);
     if (it == map_.end() || it->second.pinned || it->second.value.use_count() != 1) return nullptr;
+    // use_count() is a relaxed load: the fence orders the caller's writes into the value after
+    // the last other holder's reads (which came before its release of the count).
+    std::atomic_thread_fence(std::memory_order_acquire);
     value_ptr v = std::move(it->second.value);
     remove_locked(it);
     return v;

@@ -495,6 +495,9 @@ struct content_store::impl {
     // base slab from target() and makes its reconstruction over it (encode_tensor's
     // base_in_recon). No fresh pages to fault in, and no room for a second copy of the tensor.
     bool base_here = false;
+    // The base tensor taken out of the cache but not made the item's (keep_whole): the encode
+    // reads it here (encode_tensor's base_held).
+    std::shared_ptr<const cache_item> base_held;
     // Where encode_tensor makes the reconstruction (empty when nothing is kept).
     std::span<std::byte> target() const {
       return item ? std::span<std::byte>(item->data) : std::span<std::byte>();
@@ -682,7 +685,8 @@ struct content_store::impl {
       std::uint64_t base_id, const shared_tables_t* shared_tables,
       const codec::lossy_params& params, const slab_source& slabs, content_object_writer& out,
       const std::function<void(std::uint64_t, std::span<const std::byte>)>& recon_sink,
-      std::span<std::byte> recon_into = {}, bool base_in_recon = false);
+      std::span<std::byte> recon_into = {}, bool base_in_recon = false,
+      std::shared_ptr<const cache_item> base_held = nullptr);
   // Bytes [offset, offset + out.size()) of the reconstruction of tensor t of version v: from the
   // cached whole tensor, else decoded through its chain a chunk at a time (offset a multiple of
   // the chunk size), else (versions without block index) from a whole-tensor decode. `whole`

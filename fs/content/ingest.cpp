@@ -307,9 +307,9 @@ content_ref content_store::impl::put(std::string_view path, const format::source
         keep.fill(off, recon);
         if (make_head && j.rewrites()) staged->overwrite(t.offset + off, recon);
       };
-      tensor_result r =
-          m.encode_tensor(src, t, j, base_id, shared_tables ? &*shared_tables : nullptr, params,
-                          slab_source{&slab, {}, {}}, out, sink, keep.target(), keep.base_here);
+      tensor_result r = m.encode_tensor(
+          src, t, j, base_id, shared_tables ? &*shared_tables : nullptr, params,
+          slab_source{&slab, {}, {}}, out, sink, keep.target(), keep.base_here, keep.base_held);
       // The superseded base is the likeliest eviction victim; readers of the old version
       // decode it again from its own chain.
       if (j.base_tensor) m.cache.erase({base_id, k_tensor, *j.base_tensor});

@@ -288,7 +288,7 @@ void content_store::impl::run_stream(stream& s) {
         staged.settle(t->offset + off + recon.size());
       };
       s.results_.back() = encode_tensor(data, *t, j, s.bc_.base, nullptr, params, slabs, *s.out_,
-                                        sink, keep.target(), keep.base_here);
+                                        sink, keep.target(), keep.base_here, keep.base_held);
       if (j.base_tensor) cache.erase({s.bc_.base, k_tensor, *j.base_tensor});
       streamed_bytes.fetch_add(t->length);
     }

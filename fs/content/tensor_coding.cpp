@@ -49,7 +49,8 @@ content_store::impl::tensor_result content_store::impl::encode_tensor(
     std::uint64_t base_id, const shared_tables_t* shared_tables, const codec::lossy_params& params,
     const slab_source& slabs, content_object_writer& out,
     const std::function<void(std::uint64_t, std::span<const std::byte>)>& recon_sink,
-    std::span<std::byte> recon_into, bool base_in_recon) {
+    std::span<std::byte> recon_into, bool base_in_recon,
+    std::shared_ptr<const cache_item> base_held) {
   tensor_result res;
   tensor_frame& f = res.frame;
   f.tensor = j.tensor;
@@ -66,7 +67,8 @@ content_store::impl::tensor_result content_store::impl::encode_tensor(
   // With base_in_recon the base is already where the reconstruction goes (kept_whole::base_here):
   // each element is read before it is overwritten, slab by slab, as the codec's kernels do.
   std::shared_ptr<const cache_item> base_whole;
-  if (j.base_tensor && !base_in_recon) base_whole = cache.get({base_id, k_tensor, *j.base_tensor});
+  if (j.base_tensor && !base_in_recon)
+    base_whole = base_held ? std::move(base_held) : cache.get({base_id, k_tensor, *j.base_tensor});
   const std::span<const std::byte> base_bytes =
       base_in_recon ? std::span<const std::byte>(recon_into)
       : base_whole  ? std::span<const std::byte>(base_whole->data)
@@ -286,18 +288,18 @@ content_store::impl::kept_whole content_store::impl::keep_whole(const cache_key&
   // The base's buffer, where nothing but the cache holds the base: out of the cache first (its
   // charge goes), so no reader can get it while the encode overwrites it, then into the new item.
   // Tensor items are made non-const (keep_whole, tensor_recon, rekey) and this is their only
-  // holder: moving the buffer out of one is sound. A pooled chunk or another length stays.
-  std::shared_ptr<const cache_item> donor = base ? cache.take_unshared(*base) : nullptr;
-  if (donor && (donor->home || donor->data.size() != length)) {
-    cache.put(*base, donor, donor->data.size());
-    donor.reset();
-  }
-  if (base && !donor) (void)cache.get(*base);
+  // holder: moving the buffer out of one is sound. One that cannot give its buffer (a pooled
+  // chunk, another length: never a tensor item), or whose new item the cache refuses (pinned
+  // fillers hold its budget; putting the base back would be refused alike), is not put back:
+  // the encode reads it from base_held, and after the tensor it would have left the cache anyway.
   kept_whole k;
+  std::shared_ptr<const cache_item> donor = base ? cache.take_unshared(*base) : nullptr;
+  if (donor && (donor->home || donor->data.size() != length)) k.base_held = std::move(donor);
+  if (base && !donor && !k.base_held) (void)cache.get(*base);
   auto item = std::make_shared<cache_item>();
   k.pin = cache.put_pinned(key, item, length);
   if (!k.pin) {
-    if (donor) cache.put(*base, std::move(donor), length);  // read where it is, as before
+    if (donor) k.base_held = std::move(donor);
     return k;
   }
   if (donor) {
