@@ -154,7 +154,8 @@ std::uint64_t head_image::memory_bytes() const {
   return bytes_->memory_bytes();
 }
 
-void head_image::publish(int dir_fd, const std::string& name) {
+bool head_image::publish(int dir_fd, const std::string& name, const std::function<bool()>& wanted) {
+  if (!wanted()) return false;
   int fd;
   {
     std::unique_lock lock(mu_);
@@ -165,6 +166,8 @@ void head_image::publish(int dir_fd, const std::string& name) {
     bytes_->copy_memory_to_file();
   }
   if (::fdatasync(fd) != 0) throw_errno(errno, "fdatasync of head image " + name);
+  // A slow copy (a loaded disk) may outlast the image's drop: its name would show for a moment.
+  if (!wanted()) return false;
   // The staging file has no name (O_TMPFILE): give it one in the heads directory. A file that
   // cannot be linked there (another filesystem, a staging file made without O_TMPFILE) is
   // copied instead.
@@ -192,6 +195,7 @@ void head_image::publish(int dir_fd, const std::string& name) {
   std::unique_lock lock(mu_);
   bytes_->drop_memory();
   fd_ = fd;
+  return true;
 }
 
 // ---- head_store ----------------------------------------------------------------------------
@@ -589,7 +593,11 @@ void head_store::worker(std::stop_token stop) {
     const std::string name = file_name(image->version(), named);
     bool failed = false;
     try {
-      image->publish(dir_fd_, name);
+      (void)image->publish(dir_fd_, name, [&] {
+        std::lock_guard lock(mu_);
+        const auto it = images_.find(image->version());
+        return it != images_.end() && it->second == image;
+      });
     } catch (const std::exception& e) {
       failed = true;
       if (log_)

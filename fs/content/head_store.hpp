@@ -64,7 +64,9 @@ class head_image {
   // of it not marked before, [first, last), to punch; empty for an unpublished image.
   std::pair<std::uint64_t, std::uint64_t> mark_released(std::uint64_t offset, std::uint64_t n);
   void punch(std::uint64_t first, std::uint64_t last);  // frees the blocks: no lock needed
-  void publish(int dir_fd, const std::string& name);    // the worker; throws io_error
+  // The worker; throws io_error. `wanted` is asked before the copy and again before the name
+  // is made: an image dropped meanwhile is never named (false: not published, fd stays -1).
+  bool publish(int dir_fd, const std::string& name, const std::function<bool()>& wanted);
 
   const std::uint64_t version_;
   std::atomic<std::uint64_t> checksum_;  // changes when the version's object is rewritten
